@@ -1,0 +1,616 @@
+//! The Cherry Servers API client: the production [`Cloud`].
+//!
+//! ```text
+//!  caller ──► CherryClient (clone = same Arc<Inner>)
+//!               │  ips(): IpCache (coalesced, patched by writes)
+//!               ▼
+//!             RateGate (≤ N req/s, urgent first) ──► reqwest (rustls, timeouts) ──► API
+//!               ▲                                          │
+//!               └──── retry: idempotent calls on 408/429/502/503/504/transport,
+//!                     Retry-After or exponential backoff with jitter
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use rand::Rng as _;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{debug, warn};
+use url::Url;
+
+use baton_core::Secret;
+
+use crate::cache::IpCache;
+use crate::cloud::Cloud;
+use crate::error::{CloudError, Object, Op};
+use crate::limiter::{Priority, RateGate};
+use crate::model::{
+    ApiErrorBody, CreateIpRequest, IpAddress, IpId, Project, ProjectId, Region, Server, ServerId, Tags,
+    TargetedTo, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
+};
+
+/// The public API endpoint.
+pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
+/// Cherry's documented limit: more than 4 requests/s per source address may get a 429.
+pub const DEFAULT_REQUESTS_PER_SECOND: f64 = 4.0;
+/// `baton/<version>`.
+pub const USER_AGENT: &str = concat!("baton/", env!("CARGO_PKG_VERSION"));
+
+/// How to reach the API. Build with [`ClientConfig::new`], then adjust fields.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// API endpoint (`base-url`); a trailing `/v1` is tolerated.
+    pub base_url: Url,
+    /// The API key (sent as `Authorization: Bearer`).
+    pub api_key: Secret,
+    /// The project all project-scoped calls use.
+    pub project_id: ProjectId,
+    /// Client-side limit shared by every clone of the client; `None` disables it.
+    pub requests_per_second: Option<f64>,
+    /// TCP + TLS connect timeout.
+    pub connect_timeout: Duration,
+    /// Whole-request timeout (one attempt).
+    pub request_timeout: Duration,
+    /// Retries of an idempotent call after the first attempt.
+    pub max_retries: u32,
+    /// First backoff delay (doubled per retry, with jitter in [d/2, d)).
+    pub backoff_base: Duration,
+    /// Backoff ceiling (also caps an API's `Retry-After`... times four).
+    pub backoff_cap: Duration,
+    /// How long a cached IP list serves reads before it is fetched again.
+    pub ip_cache_ttl: Duration,
+    /// `User-Agent` header.
+    pub user_agent: String,
+    /// Extra trusted CA certificates (PEM), added to the public web roots.
+    pub extra_ca_pem: Option<Vec<u8>>,
+}
+
+impl ClientConfig {
+    /// Defaults: the public endpoint, 4 requests/s, 5 s connect and 15 s request timeouts,
+    /// 5 retries backing off from 1 s to 30 s (like cherrygo v4), a 60 s IP cache.
+    pub fn new(api_key: Secret, project_id: impl Into<ProjectId>) -> Self {
+        Self {
+            // A constant that parses.
+            base_url: Url::parse(DEFAULT_BASE_URL).unwrap_or_else(|_| unreachable!()),
+            api_key,
+            project_id: project_id.into(),
+            requests_per_second: Some(DEFAULT_REQUESTS_PER_SECOND),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(15),
+            max_retries: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(30),
+            ip_cache_ttl: Duration::from_secs(60),
+            user_agent: USER_AGENT.to_owned(),
+            extra_ca_pem: None,
+        }
+    }
+
+    /// Sets the endpoint.
+    #[must_use]
+    pub fn with_base_url(mut self, base_url: Url) -> Self {
+        self.base_url = base_url;
+        self
+    }
+}
+
+/// The Cherry Servers API client. Cheap to clone; clones share the rate limit and the IP cache.
+#[derive(Clone)]
+pub struct CherryClient {
+    inner: Arc<Inner>,
+    priority: Priority,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: Url,
+    auth: HeaderValue,
+    api_key: Secret,
+    project: ProjectId,
+    gate: RateGate,
+    cache: IpCache,
+    max_retries: u32,
+    backoff_base: Duration,
+    backoff_cap: Duration,
+}
+
+impl std::fmt::Debug for CherryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CherryClient")
+            .field("base_url", &self.inner.base.as_str())
+            .field("project_id", &self.inner.project)
+            .field("api_key", &self.inner.api_key)
+            .field("priority", &self.priority)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CherryClient {
+    /// Builds a client. Fails on an empty key, a bad URL or rate, or an unusable CA file.
+    pub fn new(config: ClientConfig) -> Result<Self, CloudError> {
+        let ClientConfig {
+            base_url,
+            api_key,
+            project_id,
+            requests_per_second,
+            connect_timeout,
+            request_timeout,
+            max_retries,
+            backoff_base,
+            backoff_cap,
+            ip_cache_ttl,
+            user_agent,
+            extra_ca_pem,
+        } = config;
+        if api_key.is_empty() {
+            return Err(CloudError::Config("the API key is empty".into()));
+        }
+        if let Some(r) = requests_per_second
+            && !(r.is_finite() && r > 0.0)
+        {
+            return Err(CloudError::Config(format!("requests per second must be > 0, got {r}")));
+        }
+        let base = normalize_base(base_url)?;
+        let mut auth = HeaderValue::from_str(&format!("Bearer {}", api_key.expose()))
+            .map_err(|_| CloudError::Config("the API key contains characters invalid in a header".into()))?;
+        auth.set_sensitive(true);
+
+        let tls = tls_config(extra_ca_pem.as_deref())?;
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .connect_timeout(connect_timeout)
+            .timeout(request_timeout)
+            .user_agent(user_agent)
+            .default_headers(headers)
+            .build()
+            .map_err(|e| CloudError::Config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                auth,
+                api_key,
+                project: project_id,
+                gate: RateGate::new(requests_per_second),
+                cache: IpCache::new(ip_cache_ttl),
+                max_retries,
+                backoff_base,
+                backoff_cap,
+            }),
+            priority: Priority::Normal,
+        })
+    }
+
+    /// A handle to the same client (same limit, same cache) whose calls are queued in `priority`.
+    /// Failover uses [`Priority::Urgent`] so its calls overtake queued normal work.
+    #[must_use]
+    pub fn with_priority(&self, priority: Priority) -> Self {
+        Self { inner: self.inner.clone(), priority }
+    }
+
+    /// The configured project.
+    pub fn project_id(&self) -> ProjectId {
+        self.inner.project
+    }
+
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.inner.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("v1").extend(segments);
+        }
+        url
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self.inner.backoff_base.saturating_mul(2u32.saturating_pow(attempt.min(16)));
+        let full = exp.min(self.inner.backoff_cap);
+        if full.is_zero() {
+            return full;
+        }
+        // Jitter in [full/2, full).
+        let half = full / 2;
+        half + rand::rng().random_range(Duration::ZERO..full - half)
+    }
+
+    fn retry_delay(&self, err: &CloudError, attempt: u32) -> Duration {
+        match err.retry_after() {
+            Some(ra) => ra.min(self.inner.backoff_cap.saturating_mul(4)),
+            None => self.backoff(attempt),
+        }
+    }
+
+    /// One attempt: waits for the gate, sends, classifies the answer.
+    async fn send_once(
+        &self,
+        op: Op,
+        object: &Object,
+        method: &Method,
+        url: &Url,
+        body: Option<&[u8]>,
+    ) -> Result<Bytes, CloudError> {
+        self.inner.gate.acquire(self.priority).await;
+        let started = tokio::time::Instant::now();
+        let mut req = self
+            .inner
+            .http
+            .request(method.clone(), url.clone())
+            .header(header::AUTHORIZATION, self.inner.auth.clone());
+        if let Some(body) = body {
+            req = req.header(header::CONTENT_TYPE, "application/json").body(body.to_vec());
+        }
+        let transport = |source: reqwest::Error| {
+            let kind = if source.is_timeout() {
+                "timeout"
+            } else if source.is_connect() {
+                "connect"
+            } else {
+                "transport"
+            };
+            CloudError::Transport { op, object: object.clone(), kind, source: source.without_url() }
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let retry_after = resp.headers().get(header::RETRY_AFTER).and_then(parse_retry_after);
+        let bytes = resp.bytes().await.map_err(transport)?;
+        debug!(
+            op = op.as_str(),
+            object = %object,
+            %method,
+            status = status.as_u16(),
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "cloud call"
+        );
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let pause = retry_after.unwrap_or(self.inner.backoff_base);
+            self.inner.gate.defer(tokio::time::Instant::now() + pause);
+        }
+        Err(self.error_from_body(op, object, status, retry_after, &bytes))
+    }
+
+    fn error_from_body(
+        &self,
+        op: Op,
+        object: &Object,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        body: &[u8],
+    ) -> CloudError {
+        match serde_json::from_slice::<ApiErrorBody>(body) {
+            Ok(ApiErrorBody { code, message }) => CloudError::Api {
+                op,
+                object: object.clone(),
+                status: status.as_u16(),
+                code,
+                message: self.mask(&message),
+                retry_after,
+            },
+            Err(_) => {
+                let text = String::from_utf8_lossy(body);
+                let snippet: String = text.chars().take(200).collect();
+                CloudError::UnexpectedBody {
+                    op,
+                    object: object.clone(),
+                    status: status.as_u16(),
+                    snippet: self.mask(&snippet),
+                    retry_after,
+                }
+            }
+        }
+    }
+
+    /// Masks the key if a server (or proxy) echoes it back.
+    fn mask(&self, text: &str) -> String {
+        let key = self.inner.api_key.expose();
+        if key.is_empty() { text.to_owned() } else { text.replace(key, "<redacted>") }
+    }
+
+    /// Sends with retries (idempotent operations only) and returns the body.
+    async fn execute(
+        &self,
+        op: Op,
+        object: &Object,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, CloudError> {
+        let mut attempt = 0;
+        loop {
+            match self.send_once(op, object, &method, &url, body.as_deref()).await {
+                Ok(bytes) => return Ok(bytes),
+                // A DELETE repeated after an attempt with an unknown outcome finds nothing: done.
+                Err(e) if op == Op::DeleteIp && attempt > 0 && e.is_not_found() => return Ok(Bytes::new()),
+                Err(e) if op.is_idempotent() && e.is_retryable() && attempt < self.inner.max_retries => {
+                    let delay = self.retry_delay(&e, attempt);
+                    warn!(
+                        op = op.as_str(),
+                        object = %object,
+                        attempt = attempt + 1,
+                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        category = e.category(),
+                        error = %e,
+                        "cloud call failed; retrying"
+                    );
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        op: Op,
+        object: &Object,
+        method: Method,
+        url: Url,
+        body: Option<&(impl Serialize + Sync)>,
+    ) -> Result<T, CloudError> {
+        let body = body.map(|b| encode(op, object, b)).transpose()?;
+        let bytes = self.execute(op, object, method, url, body).await?;
+        decode(op, object, &bytes)
+    }
+
+    async fn list_ips_uncached(&self) -> Result<Vec<IpAddress>, CloudError> {
+        let object = Object(format!("project {}", self.inner.project));
+        let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
+        self.call(Op::ListIps, &object, Method::GET, url, None::<&()>).await
+    }
+
+    async fn update_ip(&self, op: Op, id: &IpId, req: &UpdateIpRequest) -> Result<IpAddress, CloudError> {
+        let object = Object(format!("ip {id}"));
+        let url = self.url(&["ips", id.as_str()]);
+        match self.call::<IpAddress>(op, &object, Method::PUT, url, Some(req)).await {
+            Ok(ip) => {
+                self.inner.cache.upsert(&ip);
+                Ok(ip)
+            }
+            Err(e) => {
+                if e.outcome_unknown() {
+                    self.inner.cache.invalidate();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn post_ip(&self, object: &Object, body: &[u8]) -> Result<IpAddress, CloudError> {
+        let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
+        let bytes = self.send_once(Op::CreateIp, object, &Method::POST, &url, Some(body)).await?;
+        decode(Op::CreateIp, object, &bytes)
+    }
+}
+
+#[async_trait]
+impl Cloud for CherryClient {
+    async fn project(&self) -> Result<Project, CloudError> {
+        let id = self.inner.project.to_string();
+        let object = Object(format!("project {id}"));
+        self.call(Op::GetProject, &object, Method::GET, self.url(&["projects", &id]), None::<&()>).await
+    }
+
+    async fn enable_project_bgp(&self) -> Result<Project, CloudError> {
+        let project = self.project().await?;
+        if project.bgp.enabled {
+            return Ok(project);
+        }
+        let id = self.inner.project.to_string();
+        let object = Object(format!("project {id}"));
+        // The CCM resends the current name with the flag.
+        let req = UpdateProjectRequest { name: Some(project.name), bgp: Some(true) };
+        self.call(Op::EnableProjectBgp, &object, Method::PUT, self.url(&["projects", &id]), Some(&req))
+            .await
+    }
+
+    async fn server(&self, id: ServerId) -> Result<Server, CloudError> {
+        let sid = id.to_string();
+        let object = Object(format!("server {sid}"));
+        self.call(Op::GetServer, &object, Method::GET, self.url(&["servers", &sid]), None::<&()>).await
+    }
+
+    async fn servers(&self) -> Result<Vec<Server>, CloudError> {
+        let pid = self.inner.project.to_string();
+        let object = Object(format!("project {pid}"));
+        let url = self.url(&["projects", &pid, "servers"]);
+        self.call(Op::ListServers, &object, Method::GET, url, None::<&()>).await
+    }
+
+    async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError> {
+        let current = self.server(id).await?;
+        if current.bgp.enabled == enabled {
+            return Ok(current);
+        }
+        let sid = id.to_string();
+        let object = Object(format!("server {sid}"));
+        // The CCM resends the existing tags with the flag.
+        let req = UpdateServerRequest { tags: Some(current.tags.clone()), bgp: Some(enabled), ..Default::default() };
+        let mut updated: Server =
+            self.call(Op::UpdateServerBgp, &object, Method::PUT, self.url(&["servers", &sid]), Some(&req)).await?;
+        // PUT responses leave out `ip_addresses`; keep the ones just read.
+        if updated.ip_addresses.is_empty() {
+            updated.ip_addresses = current.ip_addresses;
+        }
+        Ok(updated)
+    }
+
+    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError> {
+        self.inner.cache.get(|| self.list_ips_uncached()).await
+    }
+
+    async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
+        let object = Object(format!("ip {id}"));
+        let ip: IpAddress =
+            self.call(Op::GetIp, &object, Method::GET, self.url(&["ips", id.as_str()]), None::<&()>).await?;
+        self.inner.cache.upsert(&ip);
+        Ok(ip)
+    }
+
+    async fn create_ip(&self, request: CreateIpRequest) -> Result<IpAddress, CloudError> {
+        let object = Object(format!("fip in {} tagged {:?}", request.region, request.tags));
+        if request.tags.is_empty() {
+            return Err(CloudError::InvalidRequest {
+                op: Op::CreateIp,
+                object,
+                reason: "a Floating IP is created with tags, which make the creation idempotent".into(),
+            });
+        }
+        if let Some(found) = self.find_ip_by_tags(&request.tags).await? {
+            debug!(ip = %found.id, "create_ip: found by tags, not creating");
+            return Ok(found);
+        }
+        let body = encode(Op::CreateIp, &object, &request)?;
+        let mut attempt = 0;
+        loop {
+            let err = match self.post_ip(&object, &body).await {
+                Ok(ip) => {
+                    self.inner.cache.upsert(&ip);
+                    return Ok(ip);
+                }
+                Err(e) => e,
+            };
+            let unknown = err.outcome_unknown();
+            if unknown {
+                // The FIP may exist now: never trust the cached list for the look-up.
+                self.inner.cache.invalidate();
+            } else if err.status() != Some(429) && !matches!(err, CloudError::Transport { .. }) {
+                return Err(err);
+            }
+            let delay = self.retry_delay(&err, attempt);
+            warn!(
+                op = Op::CreateIp.as_str(),
+                attempt = attempt + 1,
+                outcome_unknown = unknown,
+                category = err.category(),
+                error = %err,
+                "create failed"
+            );
+            tokio::time::sleep(delay).await;
+            if unknown && let Some(found) = self.find_ip_by_tags(&request.tags).await? {
+                debug!(ip = %found.id, "create_ip: the failed create had succeeded");
+                return Ok(found);
+            }
+            if attempt >= self.inner.max_retries {
+                return Err(err);
+            }
+            attempt += 1;
+        }
+    }
+
+    async fn retarget_ip(&self, id: &IpId, server: ServerId) -> Result<IpAddress, CloudError> {
+        let req = UpdateIpRequest { targeted_to: Some(TargetedTo(Some(server))), ..Default::default() };
+        self.update_ip(Op::RetargetIp, id, &req).await
+    }
+
+    async fn unassign_ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
+        let req = UpdateIpRequest { targeted_to: Some(TargetedTo::NONE), ..Default::default() };
+        self.update_ip(Op::UnassignIp, id, &req).await
+    }
+
+    async fn update_ip_tags(&self, id: &IpId, tags: Tags) -> Result<IpAddress, CloudError> {
+        let req = UpdateIpRequest { tags: Some(tags), ..Default::default() };
+        self.update_ip(Op::UpdateIpTags, id, &req).await
+    }
+
+    async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError> {
+        let object = Object(format!("ip {id}"));
+        match self.execute(Op::DeleteIp, &object, Method::DELETE, self.url(&["ips", id.as_str()]), None).await {
+            Ok(_) => {
+                self.inner.cache.remove(id);
+                Ok(())
+            }
+            Err(e) => {
+                if e.outcome_unknown() {
+                    self.inner.cache.invalidate();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn regions(&self) -> Result<Vec<Region>, CloudError> {
+        let object = Object("regions".into());
+        self.call(Op::ListRegions, &object, Method::GET, self.url(&["regions"]), None::<&()>).await
+    }
+
+    fn invalidate_ips(&self) {
+        self.inner.cache.invalidate();
+    }
+}
+
+fn encode(op: Op, object: &Object, body: &impl Serialize) -> Result<Vec<u8>, CloudError> {
+    serde_json::to_vec(body).map_err(|source| CloudError::Decode { op, object: object.clone(), source })
+}
+
+fn decode<T: DeserializeOwned>(op: Op, object: &Object, bytes: &[u8]) -> Result<T, CloudError> {
+    // DELETE answers 204 with no body; `()` decodes from `null`.
+    let bytes = if bytes.is_empty() { b"null".as_slice() } else { bytes };
+    serde_json::from_slice(bytes).map_err(|source| CloudError::Decode { op, object: object.clone(), source })
+}
+
+/// Paths are absolute (`/v1/...`): keep a base's own path prefix, drop a trailing `/v1`.
+fn normalize_base(mut url: Url) -> Result<Url, CloudError> {
+    if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+        return Err(CloudError::Config(format!("base-url must be an http(s) URL, got {url}")));
+    }
+    let path = url.path().trim_end_matches('/');
+    let path = path.strip_suffix("/v1").unwrap_or(path).to_owned();
+    url.set_path(&format!("{path}/"));
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok(url)
+}
+
+/// rustls with the ring provider, the public web roots and optionally extra CAs.
+fn tls_config(extra_ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, CloudError> {
+    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    if let Some(pem) = extra_ca_pem {
+        let mut n = 0;
+        for cert in rustls_pemfile::certs(&mut &*pem) {
+            let cert = cert.map_err(|e| CloudError::Config(format!("cannot read the extra CA PEM: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| CloudError::Config(format!("cannot use an extra CA certificate: {e}")))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(CloudError::Config("the extra CA PEM holds no certificate".into()));
+        }
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| CloudError::Config(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// `Retry-After`: delay-seconds or an HTTP-date.
+pub(crate) fn parse_retry_after(value: &HeaderValue) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    if let Ok(secs) = text.parse::<f64>()
+        && secs.is_finite()
+        && secs >= 0.0
+    {
+        return Some(Duration::from_secs_f64(secs));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+//! The `Cloud` trait: everything baton asks of a cloud. Controllers hold an `Arc<dyn Cloud>`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::CloudError;
+use crate::model::{CreateIpRequest, IpAddress, IpId, IpType, Project, Region, Server, ServerId, Tags};
+
+/// A cloud's API, as baton uses it.
+///
+/// Implementations share one rate limit and one cached IP list between all clones; reads of
+/// [`Cloud::ips`] are served from that cache, and every write keeps it up to date.
+#[async_trait]
+pub trait Cloud: Send + Sync + std::fmt::Debug {
+    /// The configured project.
+    async fn project(&self) -> Result<Project, CloudError>;
+
+    /// Enables Local BGP on the project if it is not enabled yet; returns the project (with its
+    /// `local_asn`).
+    async fn enable_project_bgp(&self) -> Result<Project, CloudError>;
+
+    /// One server.
+    async fn server(&self, id: ServerId) -> Result<Server, CloudError>;
+
+    /// All servers of the project.
+    async fn servers(&self) -> Result<Vec<Server>, CloudError>;
+
+    /// Sets BGP on a server (a no-op when it already is in that state); returns the server.
+    async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError>;
+
+    /// All IP addresses of the project, from the shared cache (one list call serves everyone).
+    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError>;
+
+    /// One IP address, read from the API (and refreshed in the cache).
+    async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError>;
+
+    /// Reserves a Floating IP, idempotently by its tags: an existing FIP carrying all of
+    /// `request.tags` is returned instead of creating another one.
+    async fn create_ip(&self, request: CreateIpRequest) -> Result<IpAddress, CloudError>;
+
+    /// Routes a FIP to a server in one call (`targeted_to`); returns the IP as the API now shows it.
+    async fn retarget_ip(&self, id: &IpId, server: ServerId) -> Result<IpAddress, CloudError>;
+
+    /// Stops routing a FIP (`targeted_to: "0"`).
+    async fn unassign_ip(&self, id: &IpId) -> Result<IpAddress, CloudError>;
+
+    /// Replaces a FIP's tags (the API replaces the whole map).
+    async fn update_ip_tags(&self, id: &IpId, tags: Tags) -> Result<IpAddress, CloudError>;
+
+    /// Releases a FIP.
+    async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError>;
+
+    /// All regions.
+    async fn regions(&self) -> Result<Vec<Region>, CloudError>;
+
+    /// Drops the cached IP list; the next [`Cloud::ips`] reads it from the API.
+    fn invalidate_ips(&self);
+
+    /// The first Floating IP carrying every one of `tags` (from the cached list).
+    async fn find_ip_by_tags(&self, tags: &Tags) -> Result<Option<IpAddress>, CloudError> {
+        Ok(self
+            .ips()
+            .await?
+            .iter()
+            .find(|ip| ip.ip_type == IpType::FloatingIp && ip.has_tags(tags))
+            .cloned())
+    }
+}

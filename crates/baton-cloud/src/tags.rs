@@ -1,0 +1,42 @@
+//! The FIP tags the Cherry CCM puts on per-Service Floating IPs, which baton keeps (compatibility
+//! promise): `usage=cloud-provider-cherry-auto`, `service=base64(sha256("ns/name"))`,
+//! `cluster=<kube-system namespace UID>`.
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+use crate::model::Tags;
+
+/// Tag key naming who manages a FIP.
+pub const USAGE_KEY: &str = "usage";
+/// The `usage` value on FIPs created for Services.
+pub const USAGE_VALUE: &str = "cloud-provider-cherry-auto";
+/// Tag key carrying the Service hash.
+pub const SERVICE_KEY: &str = "service";
+/// Tag key carrying the cluster id (the kube-system namespace UID).
+pub const CLUSTER_KEY: &str = "cluster";
+
+/// `base64(sha256("<namespace>/<name>"))`, standard alphabet with padding (44 characters), as the
+/// Cherry CCM computes it (its README says only "sha256 hash"; existing FIPs carry this form).
+pub fn service_tag(namespace: &str, name: &str) -> String {
+    let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(digest)
+}
+
+/// The three tags of a Service's FIP.
+pub fn service_fip_tags(namespace: &str, name: &str, cluster_uid: &str) -> Tags {
+    Tags::from([
+        (USAGE_KEY.to_owned(), USAGE_VALUE.to_owned()),
+        (SERVICE_KEY.to_owned(), service_tag(namespace, name)),
+        (CLUSTER_KEY.to_owned(), cluster_uid.to_owned()),
+    ])
+}
+
+/// Whether `have` contains every `(key, value)` pair of `wanted`. An empty `wanted` matches
+/// nothing: a lookup by no tags would select an arbitrary IP.
+pub fn matches_all(have: &Tags, wanted: &Tags) -> bool {
+    !wanted.is_empty() && wanted.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests;

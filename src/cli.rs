@@ -1,0 +1,39 @@
+//! The command line: one binary, one subcommand per entry point.
+
+use clap::{Args, Parser, Subcommand};
+
+/// baton: a bootstrap-aware control-plane endpoint manager for bare-metal Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "baton", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: crate::telemetry::LogArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run on the bootstrap host: reserve/find FIPs, publish DNS, create the API Services, hand off.
+    Bootstrap(NotBuiltArgs),
+    /// Run in the cluster: control-plane FIP failover, Service FIPs, BGP, node initialisation.
+    Controller(NotBuiltArgs),
+    /// Serve or push the DNS records of the API names.
+    Dns(NotBuiltArgs),
+    /// Run the Cherry Servers API simulator.
+    Sim(NotBuiltArgs),
+    /// Inspect the configuration.
+    Config(crate::config::ConfigCommand),
+    /// Print the version.
+    Version,
+}
+
+/// Arguments of a subcommand that a later issue builds; it refuses to run.
+#[derive(Debug, Args)]
+pub struct NotBuiltArgs {
+    /// Ignored.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    pub rest: Vec<String>,
+}

@@ -1,0 +1,480 @@
+//! A real Kubernetes control plane: one etcd and N kube-apiservers, each on its own lab address.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use tokio::process::{Child, Command};
+
+use crate::lab;
+
+/// The bearer token of the `system:masters` user every control plane has.
+pub const ADMIN_TOKEN: &str = "baton-test-admin-token";
+
+/// A user the API server authenticates by a static bearer token (`--token-auth-file`).
+#[derive(Clone, Debug)]
+pub struct TokenUser {
+    pub token: String,
+    pub name: String,
+    pub groups: Vec<String>,
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// One kube-apiserver per address, port 6443, advertising that address.
+    pub servers: Vec<IpAddr>,
+    /// Also run kube-controller-manager (namespace, GC, endpointslice, serviceaccount controllers).
+    pub controller_manager: bool,
+    /// Extra IP SANs / DNS names on the serving certificate (FIPs and the API names are
+    /// already included: every 203.0.113.0/24 address, `api*.baton.test`).
+    pub extra_sans: Vec<String>,
+    /// Extra token-authenticated users (for least-privilege tests).
+    pub users: Vec<TokenUser>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            servers: vec![lab::public_ip(11), lab::public_ip(12), lab::public_ip(13)],
+            controller_manager: false,
+            extra_sans: Vec::new(),
+            users: Vec::new(),
+        }
+    }
+}
+
+impl Options {
+    /// `n` API servers on 198.51.100.11, .12, …
+    pub fn servers(n: u8) -> Self {
+        Self {
+            servers: (0..n).map(|i| lab::public_ip(11 + i)).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A running control plane. Dropping it kills every process and removes its files.
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    etcd_url: String,
+    ca_pem: String,
+    ca_der: Vec<u8>,
+    _etcd: Proc,
+    apiservers: Vec<ApiServer>,
+    _kcm: Option<Proc>,
+}
+
+struct ApiServer {
+    ip: IpAddr,
+    proc: Option<Proc>,
+}
+
+/// The directory holding `bin/{etcd,kube-apiserver,kube-controller-manager}`.
+///
+/// `BATON_TESTENV_DIR` if set, else whatever `scripts/testenv` prints (it builds once and caches).
+pub fn testenv_dir() -> anyhow::Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("BATON_TESTENV_DIR") {
+            return Ok(PathBuf::from(dir));
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/testenv");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!("{} failed ({})", script.display(), out.status));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+impl ControlPlane {
+    /// Starts etcd and the API servers (in parallel) and waits until each answers `/readyz`
+    /// and namespace `default` exists. Must be called inside a lab.
+    pub async fn start(opts: Options) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("baton-cp-").tempdir()?;
+        let bin = testenv_dir()?.join("bin");
+        let pki = Pki::generate(&opts)?;
+        pki.write(dir.path(), &opts)?;
+
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let mut etcd = Proc::spawn(
+            "etcd",
+            dir.path(),
+            Command::new(bin.join("etcd")).args([
+                format!("--data-dir={}", dir.path().join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync=true".into(),
+                "--logger=zap".into(),
+                "--log-level=warn".into(),
+                "--quota-backend-bytes=2147483648".into(),
+            ]),
+        )?;
+        wait_http_ok(&format!("{etcd_url}/health"), None, Duration::from_secs(30), &mut etcd).await?;
+
+        let mut cp = Self {
+            bin,
+            etcd_url,
+            ca_der: pki.ca_der,
+            ca_pem: pki.ca_pem,
+            _etcd: etcd,
+            apiservers: opts.servers.iter().map(|&ip| ApiServer { ip, proc: None }).collect(),
+            _kcm: None,
+            dir,
+        };
+        for i in 0..cp.apiservers.len() {
+            cp.spawn_apiserver(i)?;
+        }
+        for i in 0..cp.apiservers.len() {
+            cp.wait_ready(i, Duration::from_secs(90)).await?;
+        }
+        let ns: Api<Namespace> = Api::all(cp.client(0)?);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while ns.get_opt("default").await?.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                bail!("namespace default didn't appear within 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if opts.controller_manager {
+            cp._kcm = Some(cp.spawn_controller_manager()?);
+        }
+        Ok(cp)
+    }
+
+    /// The API servers' addresses, in start order.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.apiservers.iter().map(|a| a.ip).collect()
+    }
+
+    /// `https://<ip>:6443` of API server `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("https://{}", SocketAddr::new(self.apiservers[i].ip, 6443))
+    }
+
+    /// The cluster CA (PEM) that signed every serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The cluster CA (DER).
+    pub fn ca_der(&self) -> &[u8] {
+        &self.ca_der
+    }
+
+    /// The directory with the PKI files and logs (`ca.crt`, `tokens.csv`, `apiserver-<i>.log`, …).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client of API server `i` as the `system:masters` admin.
+    pub fn client(&self, i: usize) -> anyhow::Result<kube::Client> {
+        self.client_as(i, ADMIN_TOKEN)
+    }
+
+    /// A client of API server `i` authenticating with `token`.
+    pub fn client_as(&self, i: usize, token: &str) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.kube_config(i, token)?)?)
+    }
+
+    /// The `kube::Config` behind [`client_as`](Self::client_as).
+    pub fn kube_config(&self, i: usize, token: &str) -> anyhow::Result<kube::Config> {
+        let mut cfg = kube::Config::new(self.url(i).parse()?);
+        cfg.root_cert = Some(vec![self.ca_der.clone()]);
+        cfg.auth_info.token = Some(token.to_owned().into());
+        cfg.connect_timeout = Some(Duration::from_secs(5));
+        cfg.read_timeout = Some(Duration::from_secs(30));
+        Ok(cfg)
+    }
+
+    /// Writes a kubeconfig for API server `i` authenticating with `token`; returns its path.
+    pub fn write_kubeconfig(&self, i: usize, token: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join(format!("kubeconfig-{i}-{}", token.len()));
+        std::fs::write(&path, kubeconfig(&self.url(i), &self.ca_pem, token))?;
+        Ok(path)
+    }
+
+    /// Stops API server `i` gracefully (SIGTERM) and waits for it to exit.
+    pub async fn stop_apiserver(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(p) = self.apiservers[i].proc.take() {
+            p.terminate(Duration::from_secs(30)).await;
+        }
+        Ok(())
+    }
+
+    /// Kills API server `i` (SIGKILL), as a crashed host would.
+    pub async fn kill_apiserver(&mut self, i: usize) {
+        if let Some(p) = self.apiservers[i].proc.take() {
+            p.terminate(Duration::ZERO).await;
+        }
+    }
+
+    /// (Re)starts API server `i` and waits for `/readyz`.
+    pub async fn start_apiserver(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.apiservers[i].proc.is_none() {
+            self.spawn_apiserver(i)?;
+        }
+        self.wait_ready(i, Duration::from_secs(90)).await
+    }
+
+    /// Whether API server `i` is running (started and not stopped).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.apiservers[i].proc.is_some()
+    }
+
+    fn spawn_apiserver(&mut self, i: usize) -> anyhow::Result<()> {
+        let d = self.dir.path();
+        let ip = self.apiservers[i].ip;
+        let p = |f: &str| d.join(f).display().to_string();
+        let mut cmd = Command::new(self.bin.join("kube-apiserver"));
+        cmd.args([
+            format!("--etcd-servers={}", self.etcd_url),
+            "--etcd-prefix=/registry".into(),
+            format!("--bind-address={ip}"),
+            format!("--advertise-address={ip}"),
+            "--secure-port=6443".into(),
+            format!("--tls-cert-file={}", p("serving.crt")),
+            format!("--tls-private-key-file={}", p("serving.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            format!("--cert-dir={}", p(&format!("certs-{i}"))),
+        ]);
+        self.apiservers[i].proc = Some(Proc::spawn(&format!("apiserver-{i}"), d, &mut cmd)?);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, i: usize, timeout: Duration) -> anyhow::Result<()> {
+        let url = format!("{}/readyz", self.url(i));
+        let proc = self.apiservers[i]
+            .proc
+            .as_mut()
+            .ok_or_else(|| anyhow!("apiserver {i} is not running"))?;
+        wait_http_ok(&url, Some(&self.ca_der), timeout, proc).await
+    }
+
+    fn spawn_controller_manager(&self) -> anyhow::Result<Proc> {
+        let d = self.dir.path();
+        let kubeconfig = self.write_kubeconfig(0, ADMIN_TOKEN)?;
+        Proc::spawn(
+            "controller-manager",
+            d,
+            Command::new(self.bin.join("kube-controller-manager")).args([
+                format!("--kubeconfig={}", kubeconfig.display()),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--controllers=namespace,garbagecollector,endpointslice,serviceaccount,serviceaccount-token"
+                    .into(),
+                format!("--service-account-private-key-file={}", d.join("sa.key").display()),
+                format!("--root-ca-file={}", d.join("ca.crt").display()),
+                "--use-service-account-credentials=false".into(),
+            ]),
+        )
+    }
+}
+
+/// A kubeconfig document for `server` with `ca_pem` and a bearer token.
+pub fn kubeconfig(server: &str, ca_pem: &str, token: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    \
+         certificate-authority-data: {ca}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n\
+         - name: lab\n  context:\n    cluster: lab\n    user: user\ncurrent-context: lab\n",
+        ca = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes())
+    )
+}
+
+/// A child process that is killed when dropped (and, through `setpriv --pdeathsig`, when the
+/// thread that started it ends). Its output goes to `<dir>/<name>.log`.
+pub struct Proc {
+    name: String,
+    log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    /// Spawns `cmd` wrapped in `setpriv --pdeathsig KILL`.
+    pub fn spawn(name: &str, dir: &Path, cmd: &mut Command) -> anyhow::Result<Self> {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let std_cmd = cmd.as_std();
+        let mut wrapped = Command::new("setpriv");
+        wrapped
+            .arg("--pdeathsig=KILL")
+            .arg("--")
+            .arg(std_cmd.get_program())
+            .args(std_cmd.get_args())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true);
+        for (k, v) in std_cmd.get_envs() {
+            match v {
+                Some(v) => wrapped.env(k, v),
+                None => wrapped.env_remove(k),
+            };
+        }
+        let child = wrapped.spawn().with_context(|| format!("spawning {name}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            log,
+            child,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGTERM, then SIGKILL after `grace` (at once when zero); waits for exit.
+    pub async fn terminate(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            let sig = if grace.is_zero() {
+                nix::sys::signal::Signal::SIGKILL
+            } else {
+                nix::sys::signal::Signal::SIGTERM
+            };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.cast_signed()), sig);
+        }
+        if tokio::time::timeout(grace.max(Duration::from_secs(1)), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+
+    /// The last `n` lines of the process's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+async fn wait_http_ok(url: &str, ca_der: Option<&[u8]>, timeout: Duration, proc: &mut Proc) -> anyhow::Result<()> {
+    let client = crate::http_client(ca_der)?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(resp) = client.get(url).timeout(Duration::from_secs(2)).send().await
+            && resp.status().is_success()
+        {
+            return Ok(());
+        }
+        // A process that died will never answer: fail fast, with its log.
+        let exited = proc.exited();
+        if exited.is_some() || tokio::time::Instant::now() > deadline {
+            bail!(
+                "{url} not ready within {timeout:?} ({} exit: {exited:?}); log tail:\n{}",
+                proc.name,
+                proc.log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+struct Pki {
+    ca_pem: String,
+    ca_der: Vec<u8>,
+    serving_pem: String,
+    serving_key: String,
+    sa_key: String,
+    sa_pub: String,
+}
+
+impl Pki {
+    fn generate(opts: &Options) -> anyhow::Result<Self> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(DnType::CommonName, "baton-lab-ca");
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key)?;
+
+        let mut sans: Vec<String> = [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "localhost",
+            "127.0.0.1",
+            "10.0.0.1",
+            "api.baton.test",
+            "api-int.baton.test",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        sans.extend(opts.servers.iter().map(ToString::to_string));
+        sans.extend((1..=254).map(|n| lab::fip(n).to_string()));
+        sans.extend(opts.extra_sans.iter().cloned());
+        let serving_key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans)?;
+        params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        let serving = params.signed_by(&serving_key, &ca)?;
+        let sa_key = KeyPair::generate()?;
+        Ok(Self {
+            ca_pem: ca.pem(),
+            ca_der: ca.der().to_vec(),
+            serving_pem: serving.pem(),
+            serving_key: serving_key.serialize_pem(),
+            sa_key: sa_key.serialize_pem(),
+            sa_pub: sa_key.public_key_pem(),
+        })
+    }
+
+    fn write(&self, dir: &Path, opts: &Options) -> anyhow::Result<()> {
+        std::fs::write(dir.join("ca.crt"), &self.ca_pem)?;
+        std::fs::write(dir.join("serving.crt"), &self.serving_pem)?;
+        std::fs::write(dir.join("serving.key"), &self.serving_key)?;
+        std::fs::write(dir.join("sa.key"), &self.sa_key)?;
+        std::fs::write(dir.join("sa.pub"), &self.sa_pub)?;
+        let mut tokens = format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n");
+        for u in &opts.users {
+            tokens.push_str(&format!(
+                "{},{},{}-uid,\"{}\"\n",
+                u.token,
+                u.name,
+                u.name,
+                u.groups.join(",")
+            ));
+        }
+        std::fs::write(dir.join("tokens.csv"), tokens)?;
+        Ok(())
+    }
+}

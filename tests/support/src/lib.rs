@@ -1,0 +1,48 @@
+//! baton's test harness: a private lab network and a real Kubernetes control plane in it.
+//!
+//! ```text
+//!  lab::run(|| async { ... })          a thread in a fresh network namespace + tokio runtime
+//!     └─ ControlPlane::start(opts)     etcd on 127.0.0.1 + N kube-apiservers on lab addresses
+//!          ├─ apiserver 198.51.100.11:6443 ─┐
+//!          ├─ apiserver 198.51.100.12:6443 ─┼─ one etcd, each advertising its own address,
+//!          └─ apiserver 198.51.100.13:6443 ─┘  so default/kubernetes lists all of them
+//! ```
+//!
+//! Binaries come from `scripts/testenv` (built once from Go modules, cached outside the repo).
+//! Every process is killed when its handle drops, and with `--pdeathsig` when the lab thread
+//! ends, so a panicking test leaves nothing behind.
+
+pub mod lab;
+
+static TRACING: std::sync::Once = std::sync::Once::new();
+
+/// Installs a test-writer tracing subscriber once (`RUST_LOG` filters it).
+pub fn init_tracing() {
+    TRACING.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,hyper=warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
+}
+
+pub mod control_plane;
+
+pub use control_plane::{ADMIN_TOKEN, ControlPlane, Options, TokenUser};
+
+/// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
+pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(der) = ca_der {
+        roots.add(rustls::pki_types::CertificateDer::from(der.to_vec()))?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .build()?)
+}
