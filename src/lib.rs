@@ -1,1 +1,77 @@
-//! baton
+//! baton: carries a bare-metal Kubernetes cluster's API endpoint (DNS names + Floating IPs) from
+//! the bootstrap host to the running cluster, and keeps it healthy afterwards.
+//!
+//! ```text
+//!   main.rs ── Cli::parse ── run(cli) ─┬─ config   layered settings (flag > env > cloud-sa.json > default)
+//!                                      ├─ sim      baton-cloud: the Cherry Servers API simulator
+//!                                      ├─ dns      baton-dns: embedded server / RFC 2136 push
+//!                                      ├─ bootstrap, controller  (later issues)
+//!                                      └─ version
+//! ```
+//!
+//! Pure types and decision logic live in `baton-core`; the cloud client and simulator in
+//! `baton-cloud`; DNS in `baton-dns`. This crate wires them to the command line.
+
+pub mod cli;
+pub mod config;
+pub mod telemetry;
+
+use cli::{Cli, Command};
+
+/// Exit codes shared by every subcommand.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// A runtime failure.
+    pub const FAILURE: u8 = 1;
+    /// Bad configuration or arguments.
+    pub const CONFIG: u8 = 2;
+    /// The subcommand is not built yet.
+    pub const NOT_BUILT: u8 = 3;
+}
+
+/// Top-level errors of the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("logging: {0}")]
+    Logging(String),
+    #[error("`baton {0}` is not built yet")]
+    NotBuilt(&'static str),
+    #[error("{0}")]
+    Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Error {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Logging(_) => exit::CONFIG,
+            Self::NotBuilt(_) => exit::NOT_BUILT,
+            Self::Subcommand(_) => exit::FAILURE,
+        }
+    }
+}
+
+/// Wraps a subcommand's error.
+pub fn subcommand_error(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Subcommand(Box::new(e))
+}
+
+/// Runs a parsed command line to completion.
+pub async fn run(cli: Cli) -> Result<(), Error> {
+    let Cli { log, command } = cli;
+    telemetry::init(&log)?;
+    match command {
+        Command::Version => {
+            println!("baton {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Config(cmd) => cmd.run(&config::ProcessEnv),
+        Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
+        Command::Controller(_) => Err(Error::NotBuilt("controller")),
+        Command::Dns(_) => Err(Error::NotBuilt("dns")),
+        Command::Sim(_) => Err(Error::NotBuilt("sim")),
+    }
+}

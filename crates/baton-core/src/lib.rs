@@ -13,7 +13,15 @@
 //!             controller / bootstrap / dns apply the actions
 //! ```
 
+pub mod duration;
+pub mod fip_tag;
+pub mod load_balancer;
+pub mod names;
 pub mod secret;
+pub mod selector;
 pub mod types;
 
+pub use fip_tag::FipTag;
+pub use load_balancer::{BgpPeerMode, LoadBalancerMode};
 pub use secret::Secret;
+pub use selector::LabelSelector;

@@ -1,0 +1,286 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::Parser;
+use rstest::rstest;
+
+use super::*;
+
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+fn args(flags: &[String]) -> ConfigArgs {
+    let argv = std::iter::once("baton".to_owned()).chain(flags.iter().cloned());
+    Flags::try_parse_from(argv).expect("flags parse").config
+}
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+fn write_file(dir: &Path, json: &serde_json::Value) -> std::path::PathBuf {
+    let path = dir.join("cloud-sa.json");
+    std::fs::write(&path, serde_json::to_string(json).unwrap()).unwrap();
+    path
+}
+
+/// Three distinct valid values per setting (for flag, env, file) and one invalid one.
+fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
+    match id {
+        "api_key" => (["key-flag", "key-env", "key-file"], None),
+        "project_id" => (["111", "222", "333"], Some("12ab")),
+        "region" => (["LT-Siauliai", "NL-Amsterdam", "DE-Frankfurt"], None),
+        "base_url" => (
+            ["http://127.0.0.1:1", "http://127.0.0.1:2", "https://sim.example:3"],
+            Some("ftp://x"),
+        ),
+        "load_balancer" => (
+            ["kube-vip://", "metallb:///lb/?bgp-peer-mode=frr", "empty://?ip-annotation=x.io/ip"],
+            Some("haproxy://"),
+        ),
+        "annotation_local_asn" | "annotation_peer_asn" | "annotation_peer_ip" | "annotation_src_ip"
+        | "annotation_multi_hop" => (
+            ["a.io/p-{{n}}-x", "b.io/p-{{n}}-x", "c.io/p-{{n}}-x"],
+            Some("a.io/no-index"),
+        ),
+        "annotation_fip_region" => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
+        "fip_tag" => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
+        "api_server_port" => (["6443", "443", "8443"], Some("70000")),
+        "bgp_node_selector" => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
+        "fip_health_check_use_host_ip" => (["true", "1", "True"], Some("yes")),
+        "api_rate_limit" => (["10", "2.5", "0"], Some("-1")),
+        "api_timeout" => (["5s", "250ms", "1m"], Some("soon")),
+        "prefix" => (["one", "two", "three"], Some("Bad_Prefix")),
+        "health_check_path" => (["/readyz", "/healthz", "/livez"], Some("readyz")),
+        "health_check_interval" | "health_check_timeout" => (["100ms", "1s", "2s"], Some("0s")),
+        "health_check_rise" | "health_check_fall" => (["1", "2", "5"], Some("0")),
+        other => panic!("no samples for setting {other}: add them when adding a setting"),
+    }
+}
+
+fn file_json(s: &Setting, value: &str) -> serde_json::Value {
+    // Numbers and booleans go in as JSON numbers/booleans, as in real cloud-sa.json files.
+    let v = match s.id {
+        "project_id" | "api_server_port" | "health_check_rise" | "health_check_fall" => {
+            serde_json::Value::from(value.parse::<u64>().unwrap())
+        }
+        "fip_health_check_use_host_ip" if value == "True" => serde_json::Value::Bool(true),
+        _ => serde_json::Value::from(value),
+    };
+    serde_json::json!({ s.file_key: v })
+}
+
+#[test]
+fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    for s in SETTINGS {
+        let ([flag_v, env_v, file_v], _) = samples(s.id);
+        let path = write_file(dir.path(), &file_json(s, file_v));
+        let flag = vec![format!("--{}", s.flag), flag_v.to_owned()];
+        let file_flag = vec!["--cloud-config".to_owned(), path.display().to_string()];
+        let all = [flag.clone(), file_flag.clone()].concat();
+        let e = env(&[(s.env, env_v)]);
+        let none = env(&[]);
+
+        let cases: [(&[String], &BTreeMap<String, String>, Option<&str>, &str); 4] = [
+            (&all, &e, Some(flag_v), "flag"),
+            (&file_flag, &e, Some(env_v), "env"),
+            (&file_flag, &none, Some(file_v), "file"),
+            (&[], &none, s.default, "default"),
+        ];
+        for (argv, env, want, layer) in cases {
+            let cfg = Config::resolve(&args(argv), env)
+                .unwrap_or_else(|e| panic!("{} ({layer}): {e}", s.file_key));
+            let source = &cfg.sources[s.id];
+            let expected_source = match layer {
+                "flag" => Source::Flag { flag: s.flag.to_owned() },
+                "env" => Source::Env { var: s.env.to_owned() },
+                "file" => Source::File {
+                    path: path.clone(),
+                    key: s.file_key.to_owned(),
+                },
+                _ if s.default.is_some() => Source::Default,
+                _ => Source::Unset,
+            };
+            assert_eq!(source, &expected_source, "{} from {layer}", s.file_key);
+            // The parsed value is the one from that layer: compare through a fresh parse of
+            // the expected raw value given as a flag (same parser, known-good source).
+            let shown = cfg.display_value(s.id);
+            let reference = want.map(|w| {
+                let cfg = Config::resolve(&args(&[format!("--{}", s.flag), w.to_owned()]), &none).unwrap();
+                cfg.display_value(s.id)
+            });
+            assert_eq!(Some(shown), reference.or(Some(None)), "{} from {layer}", s.file_key);
+        }
+    }
+}
+
+#[test]
+fn every_invalid_value_is_rejected_naming_key_source_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    for s in SETTINGS {
+        let (_, Some(bad)) = samples(s.id) else { continue };
+        // From a flag, from the environment and from the file.
+        let path = write_file(dir.path(), &serde_json::json!({ s.file_key: bad }));
+        let layers: [(Vec<String>, BTreeMap<String, String>, String); 3] = [
+            (vec![format!("--{}", s.flag), bad.to_owned()], env(&[]), format!("flag --{}", s.flag)),
+            (vec![], env(&[(s.env, bad)]), format!("env {}", s.env)),
+            (
+                vec!["--cloud-config".into(), path.display().to_string()],
+                env(&[]),
+                format!("file {} key {}", path.display(), s.file_key),
+            ),
+        ];
+        for (argv, env, source) in layers {
+            let err = Config::resolve(&args(&argv), &env).expect_err(&format!("{} = {bad:?} must fail", s.file_key));
+            let msg = err.to_string();
+            assert!(msg.contains(s.file_key), "{msg}");
+            assert!(msg.contains(&source), "{msg} should name {source}");
+            assert!(msg.contains(&format!("{bad:?}")), "{msg} should quote the value");
+        }
+    }
+}
+
+#[test]
+fn all_errors_are_reported_at_once() {
+    let e = env(&[("CHERRY_PROJECT_ID", "x"), ("CHERRY_FIP_TAG", "=y"), ("BATON_PREFIX", "UP")]);
+    let ConfigError::Invalid(errors) = Config::resolve(&args(&[]), &e).unwrap_err() else {
+        panic!("expected Invalid")
+    };
+    let keys: Vec<_> = errors.iter().map(|e| e.key).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for k in ["projectID", "fipTag", "prefix"] {
+        assert!(keys.contains(&k), "{keys:?}");
+    }
+}
+
+#[rstest]
+#[case(serde_json::json!({"projectID": 123456}))]
+#[case(serde_json::json!({"projectID": "123456"}))]
+#[case(serde_json::json!({"projectId": 123456}))]
+#[case(serde_json::json!({"PROJECTID": "123456"}))]
+fn project_id_is_a_number_or_a_string_of_digits_under_either_spelling(#[case] json: serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), &json);
+    let cfg = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap();
+    assert_eq!(cfg.project_id, Some(123_456));
+}
+
+#[test]
+fn the_ccm_secret_example_loads_as_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(
+        dir.path(),
+        &serde_json::json!({"apiKey":"<token>","projectID":123456,"loadbalancer":"metallb:///metallb-system/",
+            "region":"LT-Siauliai","fipTag":"cluster=my-cp"}),
+    );
+    let cfg = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap();
+    assert_eq!(cfg.require_api_key().unwrap().expose(), "<token>");
+    assert_eq!(cfg.require_project_id().unwrap(), 123_456);
+    assert_eq!(cfg.region.as_deref(), Some("LT-Siauliai"));
+    assert_eq!(cfg.fip_tag.unwrap().to_string(), "cluster=my-cp");
+    assert!(matches!(cfg.load_balancer, Some(LoadBalancerMode::MetalLb { .. })));
+    assert_eq!(cfg.base_url.as_str(), "https://api.cherryservers.com/");
+}
+
+#[test]
+fn invalid_json_and_wrong_types_in_the_file_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud-sa.json");
+    // The CCM README's own example has a leading zero: invalid JSON.
+    std::fs::write(&path, r#"{"apiKey":"k","projectID":0123456789}"#).unwrap();
+    let err = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap_err();
+    assert!(matches!(err, ConfigError::ParseFile { .. }), "{err}");
+    assert!(err.to_string().contains("cloud-sa.json"));
+
+    let path = write_file(dir.path(), &serde_json::json!({"fipTag": {"k": "v"}}));
+    let err = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap_err();
+    assert!(err.to_string().contains("fipTag"), "{err}");
+
+    let err = Config::resolve(&args(&["--cloud-config".into(), "/nonexistent/cloud-sa.json".into()]), &env(&[]))
+        .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/cloud-sa.json"), "{err}");
+}
+
+#[test]
+fn empty_values_count_as_unset() {
+    let e = env(&[("CHERRY_REGION_NAME", ""), ("CHERRY_FIP_TAG", "  ")]);
+    let cfg = Config::resolve(&args(&[]), &e).unwrap();
+    assert_eq!(cfg.region, None);
+    assert_eq!(cfg.fip_tag, None);
+    assert_eq!(cfg.sources["region"], Source::Unset);
+}
+
+#[test]
+fn cloud_config_path_also_comes_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), &serde_json::json!({"region": "LT-Siauliai"}));
+    let e = env(&[("BATON_CLOUD_CONFIG", &path.display().to_string())]);
+    assert_eq!(Config::resolve(&args(&[]), &e).unwrap().region.as_deref(), Some("LT-Siauliai"));
+}
+
+#[test]
+fn missing_required_settings_name_every_way_to_set_them() {
+    let cfg = Config::resolve(&args(&[]), &env(&[])).unwrap();
+    let msg = cfg.require_api_key().unwrap_err().to_string();
+    for part in ["apiKey", "--api-key", "CHERRY_API_KEY"] {
+        assert!(msg.contains(part), "{msg}");
+    }
+}
+
+const SECRET: &str = "s3cr3t-api-key-value";
+
+#[rstest]
+#[case(OutputFormat::Text)]
+#[case(OutputFormat::Json)]
+fn config_show_never_prints_the_api_key(#[case] output: OutputFormat) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), &serde_json::json!({"apiKey": SECRET, "projectID": 7, "bogusKey": 1}));
+    let argv = ["--cloud-config".into(), path.display().to_string()];
+    for (argv, env) in [
+        (vec!["--api-key".into(), SECRET.into()], env(&[])),
+        (vec![], env(&[("CHERRY_API_KEY", SECRET)])),
+        (argv.to_vec(), env(&[])),
+    ] {
+        let text = show(&args(&argv), &env, output).unwrap();
+        assert!(!text.contains(SECRET), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+        assert!(text.contains("apiKey"), "{text}");
+    }
+    let text = show(&args(&argv), &env(&[]), output).unwrap();
+    assert!(text.contains("bogusKey"), "unknown keys are reported: {text}");
+}
+
+#[test]
+fn secrets_stay_out_of_errors_and_debug_output() {
+    // An invalid value of another setting next to a secret: the error lists only that one.
+    let e = env(&[("CHERRY_API_KEY", SECRET), ("CHERRY_PROJECT_ID", "nope")]);
+    let err = Config::resolve(&args(&[]), &e).unwrap_err();
+    assert!(!err.to_string().contains(SECRET));
+    let a = args(&["--api-key".into(), SECRET.into()]);
+    assert!(!format!("{a:?}").contains(SECRET));
+    let cfg = Config::resolve(&a, &env(&[])).unwrap();
+    assert!(!format!("{cfg:?}").contains(SECRET));
+    assert!(!serde_json::to_string(&cfg).unwrap().contains(SECRET));
+}
+
+#[test]
+fn settings_table_is_consistent() {
+    let mut flags = std::collections::BTreeSet::new();
+    let mut envs = std::collections::BTreeSet::new();
+    let mut keys = std::collections::BTreeSet::new();
+    for s in SETTINGS {
+        assert!(flags.insert(s.flag), "duplicate flag {}", s.flag);
+        assert!(envs.insert(s.env), "duplicate env {}", s.env);
+        assert!(keys.insert(s.file_key.to_ascii_lowercase()), "duplicate file key {}", s.file_key);
+        assert!(s.env.starts_with("CHERRY_") || s.env.starts_with("BATON_"), "{}", s.env);
+        // Every default parses.
+        if let Some(d) = s.default {
+            Config::resolve(&args(&[format!("--{}", s.flag), d.to_owned()]), &env(&[]))
+                .unwrap_or_else(|e| panic!("default of {}: {e}", s.file_key));
+        }
+    }
+}
