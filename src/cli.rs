@@ -15,13 +15,14 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
 pub enum Command {
     /// Run on the bootstrap host: reserve/find FIPs, publish DNS, create the API Services, hand off.
     Bootstrap(NotBuiltArgs),
     /// Run in the cluster: control-plane FIP failover, Service FIPs, BGP, node initialisation.
     Controller(NotBuiltArgs),
     /// Serve or push the DNS records of the API names.
-    Dns(NotBuiltArgs),
+    Dns(baton_dns::cli::DnsArgs),
     /// Run the Cherry Servers API simulator.
     Sim(NotBuiltArgs),
     /// Inspect the configuration.

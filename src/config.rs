@@ -18,7 +18,7 @@
 //! names) are honoured here.
 
 use std::collections::BTreeMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -222,13 +222,20 @@ pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("config file {path} is not valid JSON: {source}")]
-    ParseFile { path: PathBuf, source: serde_json::Error },
+    ParseFile {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("config file {path}: expected a JSON object at the top level")]
     NotAnObject { path: PathBuf },
     #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<InvalidValue>),
     #[error("missing required setting {key} (set {flag}, env {env}, or key {key} in --cloud-config)")]
-    Missing { key: &'static str, flag: String, env: &'static str },
+    Missing {
+        key: &'static str,
+        flag: String,
+        env: &'static str,
+    },
 }
 
 /// One rejected value.
@@ -246,7 +253,11 @@ pub struct InvalidValue {
 
 impl fmt::Display for InvalidValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} from {}: invalid value {:?}: {}", self.key, self.source, self.value, self.reason)
+        write!(
+            f,
+            "{} from {}: invalid value {:?}: {}",
+            self.key, self.source, self.value, self.reason
+        )
     }
 }
 
@@ -300,6 +311,7 @@ pub struct Config {
     pub unknown_file_keys: Vec<String>,
 }
 
+#[allow(clippy::ref_option)] // serde's `serialize_with` passes `&Option<T>`
 fn display_opt<T: fmt::Display, S: serde::Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(v) => s.collect_str(v),
@@ -310,10 +322,11 @@ fn display_opt<T: fmt::Display, S: serde::Serializer>(v: &Option<T>, s: S) -> Re
 impl Config {
     /// Resolves the configuration from flags, the environment and the config file.
     pub fn resolve(args: &ConfigArgs, env: &dyn Env) -> Result<Self, ConfigError> {
-        let file_path = args
-            .cloud_config
-            .clone()
-            .or_else(|| env.var("BATON_CLOUD_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+        let file_path = args.cloud_config.clone().or_else(|| {
+            env.var("BATON_CLOUD_CONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
         let file = match &file_path {
             Some(path) => Some(read_file(path)?),
             None => None,
@@ -357,7 +370,10 @@ impl Config {
             "api_server_port" => Some(self.api_server_port.to_string()),
             "bgp_node_selector" => self.bgp_node_selector.as_ref().map(ToString::to_string),
             "fip_health_check_use_host_ip" => Some(self.health_check.use_host_ip.to_string()),
-            "api_rate_limit" => Some(self.api_rate_limit.map_or_else(|| "0".to_owned(), |r| r.to_string())),
+            "api_rate_limit" => Some(
+                self.api_rate_limit
+                    .map_or_else(|| "0".to_owned(), |r| r.to_string()),
+            ),
             "api_timeout" => Some(d(&self.api_timeout)),
             "prefix" => Some(self.prefix.clone()),
             "health_check_path" => Some(self.health_check.path.clone()),
@@ -401,7 +417,9 @@ impl Config {
             timeout: p.duration("health_check_timeout"),
             rise: p.count("health_check_rise"),
             fall: p.count("health_check_fall"),
-            use_host_ip: p.value("fip_health_check_use_host_ip", parse_bool).unwrap_or(false),
+            use_host_ip: p
+                .value("fip_health_check_use_host_ip", parse_bool)
+                .unwrap_or(false),
         };
         Self {
             api_key: p.value("api_key", |v| Ok(Secret::new(v))),
@@ -425,15 +443,18 @@ impl Config {
             fip_tag: p.value("fip_tag", |v| v.parse().map_err(|e| format!("{e}"))),
             api_server_port: p
                 .value("api_server_port", |v| {
-                    v.parse::<u16>().map_err(|_| "must be a port number, 0-65535".to_owned())
+                    v.parse::<u16>()
+                        .map_err(|_| "must be a port number, 0-65535".to_owned())
                 })
                 .unwrap_or(0),
             bgp_node_selector: p.value("bgp_node_selector", |v| v.parse().map_err(|e| format!("{e}"))),
             api_rate_limit: p
                 .value("api_rate_limit", |v| match v.parse::<f64>() {
-                    Ok(r) if r == 0.0 => Ok(None),
+                    Ok(0.0) => Ok(None),
                     Ok(r) if r.is_finite() && r > 0.0 => Ok(Some(r)),
-                    _ => Err("must be a positive number of requests per second, or 0 for unlimited".to_owned()),
+                    _ => {
+                        Err("must be a positive number of requests per second, or 0 for unlimited".to_owned())
+                    }
                 })
                 .flatten(),
             api_timeout: p.duration("api_timeout"),
@@ -448,7 +469,11 @@ impl Config {
                 })
                 .unwrap_or_default(),
             health_check,
-            sources: raw.values.iter().map(|(id, (_, src))| (*id, src.clone())).collect(),
+            sources: raw
+                .values
+                .iter()
+                .map(|(id, (_, src))| (*id, src.clone()))
+                .collect(),
             unknown_file_keys: raw.unknown_file_keys.clone(),
         }
     }
@@ -496,7 +521,11 @@ impl Parser<'_> {
                 self.errors.push(InvalidValue {
                     key: s.file_key,
                     source: source.clone(),
-                    value: if s.secret { "<redacted>".to_owned() } else { value.to_owned() },
+                    value: if s.secret {
+                        "<redacted>".to_owned()
+                    } else {
+                        value.to_owned()
+                    },
                     reason,
                 });
                 None
@@ -575,8 +604,24 @@ impl RawValues {
                 }
             }
             let resolved = nonempty(args.flag(s.id).map(str::to_owned))
-                .map(|v| (v, Source::Flag { flag: s.flag.to_owned() }))
-                .or_else(|| nonempty(env.var(s.env)).map(|v| (v, Source::Env { var: s.env.to_owned() })))
+                .map(|v| {
+                    (
+                        v,
+                        Source::Flag {
+                            flag: s.flag.to_owned(),
+                        },
+                    )
+                })
+                .or_else(|| {
+                    nonempty(env.var(s.env)).map(|v| {
+                        (
+                            v,
+                            Source::Env {
+                                var: s.env.to_owned(),
+                            },
+                        )
+                    })
+                })
                 .or(from_file)
                 .or_else(|| s.default.map(|d| (d.to_owned(), Source::Default)));
             let entry = match resolved {
@@ -613,7 +658,9 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
         source,
     })?;
     let serde_json::Value::Object(map) = json else {
-        return Err(ConfigError::NotAnObject { path: path.to_owned() });
+        return Err(ConfigError::NotAnObject {
+            path: path.to_owned(),
+        });
     };
     let entries = map
         .into_iter()
@@ -643,6 +690,7 @@ pub struct ConfigCommand {
 
 /// What to do with the configuration.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
 pub enum ConfigAction {
     /// Print the effective configuration and where each value came from (secrets redacted).
     Show {
@@ -652,6 +700,8 @@ pub enum ConfigAction {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Print the reference table of every setting (Markdown, as in docs/configuration.md).
+    Reference,
 }
 
 /// Output formats of `baton config show`.
@@ -672,8 +722,10 @@ pub struct ShowRow {
 impl ConfigCommand {
     /// Runs the command, printing to stdout.
     pub fn run(self, env: &dyn Env) -> Result<(), crate::Error> {
-        let ConfigAction::Show { config, output } = self.action;
-        let text = show(&config, env, output)?;
+        let text = match self.action {
+            ConfigAction::Show { config, output } => show(&config, env, output)?,
+            ConfigAction::Reference => reference(),
+        };
         print!("{text}");
         Ok(())
     }
@@ -700,14 +752,34 @@ pub fn show(args: &ConfigArgs, env: &dyn Env, output: OutputFormat) -> Result<St
             let mut out = String::new();
             for r in &rows {
                 let value = r.value.as_deref().unwrap_or("<unset>");
-                out.push_str(&format!("{:width$}  {value}  ({})\n", r.key, r.source));
+                let _ = writeln!(out, "{:width$}  {value}  ({})", r.key, r.source);
             }
             for k in &cfg.unknown_file_keys {
-                out.push_str(&format!("warning: unknown key {k:?} in the config file is ignored\n"));
+                let _ = writeln!(out, "warning: unknown key {k:?} in the config file is ignored");
             }
             out
         }
     })
+}
+
+/// The Markdown reference table of every setting.
+pub fn reference() -> String {
+    let mut out = String::from(
+        "| key (cloud-sa.json) | flag | environment | default | description |\n|---|---|---|---|---|\n",
+    );
+    for s in SETTINGS {
+        let default = s.default.map_or_else(|| "unset".to_owned(), |d| format!("`{d}`"));
+        let _ = writeln!(
+            out,
+            "| `{}` | `--{}` | `{}` | {default} | {}{} |",
+            s.file_key,
+            s.flag,
+            s.env,
+            s.doc.replace('|', "\\|"),
+            if s.secret { " (secret: never printed)" } else { "" },
+        );
+    }
+    out
 }
 
 #[cfg(test)]

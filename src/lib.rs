@@ -71,7 +71,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Config(cmd) => cmd.run(&config::ProcessEnv),
         Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
         Command::Controller(_) => Err(Error::NotBuilt("controller")),
-        Command::Dns(_) => Err(Error::NotBuilt("dns")),
+        Command::Dns(args) => baton_dns::cli::run(args).await.map_err(subcommand_error),
         Command::Sim(_) => Err(Error::NotBuilt("sim")),
     }
 }

@@ -7,7 +7,8 @@ use clap::CommandFactory as _;
 fn baton() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
     // A clean environment: only what the test sets counts.
-    cmd.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
     cmd
 }
 
@@ -34,7 +35,11 @@ fn config_show_reports_sources_and_never_the_api_key() {
     let secret = "cli-secret-0123456789";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cloud-sa.json");
-    std::fs::write(&file, format!(r#"{{"apiKey":"{secret}","projectID":"42","fipTag":"cp=file"}}"#)).unwrap();
+    std::fs::write(
+        &file,
+        format!(r#"{{"apiKey":"{secret}","projectID":"42","fipTag":"cp=file"}}"#),
+    )
+    .unwrap();
     let out = baton()
         .args(["config", "show", "--cloud-config"])
         .arg(&file)
@@ -45,12 +50,27 @@ fn config_show_reports_sources_and_never_the_api_key() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(!stdout.contains(secret) && !stderr.contains(secret), "{stdout}{stderr}");
-    let line = |key: &str| stdout.lines().find(|l| l.starts_with(key)).unwrap_or_default().to_owned();
+    assert!(
+        !stdout.contains(secret) && !stderr.contains(secret),
+        "{stdout}{stderr}"
+    );
+    let line = |key: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_default()
+            .to_owned()
+    };
     assert!(line("apiKey ").contains("<redacted>"), "{stdout}");
-    assert!(line("projectID").contains("42") && line("projectID").contains("file"), "{stdout}");
+    assert!(
+        line("projectID").contains("42") && line("projectID").contains("file"),
+        "{stdout}"
+    );
     assert!(line("region").contains("flag --region"), "{stdout}");
-    assert!(line("fipTag").contains("cp=env") && line("fipTag").contains("env CHERRY_FIP_TAG"), "{stdout}");
+    assert!(
+        line("fipTag").contains("cp=env") && line("fipTag").contains("env CHERRY_FIP_TAG"),
+        "{stdout}"
+    );
     assert!(line("apiServerPort").contains("default"), "{stdout}");
 }
 
@@ -64,7 +84,10 @@ fn invalid_configuration_exits_2_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("loadbalancer") && stderr.contains("CHERRY_LOAD_BALANCER"), "{stderr}");
+    assert!(
+        stderr.contains("loadbalancer") && stderr.contains("CHERRY_LOAD_BALANCER"),
+        "{stderr}"
+    );
     assert!(stderr.contains("haproxy://"), "{stderr}");
     assert!(!stderr.contains("do-not-print-me"), "{stderr}");
 }

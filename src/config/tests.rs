@@ -18,7 +18,10 @@ fn args(flags: &[String]) -> ConfigArgs {
 }
 
 fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 fn write_file(dir: &Path, json: &serde_json::Value) -> std::path::PathBuf {
@@ -34,14 +37,25 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
         "project_id" => (["111", "222", "333"], Some("12ab")),
         "region" => (["LT-Siauliai", "NL-Amsterdam", "DE-Frankfurt"], None),
         "base_url" => (
-            ["http://127.0.0.1:1", "http://127.0.0.1:2", "https://sim.example:3"],
+            [
+                "http://127.0.0.1:1",
+                "http://127.0.0.1:2",
+                "https://sim.example:3",
+            ],
             Some("ftp://x"),
         ),
         "load_balancer" => (
-            ["kube-vip://", "metallb:///lb/?bgp-peer-mode=frr", "empty://?ip-annotation=x.io/ip"],
+            [
+                "kube-vip://",
+                "metallb:///lb/?bgp-peer-mode=frr",
+                "empty://?ip-annotation=x.io/ip",
+            ],
             Some("haproxy://"),
         ),
-        "annotation_local_asn" | "annotation_peer_asn" | "annotation_peer_ip" | "annotation_src_ip"
+        "annotation_local_asn"
+        | "annotation_peer_asn"
+        | "annotation_peer_ip"
+        | "annotation_src_ip"
         | "annotation_multi_hop" => (
             ["a.io/p-{{n}}-x", "b.io/p-{{n}}-x", "c.io/p-{{n}}-x"],
             Some("a.io/no-index"),
@@ -73,6 +87,14 @@ fn file_json(s: &Setting, value: &str) -> serde_json::Value {
     serde_json::json!({ s.file_key: v })
 }
 
+/// (flags, environment, expected raw value, layer name)
+type Layer<'a> = (
+    &'a [String],
+    &'a BTreeMap<String, String>,
+    Option<&'a str>,
+    &'a str,
+);
+
 #[test]
 fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,19 +107,23 @@ fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
         let e = env(&[(s.env, env_v)]);
         let none = env(&[]);
 
-        let cases: [(&[String], &BTreeMap<String, String>, Option<&str>, &str); 4] = [
+        let cases: [Layer<'_>; 4] = [
             (&all, &e, Some(flag_v), "flag"),
             (&file_flag, &e, Some(env_v), "env"),
             (&file_flag, &none, Some(file_v), "file"),
             (&[], &none, s.default, "default"),
         ];
         for (argv, env, want, layer) in cases {
-            let cfg = Config::resolve(&args(argv), env)
-                .unwrap_or_else(|e| panic!("{} ({layer}): {e}", s.file_key));
+            let cfg =
+                Config::resolve(&args(argv), env).unwrap_or_else(|e| panic!("{} ({layer}): {e}", s.file_key));
             let source = &cfg.sources[s.id];
             let expected_source = match layer {
-                "flag" => Source::Flag { flag: s.flag.to_owned() },
-                "env" => Source::Env { var: s.env.to_owned() },
+                "flag" => Source::Flag {
+                    flag: s.flag.to_owned(),
+                },
+                "env" => Source::Env {
+                    var: s.env.to_owned(),
+                },
                 "file" => Source::File {
                     path: path.clone(),
                     key: s.file_key.to_owned(),
@@ -113,7 +139,12 @@ fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
                 let cfg = Config::resolve(&args(&[format!("--{}", s.flag), w.to_owned()]), &none).unwrap();
                 cfg.display_value(s.id)
             });
-            assert_eq!(Some(shown), reference.or(Some(None)), "{} from {layer}", s.file_key);
+            assert_eq!(
+                Some(shown),
+                reference.or(Some(None)),
+                "{} from {layer}",
+                s.file_key
+            );
         }
     }
 }
@@ -126,7 +157,11 @@ fn every_invalid_value_is_rejected_naming_key_source_and_value() {
         // From a flag, from the environment and from the file.
         let path = write_file(dir.path(), &serde_json::json!({ s.file_key: bad }));
         let layers: [(Vec<String>, BTreeMap<String, String>, String); 3] = [
-            (vec![format!("--{}", s.flag), bad.to_owned()], env(&[]), format!("flag --{}", s.flag)),
+            (
+                vec![format!("--{}", s.flag), bad.to_owned()],
+                env(&[]),
+                format!("flag --{}", s.flag),
+            ),
             (vec![], env(&[(s.env, bad)]), format!("env {}", s.env)),
             (
                 vec!["--cloud-config".into(), path.display().to_string()],
@@ -135,7 +170,8 @@ fn every_invalid_value_is_rejected_naming_key_source_and_value() {
             ),
         ];
         for (argv, env, source) in layers {
-            let err = Config::resolve(&args(&argv), &env).expect_err(&format!("{} = {bad:?} must fail", s.file_key));
+            let err = Config::resolve(&args(&argv), &env)
+                .expect_err(&format!("{} = {bad:?} must fail", s.file_key));
             let msg = err.to_string();
             assert!(msg.contains(s.file_key), "{msg}");
             assert!(msg.contains(&source), "{msg} should name {source}");
@@ -146,7 +182,11 @@ fn every_invalid_value_is_rejected_naming_key_source_and_value() {
 
 #[test]
 fn all_errors_are_reported_at_once() {
-    let e = env(&[("CHERRY_PROJECT_ID", "x"), ("CHERRY_FIP_TAG", "=y"), ("BATON_PREFIX", "UP")]);
+    let e = env(&[
+        ("CHERRY_PROJECT_ID", "x"),
+        ("CHERRY_FIP_TAG", "=y"),
+        ("BATON_PREFIX", "UP"),
+    ]);
     let ConfigError::Invalid(errors) = Config::resolve(&args(&[]), &e).unwrap_err() else {
         panic!("expected Invalid")
     };
@@ -158,14 +198,18 @@ fn all_errors_are_reported_at_once() {
 }
 
 #[rstest]
-#[case(serde_json::json!({"projectID": 123456}))]
+#[case(serde_json::json!({"projectID": 123_456}))]
 #[case(serde_json::json!({"projectID": "123456"}))]
-#[case(serde_json::json!({"projectId": 123456}))]
+#[case(serde_json::json!({"projectId": 123_456}))]
 #[case(serde_json::json!({"PROJECTID": "123456"}))]
 fn project_id_is_a_number_or_a_string_of_digits_under_either_spelling(#[case] json: serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), &json);
-    let cfg = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap();
+    let cfg = Config::resolve(
+        &args(&["--cloud-config".into(), path.display().to_string()]),
+        &env(&[]),
+    )
+    .unwrap();
     assert_eq!(cfg.project_id, Some(123_456));
 }
 
@@ -174,15 +218,22 @@ fn the_ccm_secret_example_loads_as_is() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(
         dir.path(),
-        &serde_json::json!({"apiKey":"<token>","projectID":123456,"loadbalancer":"metallb:///metallb-system/",
+        &serde_json::json!({"apiKey":"<token>","projectID":123_456,"loadbalancer":"metallb:///metallb-system/",
             "region":"LT-Siauliai","fipTag":"cluster=my-cp"}),
     );
-    let cfg = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap();
+    let cfg = Config::resolve(
+        &args(&["--cloud-config".into(), path.display().to_string()]),
+        &env(&[]),
+    )
+    .unwrap();
     assert_eq!(cfg.require_api_key().unwrap().expose(), "<token>");
     assert_eq!(cfg.require_project_id().unwrap(), 123_456);
     assert_eq!(cfg.region.as_deref(), Some("LT-Siauliai"));
     assert_eq!(cfg.fip_tag.unwrap().to_string(), "cluster=my-cp");
-    assert!(matches!(cfg.load_balancer, Some(LoadBalancerMode::MetalLb { .. })));
+    assert!(matches!(
+        cfg.load_balancer,
+        Some(LoadBalancerMode::MetalLb { .. })
+    ));
     assert_eq!(cfg.base_url.as_str(), "https://api.cherryservers.com/");
 }
 
@@ -192,16 +243,27 @@ fn invalid_json_and_wrong_types_in_the_file_are_errors_naming_the_file() {
     let path = dir.path().join("cloud-sa.json");
     // The CCM README's own example has a leading zero: invalid JSON.
     std::fs::write(&path, r#"{"apiKey":"k","projectID":0123456789}"#).unwrap();
-    let err = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap_err();
+    let err = Config::resolve(
+        &args(&["--cloud-config".into(), path.display().to_string()]),
+        &env(&[]),
+    )
+    .unwrap_err();
     assert!(matches!(err, ConfigError::ParseFile { .. }), "{err}");
     assert!(err.to_string().contains("cloud-sa.json"));
 
     let path = write_file(dir.path(), &serde_json::json!({"fipTag": {"k": "v"}}));
-    let err = Config::resolve(&args(&["--cloud-config".into(), path.display().to_string()]), &env(&[])).unwrap_err();
+    let err = Config::resolve(
+        &args(&["--cloud-config".into(), path.display().to_string()]),
+        &env(&[]),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("fipTag"), "{err}");
 
-    let err = Config::resolve(&args(&["--cloud-config".into(), "/nonexistent/cloud-sa.json".into()]), &env(&[]))
-        .unwrap_err();
+    let err = Config::resolve(
+        &args(&["--cloud-config".into(), "/nonexistent/cloud-sa.json".into()]),
+        &env(&[]),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/cloud-sa.json"), "{err}");
 }
 
@@ -219,7 +281,10 @@ fn cloud_config_path_also_comes_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), &serde_json::json!({"region": "LT-Siauliai"}));
     let e = env(&[("BATON_CLOUD_CONFIG", &path.display().to_string())]);
-    assert_eq!(Config::resolve(&args(&[]), &e).unwrap().region.as_deref(), Some("LT-Siauliai"));
+    assert_eq!(
+        Config::resolve(&args(&[]), &e).unwrap().region.as_deref(),
+        Some("LT-Siauliai")
+    );
 }
 
 #[test]
@@ -238,7 +303,10 @@ const SECRET: &str = "s3cr3t-api-key-value";
 #[case(OutputFormat::Json)]
 fn config_show_never_prints_the_api_key(#[case] output: OutputFormat) {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_file(dir.path(), &serde_json::json!({"apiKey": SECRET, "projectID": 7, "bogusKey": 1}));
+    let path = write_file(
+        dir.path(),
+        &serde_json::json!({"apiKey": SECRET, "projectID": 7, "bogusKey": 1}),
+    );
     let argv = ["--cloud-config".into(), path.display().to_string()];
     for (argv, env) in [
         (vec!["--api-key".into(), SECRET.into()], env(&[])),
@@ -275,12 +343,29 @@ fn settings_table_is_consistent() {
     for s in SETTINGS {
         assert!(flags.insert(s.flag), "duplicate flag {}", s.flag);
         assert!(envs.insert(s.env), "duplicate env {}", s.env);
-        assert!(keys.insert(s.file_key.to_ascii_lowercase()), "duplicate file key {}", s.file_key);
-        assert!(s.env.starts_with("CHERRY_") || s.env.starts_with("BATON_"), "{}", s.env);
+        assert!(
+            keys.insert(s.file_key.to_ascii_lowercase()),
+            "duplicate file key {}",
+            s.file_key
+        );
+        assert!(
+            s.env.starts_with("CHERRY_") || s.env.starts_with("BATON_"),
+            "{}",
+            s.env
+        );
         // Every default parses.
         if let Some(d) = s.default {
             Config::resolve(&args(&[format!("--{}", s.flag), d.to_owned()]), &env(&[]))
                 .unwrap_or_else(|e| panic!("default of {}: {e}", s.file_key));
         }
     }
+}
+
+#[test]
+fn docs_configuration_md_carries_the_current_reference_table() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md")).unwrap();
+    assert!(
+        doc.contains(&reference()),
+        "docs/configuration.md is out of date: regenerate its table with `baton config reference`"
+    );
 }

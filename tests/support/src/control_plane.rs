@@ -1,5 +1,6 @@
 //! A real Kubernetes control plane: one etcd and N kube-apiservers, each on its own lab address.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -68,7 +69,7 @@ pub struct ControlPlane {
     ca_der: Vec<u8>,
     _etcd: Proc,
     apiservers: Vec<ApiServer>,
-    _kcm: Option<Proc>,
+    kcm: Option<Proc>,
 }
 
 struct ApiServer {
@@ -127,7 +128,13 @@ impl ControlPlane {
                 "--quota-backend-bytes=2147483648".into(),
             ]),
         )?;
-        wait_http_ok(&format!("{etcd_url}/health"), None, Duration::from_secs(30), &mut etcd).await?;
+        wait_http_ok(
+            &format!("{etcd_url}/health"),
+            None,
+            Duration::from_secs(30),
+            &mut etcd,
+        )
+        .await?;
 
         let mut cp = Self {
             bin,
@@ -135,8 +142,12 @@ impl ControlPlane {
             ca_der: pki.ca_der,
             ca_pem: pki.ca_pem,
             _etcd: etcd,
-            apiservers: opts.servers.iter().map(|&ip| ApiServer { ip, proc: None }).collect(),
-            _kcm: None,
+            apiservers: opts
+                .servers
+                .iter()
+                .map(|&ip| ApiServer { ip, proc: None })
+                .collect(),
+            kcm: None,
             dir,
         };
         for i in 0..cp.apiservers.len() {
@@ -154,7 +165,7 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if opts.controller_manager {
-            cp._kcm = Some(cp.spawn_controller_manager()?);
+            cp.kcm = Some(cp.spawn_controller_manager()?);
         }
         Ok(cp)
     }
@@ -290,7 +301,10 @@ impl ControlPlane {
                 "--secure-port=0".into(),
                 "--controllers=namespace,garbagecollector,endpointslice,serviceaccount,serviceaccount-token"
                     .into(),
-                format!("--service-account-private-key-file={}", d.join("sa.key").display()),
+                format!(
+                    "--service-account-private-key-file={}",
+                    d.join("sa.key").display()
+                ),
                 format!("--root-ca-file={}", d.join("ca.crt").display()),
                 "--use-service-account-credentials=false".into(),
             ]),
@@ -382,7 +396,12 @@ impl Proc {
     }
 }
 
-async fn wait_http_ok(url: &str, ca_der: Option<&[u8]>, timeout: Duration, proc: &mut Proc) -> anyhow::Result<()> {
+async fn wait_http_ok(
+    url: &str,
+    ca_der: Option<&[u8]>,
+    timeout: Duration,
+    proc: &mut Proc,
+) -> anyhow::Result<()> {
     let client = crate::http_client(ca_der)?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -405,7 +424,9 @@ async fn wait_http_ok(url: &str, ca_der: Option<&[u8]>, timeout: Duration, proc:
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
 }
 
 struct Pki {
@@ -423,7 +444,9 @@ impl Pki {
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(DnType::CommonName, "baton-lab-ca");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "baton-lab-ca");
         let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
         let mut sans: Vec<String> = [
@@ -445,7 +468,9 @@ impl Pki {
         sans.extend(opts.extra_sans.iter().cloned());
         let serving_key = KeyPair::generate()?;
         let mut params = CertificateParams::new(sans)?;
-        params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
         let serving = params.signed_by(&serving_key, &ca)?;
         let sa_key = KeyPair::generate()?;
         Ok(Self {
@@ -466,13 +491,14 @@ impl Pki {
         std::fs::write(dir.join("sa.pub"), &self.sa_pub)?;
         let mut tokens = format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n");
         for u in &opts.users {
-            tokens.push_str(&format!(
-                "{},{},{}-uid,\"{}\"\n",
+            let _ = writeln!(
+                tokens,
+                "{},{},{}-uid,\"{}\"",
                 u.token,
                 u.name,
                 u.name,
                 u.groups.join(",")
-            ));
+            );
         }
         std::fs::write(dir.join("tokens.csv"), tokens)?;
         Ok(())

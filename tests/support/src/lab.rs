@@ -103,7 +103,9 @@ pub fn configure() -> anyhow::Result<()> {
     for range in [PUBLIC_RANGE, PRIVATE_RANGE, FIP_RANGE] {
         ip(&["route", "replace", "local", range, "dev", "lo", "table", "local"])?;
     }
-    ip(&["-6", "route", "replace", "local", V6_RANGE, "dev", "lo", "table", "local"])?;
+    ip(&[
+        "-6", "route", "replace", "local", V6_RANGE, "dev", "lo", "table", "local",
+    ])?;
     Ok(())
 }
 
@@ -113,7 +115,11 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
         .output()
         .context("running `ip` (iproute2)")?;
     if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -135,8 +141,12 @@ mod tests {
         });
         assert_eq!(seen.ip(), public_ip(11));
         // Two labs are independent: the same address and port bind in both at once.
-        let t1 = std::thread::spawn(|| run(|| async { tokio::net::TcpListener::bind((fip(7), 6443)).await.is_ok() }));
-        let t2 = std::thread::spawn(|| run(|| async { tokio::net::TcpListener::bind((fip(7), 6443)).await.is_ok() }));
+        let t1 = std::thread::spawn(|| {
+            run(|| async { tokio::net::TcpListener::bind((fip(7), 6443)).await.is_ok() })
+        });
+        let t2 = std::thread::spawn(|| {
+            run(|| async { tokio::net::TcpListener::bind((fip(7), 6443)).await.is_ok() })
+        });
         assert!(t1.join().unwrap() && t2.join().unwrap());
     }
 

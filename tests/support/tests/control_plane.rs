@@ -12,7 +12,9 @@ use kube::api::{ListParams, PostParams};
 #[test]
 fn three_apiservers_share_one_etcd_and_list_themselves_in_default_kubernetes() {
     lab::run(|| async {
-        let cp = ControlPlane::start(Options::servers(3)).await.expect("control plane");
+        let cp = ControlPlane::start(Options::servers(3))
+            .await
+            .expect("control plane");
 
         // A Service created through the first API server …
         let svc: Service = serde_json::from_value(serde_json::json!({

@@ -1,0 +1,101 @@
+//! `baton-lab`: start a real control plane in a fresh lab and run a command inside that lab.
+//!
+//! ```text
+//! baton-lab [--servers N] [--controller-manager] -- CMD [ARGS…]
+//! ```
+//!
+//! CMD runs in the lab's network namespace with `KUBECONFIG` (admin, API server 0),
+//! `BATON_LAB_DIR` (PKI, kubeconfigs, logs), `BATON_LAB_APISERVERS` (comma-separated addresses)
+//! and `BATON_LAB_CA` (the cluster CA file) set. Everything stops when CMD exits; its exit code is
+//! returned.
+
+use std::process::ExitCode;
+
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::ListParams;
+
+fn usage() -> ExitCode {
+    eprintln!("usage: baton-lab [--servers N] [--controller-manager] -- CMD [ARGS...]");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut servers = 3u8;
+    let mut kcm = false;
+    let mut cmd = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--servers" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if (1..=9).contains(&n) => servers = n,
+                _ => return usage(),
+            },
+            "--controller-manager" => kcm = true,
+            "--" => {
+                cmd.extend(args.by_ref());
+                break;
+            }
+            _ => return usage(),
+        }
+    }
+    if cmd.is_empty() {
+        return usage();
+    }
+    lab::run(move || async move {
+        let opts = Options {
+            controller_manager: kcm,
+            ..Options::servers(servers)
+        };
+        let started = tokio::time::Instant::now();
+        let cp = match ControlPlane::start(opts).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                eprintln!("baton-lab: control plane failed to start: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let addrs: Vec<String> = cp.addresses().iter().map(ToString::to_string).collect();
+        eprintln!(
+            "baton-lab: {} kube-apiserver(s) ready in {:.1}s on {} (files in {})",
+            addrs.len(),
+            started.elapsed().as_secs_f64(),
+            addrs.join(", "),
+            cp.dir().display()
+        );
+        // default/kubernetes fills in as each API server's lease reconciler runs.
+        let slices = Api::<EndpointSlice>::namespaced(cp.client(0).expect("client"), "default");
+        for _ in 0..60 {
+            let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
+            let n = slices
+                .list(&lp)
+                .await
+                .map_or(0, |l| l.items.iter().flat_map(|s| &s.endpoints).count());
+            if n == addrs.len() {
+                eprintln!("baton-lab: default/kubernetes lists all {n} API servers");
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).expect("kubeconfig");
+        let ca = cp.dir().join("ca.crt");
+        let status = tokio::process::Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("BATON_LAB_DIR", cp.dir())
+            .env("BATON_LAB_APISERVERS", addrs.join(","))
+            .env("BATON_LAB_CA", &ca)
+            .env("BATON_LAB", "1")
+            .status()
+            .await;
+        drop(cp);
+        match status {
+            Ok(s) => ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("baton-lab: cannot run {}: {e}", cmd[0]);
+                ExitCode::from(127)
+            }
+        }
+    })
+}
