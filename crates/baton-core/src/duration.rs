@@ -10,7 +10,9 @@ pub struct DurationError;
 /// Parses a duration.
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().map_err(|_| DurationError)?;
     let secs = match unit.trim() {
@@ -45,7 +47,10 @@ mod tests {
     #[case("1m", 60_000)]
     fn parses(#[case] s: &str, #[case] ms: u64) {
         assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms));
-        assert_eq!(parse_duration(&format_duration(Duration::from_millis(ms))).unwrap(), Duration::from_millis(ms));
+        assert_eq!(
+            parse_duration(&format_duration(Duration::from_millis(ms))).unwrap(),
+            Duration::from_millis(ms)
+        );
     }
 
     #[rstest]

@@ -14,7 +14,9 @@
 //! ```
 
 pub mod duration;
+pub mod failover;
 pub mod fip_tag;
+pub mod health;
 pub mod load_balancer;
 pub mod names;
 pub mod secret;

@@ -155,7 +155,10 @@ mod tests {
     #[case("metallb:///metallb-system/", metallb("metallb-system", BgpPeerMode::Native))]
     #[case("metallb:///foonamespace/", metallb("foonamespace", BgpPeerMode::Native))]
     #[case("metallb:///lb/?bgp-peer-mode=frr", metallb("lb", BgpPeerMode::Frr))]
-    #[case("metallb:///?bgp-peer-mode=none", metallb("metallb-system", BgpPeerMode::None))]
+    #[case(
+        "metallb:///?bgp-peer-mode=none",
+        metallb("metallb-system", BgpPeerMode::None)
+    )]
     #[case("empty://", LoadBalancerMode::Empty { ip_annotation: DEFAULT_EMPTY_IP_ANNOTATION.into() })]
     #[case("empty://?ip-annotation=example.com/ips", LoadBalancerMode::Empty { ip_annotation: "example.com/ips".into() })]
     fn parses_the_seed_forms(#[case] input: &str, #[case] want: LoadBalancerMode) {

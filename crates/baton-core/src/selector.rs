@@ -165,7 +165,10 @@ mod tests {
     use rstest::rstest;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[rstest]
@@ -191,6 +194,9 @@ mod tests {
     #[case("zone in (a")]
     #[case("=x")]
     fn rejects(#[case] sel: &str) {
-        assert!(sel.parse::<LabelSelector>().is_err(), "{sel:?} should be rejected");
+        assert!(
+            sel.parse::<LabelSelector>().is_err(),
+            "{sel:?} should be rejected"
+        );
     }
 }

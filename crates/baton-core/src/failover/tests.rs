@@ -1,0 +1,100 @@
+use rstest::rstest;
+
+use super::*;
+use crate::health::Health::{Down, Unknown, Up};
+
+fn cand(id: u64, health: Health) -> Candidate {
+    Candidate {
+        server_id: id,
+        node: format!("cp-{id}"),
+        health,
+        schedulable: true,
+        deleting: false,
+    }
+}
+
+fn cordoned(mut c: Candidate) -> Candidate {
+    c.schedulable = false;
+    c
+}
+
+fn deleting(mut c: Candidate) -> Candidate {
+    c.deleting = true;
+    c
+}
+
+fn obs(holder: Option<u64>, via_fip: Health, candidates: Vec<Candidate>) -> Observation {
+    Observation {
+        holder,
+        via_fip,
+        candidates,
+    }
+}
+
+#[rstest]
+// A healthy holder stays, whatever the others do.
+#[case(obs(Some(1), Up, vec![cand(1, Up), cand(2, Down)]), Decision::Keep)]
+// A holder not yet known (just started probing) stays.
+#[case(obs(Some(1), Unknown, vec![cand(1, Unknown), cand(2, Up)]), Decision::Keep)]
+// The holder fell: move to the first healthy other candidate.
+#[case(obs(Some(1), Down, vec![cand(1, Down), cand(2, Unknown), cand(3, Up)]),
+       Decision::Move { to: 3, reason: Reason::HolderDown })]
+// No healthy candidate: keep the FIP, report it (no flapping to an unknown one).
+#[case(obs(Some(1), Down, vec![cand(1, Down), cand(2, Down), cand(3, Unknown)]),
+       Decision::Stuck { reason: Reason::HolderDown })]
+// Unassigned FIP: assign to a healthy candidate, schedulable first.
+#[case(obs(None, Unknown, vec![cordoned(cand(1, Up)), cand(2, Up)]),
+       Decision::Move { to: 2, reason: Reason::Unassigned })]
+#[case(obs(None, Unknown, vec![cand(1, Down)]), Decision::Stuck { reason: Reason::Unassigned })]
+// Holder no longer a candidate (Node deleted / not control plane).
+#[case(obs(Some(9), Up, vec![cand(1, Up)]), Decision::Move { to: 1, reason: Reason::HolderGone })]
+// Cordoned or deleting holder: move away proactively, to a schedulable healthy node only.
+#[case(obs(Some(1), Up, vec![cordoned(cand(1, Up)), cand(2, Up)]),
+       Decision::Move { to: 2, reason: Reason::HolderDraining })]
+#[case(obs(Some(1), Up, vec![deleting(cand(1, Up)), cand(2, Up)]),
+       Decision::Move { to: 2, reason: Reason::HolderDraining })]
+#[case(obs(Some(1), Up, vec![cordoned(cand(1, Up)), cordoned(cand(2, Up))]), Decision::Keep)]
+#[case(obs(Some(1), Up, vec![cordoned(cand(1, Up)), cand(2, Down)]), Decision::Keep)]
+// Holder answers directly but not through the FIP: the route is broken, move.
+#[case(obs(Some(1), Down, vec![cand(1, Up), cand(2, Up)]),
+       Decision::Move { to: 2, reason: Reason::FipUnreachable })]
+// A failing holder prefers a schedulable target but takes a cordoned one over none.
+#[case(obs(Some(1), Down, vec![cand(1, Down), cordoned(cand(2, Up))]),
+       Decision::Move { to: 2, reason: Reason::HolderDown })]
+// A deleting node is never a target.
+#[case(obs(Some(1), Down, vec![cand(1, Down), deleting(cand(2, Up))]),
+       Decision::Stuck { reason: Reason::HolderDown })]
+fn decides(#[case] o: Observation, #[case] want: Decision) {
+    assert_eq!(decide(&o), want);
+}
+
+proptest::proptest! {
+    /// Whatever is observed, a move only ever targets a healthy, non-deleting, other server,
+    /// and a healthy, schedulable holder reachable through the FIP is never moved.
+    #[test]
+    fn moves_are_always_to_healthy_candidates(
+        holder in proptest::option::of(0u64..5),
+        via in 0u8..3,
+        cands in proptest::collection::vec((0u8..3, proptest::bool::ANY, proptest::bool::ANY), 0..5),
+    ) {
+        let h = |n: u8| [Unknown, Up, Down][usize::from(n)];
+        let candidates: Vec<Candidate> = cands.iter().enumerate().map(|(i, (health, sched, del))| Candidate {
+            server_id: i as u64, node: format!("n{i}"), health: h(*health), schedulable: *sched, deleting: *del,
+        }).collect();
+        let o = obs(holder, h(via), candidates.clone());
+        match decide(&o) {
+            Decision::Move { to, .. } => {
+                let c = candidates.iter().find(|c| c.server_id == to).expect("target is a candidate");
+                proptest::prop_assert_eq!(c.health, Up);
+                proptest::prop_assert!(!c.deleting);
+                proptest::prop_assert_ne!(Some(to), holder);
+            }
+            Decision::Keep | Decision::Stuck { .. } => {}
+        }
+        if let Some(hc) = holder.and_then(|id| candidates.iter().find(|c| c.server_id == id))
+            && hc.health == Up && hc.schedulable && !hc.deleting && h(via) != Down
+        {
+            proptest::prop_assert_eq!(decide(&o), Decision::Keep);
+        }
+    }
+}
