@@ -43,7 +43,9 @@ impl IpCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Entry>> {
-        self.entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn fresh(&self) -> Option<Arc<Vec<IpAddress>>> {
@@ -70,7 +72,11 @@ impl IpCache {
         let ips = Arc::new(fetch().await?);
         let mut entry = self.lock();
         if self.generation.load(Ordering::Acquire) == generation {
-            *entry = Some(Entry { generation, fetched: Instant::now(), ips: ips.clone() });
+            *entry = Some(Entry {
+                generation,
+                fetched: Instant::now(),
+                ips: ips.clone(),
+            });
         }
         Ok(ips)
     }

@@ -10,6 +10,7 @@
 //!                     Retry-After or exponential backoff with jitter
 //! ```
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ pub struct ClientConfig {
     pub max_retries: u32,
     /// First backoff delay (doubled per retry, with jitter in [d/2, d)).
     pub backoff_base: Duration,
-    /// Backoff ceiling (also caps an API's `Retry-After`... times four).
+    /// Backoff ceiling; an API's `Retry-After` is honoured up to four times this.
     pub backoff_cap: Duration,
     /// How long a cached IP list serves reads before it is fetched again.
     pub ip_cache_ttl: Duration,
@@ -117,6 +118,9 @@ struct Inner {
     max_retries: u32,
     backoff_base: Duration,
     backoff_cap: Duration,
+    /// One create protocol at a time per tag set, so two callers asking for the same FIP at
+    /// once cannot both miss the look-up and both create.
+    creating: std::sync::Mutex<HashMap<Tags, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for CherryClient {
@@ -153,7 +157,9 @@ impl CherryClient {
         if let Some(r) = requests_per_second
             && !(r.is_finite() && r > 0.0)
         {
-            return Err(CloudError::Config(format!("requests per second must be > 0, got {r}")));
+            return Err(CloudError::Config(format!(
+                "requests per second must be > 0, got {r}"
+            )));
         }
         let base = normalize_base(base_url)?;
         let mut auth = HeaderValue::from_str(&format!("Bearer {}", api_key.expose()))
@@ -183,6 +189,7 @@ impl CherryClient {
                 max_retries,
                 backoff_base,
                 backoff_cap,
+                creating: std::sync::Mutex::new(HashMap::new()),
             }),
             priority: Priority::Normal,
         })
@@ -192,7 +199,10 @@ impl CherryClient {
     /// Failover uses [`Priority::Urgent`] so its calls overtake queued normal work.
     #[must_use]
     pub fn with_priority(&self, priority: Priority) -> Self {
-        Self { inner: self.inner.clone(), priority }
+        Self {
+            inner: self.inner.clone(),
+            priority,
+        }
     }
 
     /// The configured project.
@@ -209,14 +219,17 @@ impl CherryClient {
     }
 
     fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self.inner.backoff_base.saturating_mul(2u32.saturating_pow(attempt.min(16)));
+        let exp = self
+            .inner
+            .backoff_base
+            .saturating_mul(2u32.saturating_pow(attempt.min(16)));
         let full = exp.min(self.inner.backoff_cap);
         if full.is_zero() {
             return full;
         }
         // Jitter in [full/2, full).
         let half = full / 2;
-        half + rand::rng().random_range(Duration::ZERO..full - half)
+        half + rand::rng().random_range(Duration::ZERO..full.saturating_sub(half))
     }
 
     fn retry_delay(&self, err: &CloudError, attempt: u32) -> Duration {
@@ -243,7 +256,9 @@ impl CherryClient {
             .request(method.clone(), url.clone())
             .header(header::AUTHORIZATION, self.inner.auth.clone());
         if let Some(body) = body {
-            req = req.header(header::CONTENT_TYPE, "application/json").body(body.to_vec());
+            req = req
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body.to_vec());
         }
         let transport = |source: reqwest::Error| {
             let kind = if source.is_timeout() {
@@ -253,11 +268,19 @@ impl CherryClient {
             } else {
                 "transport"
             };
-            CloudError::Transport { op, object: object.clone(), kind, source: source.without_url() }
+            CloudError::Transport {
+                op,
+                object: object.clone(),
+                kind,
+                source: source.without_url(),
+            }
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
-        let retry_after = resp.headers().get(header::RETRY_AFTER).and_then(parse_retry_after);
+        let retry_after = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(parse_retry_after);
         let bytes = resp.bytes().await.map_err(transport)?;
         debug!(
             op = op.as_str(),
@@ -285,25 +308,24 @@ impl CherryClient {
         retry_after: Option<Duration>,
         body: &[u8],
     ) -> CloudError {
-        match serde_json::from_slice::<ApiErrorBody>(body) {
-            Ok(ApiErrorBody { code, message }) => CloudError::Api {
+        if let Ok(ApiErrorBody { code, message }) = serde_json::from_slice::<ApiErrorBody>(body) {
+            CloudError::Api {
                 op,
                 object: object.clone(),
                 status: status.as_u16(),
                 code,
                 message: self.mask(&message),
                 retry_after,
-            },
-            Err(_) => {
-                let text = String::from_utf8_lossy(body);
-                let snippet: String = text.chars().take(200).collect();
-                CloudError::UnexpectedBody {
-                    op,
-                    object: object.clone(),
-                    status: status.as_u16(),
-                    snippet: self.mask(&snippet),
-                    retry_after,
-                }
+            }
+        } else {
+            let text = String::from_utf8_lossy(body);
+            let snippet: String = text.chars().take(200).collect();
+            CloudError::UnexpectedBody {
+                op,
+                object: object.clone(),
+                status: status.as_u16(),
+                snippet: self.mask(&snippet),
+                retry_after,
             }
         }
     }
@@ -311,7 +333,11 @@ impl CherryClient {
     /// Masks the key if a server (or proxy) echoes it back.
     fn mask(&self, text: &str) -> String {
         let key = self.inner.api_key.expose();
-        if key.is_empty() { text.to_owned() } else { text.replace(key, "<redacted>") }
+        if key.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(key, "<redacted>")
+        }
     }
 
     /// Sends with retries (idempotent operations only) and returns the body.
@@ -364,13 +390,17 @@ impl CherryClient {
     async fn list_ips_uncached(&self) -> Result<Vec<IpAddress>, CloudError> {
         let object = Object(format!("project {}", self.inner.project));
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
-        self.call(Op::ListIps, &object, Method::GET, url, None::<&()>).await
+        self.call(Op::ListIps, &object, Method::GET, url, None::<&()>)
+            .await
     }
 
     async fn update_ip(&self, op: Op, id: &IpId, req: &UpdateIpRequest) -> Result<IpAddress, CloudError> {
         let object = Object(format!("ip {id}"));
         let url = self.url(&["ips", id.as_str()]);
-        match self.call::<IpAddress>(op, &object, Method::PUT, url, Some(req)).await {
+        match self
+            .call::<IpAddress>(op, &object, Method::PUT, url, Some(req))
+            .await
+        {
             Ok(ip) => {
                 self.inner.cache.upsert(&ip);
                 Ok(ip)
@@ -386,92 +416,27 @@ impl CherryClient {
 
     async fn post_ip(&self, object: &Object, body: &[u8]) -> Result<IpAddress, CloudError> {
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
-        let bytes = self.send_once(Op::CreateIp, object, &Method::POST, &url, Some(body)).await?;
+        let bytes = self
+            .send_once(Op::CreateIp, object, &Method::POST, &url, Some(body))
+            .await?;
         decode(Op::CreateIp, object, &bytes)
     }
-}
 
-#[async_trait]
-impl Cloud for CherryClient {
-    async fn project(&self) -> Result<Project, CloudError> {
-        let id = self.inner.project.to_string();
-        let object = Object(format!("project {id}"));
-        self.call(Op::GetProject, &object, Method::GET, self.url(&["projects", &id]), None::<&()>).await
-    }
-
-    async fn enable_project_bgp(&self) -> Result<Project, CloudError> {
-        let project = self.project().await?;
-        if project.bgp.enabled {
-            return Ok(project);
-        }
-        let id = self.inner.project.to_string();
-        let object = Object(format!("project {id}"));
-        // The CCM resends the current name with the flag.
-        let req = UpdateProjectRequest { name: Some(project.name), bgp: Some(true) };
-        self.call(Op::EnableProjectBgp, &object, Method::PUT, self.url(&["projects", &id]), Some(&req))
-            .await
-    }
-
-    async fn server(&self, id: ServerId) -> Result<Server, CloudError> {
-        let sid = id.to_string();
-        let object = Object(format!("server {sid}"));
-        self.call(Op::GetServer, &object, Method::GET, self.url(&["servers", &sid]), None::<&()>).await
-    }
-
-    async fn servers(&self) -> Result<Vec<Server>, CloudError> {
-        let pid = self.inner.project.to_string();
-        let object = Object(format!("project {pid}"));
-        let url = self.url(&["projects", &pid, "servers"]);
-        self.call(Op::ListServers, &object, Method::GET, url, None::<&()>).await
-    }
-
-    async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError> {
-        let current = self.server(id).await?;
-        if current.bgp.enabled == enabled {
-            return Ok(current);
-        }
-        let sid = id.to_string();
-        let object = Object(format!("server {sid}"));
-        // The CCM resends the existing tags with the flag.
-        let req = UpdateServerRequest { tags: Some(current.tags.clone()), bgp: Some(enabled), ..Default::default() };
-        let mut updated: Server =
-            self.call(Op::UpdateServerBgp, &object, Method::PUT, self.url(&["servers", &sid]), Some(&req)).await?;
-        // PUT responses leave out `ip_addresses`; keep the ones just read.
-        if updated.ip_addresses.is_empty() {
-            updated.ip_addresses = current.ip_addresses;
-        }
-        Ok(updated)
-    }
-
-    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError> {
-        self.inner.cache.get(|| self.list_ips_uncached()).await
-    }
-
-    async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
-        let object = Object(format!("ip {id}"));
-        let ip: IpAddress =
-            self.call(Op::GetIp, &object, Method::GET, self.url(&["ips", id.as_str()]), None::<&()>).await?;
-        self.inner.cache.upsert(&ip);
-        Ok(ip)
-    }
-
-    async fn create_ip(&self, request: CreateIpRequest) -> Result<IpAddress, CloudError> {
-        let object = Object(format!("fip in {} tagged {:?}", request.region, request.tags));
-        if request.tags.is_empty() {
-            return Err(CloudError::InvalidRequest {
-                op: Op::CreateIp,
-                object,
-                reason: "a Floating IP is created with tags, which make the creation idempotent".into(),
-            });
-        }
+    /// The create protocol: look up by tags, create, and after a failure whose outcome is
+    /// unknown look up again before creating again.
+    async fn create_ip_locked(
+        &self,
+        object: &Object,
+        request: &CreateIpRequest,
+    ) -> Result<IpAddress, CloudError> {
         if let Some(found) = self.find_ip_by_tags(&request.tags).await? {
             debug!(ip = %found.id, "create_ip: found by tags, not creating");
             return Ok(found);
         }
-        let body = encode(Op::CreateIp, &object, &request)?;
+        let body = encode(Op::CreateIp, object, request)?;
         let mut attempt = 0;
         loop {
-            let err = match self.post_ip(&object, &body).await {
+            let err = match self.post_ip(object, &body).await {
                 Ok(ip) => {
                     self.inner.cache.upsert(&ip);
                     return Ok(ip);
@@ -505,25 +470,183 @@ impl Cloud for CherryClient {
             attempt += 1;
         }
     }
+}
+
+#[async_trait]
+impl Cloud for CherryClient {
+    async fn project(&self) -> Result<Project, CloudError> {
+        let id = self.inner.project.to_string();
+        let object = Object(format!("project {id}"));
+        self.call(
+            Op::GetProject,
+            &object,
+            Method::GET,
+            self.url(&["projects", &id]),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn enable_project_bgp(&self) -> Result<Project, CloudError> {
+        let project = self.project().await?;
+        if project.bgp.enabled {
+            return Ok(project);
+        }
+        let id = self.inner.project.to_string();
+        let object = Object(format!("project {id}"));
+        // The CCM resends the current name with the flag.
+        let req = UpdateProjectRequest {
+            name: Some(project.name),
+            bgp: Some(true),
+        };
+        self.call(
+            Op::EnableProjectBgp,
+            &object,
+            Method::PUT,
+            self.url(&["projects", &id]),
+            Some(&req),
+        )
+        .await
+    }
+
+    async fn server(&self, id: ServerId) -> Result<Server, CloudError> {
+        let sid = id.to_string();
+        let object = Object(format!("server {sid}"));
+        self.call(
+            Op::GetServer,
+            &object,
+            Method::GET,
+            self.url(&["servers", &sid]),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn servers(&self) -> Result<Vec<Server>, CloudError> {
+        let pid = self.inner.project.to_string();
+        let object = Object(format!("project {pid}"));
+        let url = self.url(&["projects", &pid, "servers"]);
+        self.call(Op::ListServers, &object, Method::GET, url, None::<&()>)
+            .await
+    }
+
+    async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError> {
+        let current = self.server(id).await?;
+        if current.bgp.enabled == enabled {
+            return Ok(current);
+        }
+        let sid = id.to_string();
+        let object = Object(format!("server {sid}"));
+        // The CCM resends the existing tags with the flag.
+        let req = UpdateServerRequest {
+            tags: Some(current.tags.clone()),
+            bgp: Some(enabled),
+            ..Default::default()
+        };
+        let mut updated: Server = self
+            .call(
+                Op::UpdateServerBgp,
+                &object,
+                Method::PUT,
+                self.url(&["servers", &sid]),
+                Some(&req),
+            )
+            .await?;
+        // PUT responses leave out `ip_addresses`; keep the ones just read.
+        if updated.ip_addresses.is_empty() {
+            updated.ip_addresses = current.ip_addresses;
+        }
+        Ok(updated)
+    }
+
+    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError> {
+        self.inner.cache.get(|| self.list_ips_uncached()).await
+    }
+
+    async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
+        let object = Object(format!("ip {id}"));
+        let ip: IpAddress = self
+            .call(
+                Op::GetIp,
+                &object,
+                Method::GET,
+                self.url(&["ips", id.as_str()]),
+                None::<&()>,
+            )
+            .await?;
+        self.inner.cache.upsert(&ip);
+        Ok(ip)
+    }
+
+    async fn create_ip(&self, request: CreateIpRequest) -> Result<IpAddress, CloudError> {
+        let object = Object(format!("fip in {} tagged {:?}", request.region, request.tags));
+        if request.tags.is_empty() {
+            return Err(CloudError::InvalidRequest {
+                op: Op::CreateIp,
+                object,
+                reason: "a Floating IP is created with tags, which make the creation idempotent".into(),
+            });
+        }
+        let slot = {
+            let mut creating = self
+                .inner
+                .creating
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            creating.entry(request.tags.clone()).or_default().clone()
+        };
+        let result = {
+            let _one_at_a_time = slot.lock().await;
+            self.create_ip_locked(&object, &request).await
+        };
+        let mut creating = self
+            .inner
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map and this function hold the only references: nobody else waits on this slot.
+        if Arc::strong_count(&slot) == 2 {
+            creating.remove(&request.tags);
+        }
+        result
+    }
 
     async fn retarget_ip(&self, id: &IpId, server: ServerId) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest { targeted_to: Some(TargetedTo(Some(server))), ..Default::default() };
+        let req = UpdateIpRequest {
+            targeted_to: Some(TargetedTo(Some(server))),
+            ..Default::default()
+        };
         self.update_ip(Op::RetargetIp, id, &req).await
     }
 
     async fn unassign_ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest { targeted_to: Some(TargetedTo::NONE), ..Default::default() };
+        let req = UpdateIpRequest {
+            targeted_to: Some(TargetedTo::NONE),
+            ..Default::default()
+        };
         self.update_ip(Op::UnassignIp, id, &req).await
     }
 
     async fn update_ip_tags(&self, id: &IpId, tags: Tags) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest { tags: Some(tags), ..Default::default() };
+        let req = UpdateIpRequest {
+            tags: Some(tags),
+            ..Default::default()
+        };
         self.update_ip(Op::UpdateIpTags, id, &req).await
     }
 
     async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError> {
         let object = Object(format!("ip {id}"));
-        match self.execute(Op::DeleteIp, &object, Method::DELETE, self.url(&["ips", id.as_str()]), None).await {
+        match self
+            .execute(
+                Op::DeleteIp,
+                &object,
+                Method::DELETE,
+                self.url(&["ips", id.as_str()]),
+                None,
+            )
+            .await
+        {
             Ok(_) => {
                 self.inner.cache.remove(id);
                 Ok(())
@@ -539,7 +662,14 @@ impl Cloud for CherryClient {
 
     async fn regions(&self) -> Result<Vec<Region>, CloudError> {
         let object = Object("regions".into());
-        self.call(Op::ListRegions, &object, Method::GET, self.url(&["regions"]), None::<&()>).await
+        self.call(
+            Op::ListRegions,
+            &object,
+            Method::GET,
+            self.url(&["regions"]),
+            None::<&()>,
+        )
+        .await
     }
 
     fn invalidate_ips(&self) {
@@ -548,19 +678,33 @@ impl Cloud for CherryClient {
 }
 
 fn encode(op: Op, object: &Object, body: &impl Serialize) -> Result<Vec<u8>, CloudError> {
-    serde_json::to_vec(body).map_err(|source| CloudError::Decode { op, object: object.clone(), source })
+    serde_json::to_vec(body).map_err(|source| CloudError::Decode {
+        op,
+        object: object.clone(),
+        source,
+    })
 }
 
 fn decode<T: DeserializeOwned>(op: Op, object: &Object, bytes: &[u8]) -> Result<T, CloudError> {
     // DELETE answers 204 with no body; `()` decodes from `null`.
-    let bytes = if bytes.is_empty() { b"null".as_slice() } else { bytes };
-    serde_json::from_slice(bytes).map_err(|source| CloudError::Decode { op, object: object.clone(), source })
+    let bytes = if bytes.is_empty() {
+        b"null".as_slice()
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|source| CloudError::Decode {
+        op,
+        object: object.clone(),
+        source,
+    })
 }
 
 /// Paths are absolute (`/v1/...`): keep a base's own path prefix, drop a trailing `/v1`.
 fn normalize_base(mut url: Url) -> Result<Url, CloudError> {
     if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
-        return Err(CloudError::Config(format!("base-url must be an http(s) URL, got {url}")));
+        return Err(CloudError::Config(format!(
+            "base-url must be an http(s) URL, got {url}"
+        )));
     }
     let path = url.path().trim_end_matches('/');
     let path = path.strip_suffix("/v1").unwrap_or(path).to_owned();
@@ -572,7 +716,9 @@ fn normalize_base(mut url: Url) -> Result<Url, CloudError> {
 
 /// rustls with the ring provider, the public web roots and optionally extra CAs.
 fn tls_config(extra_ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, CloudError> {
-    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
     if let Some(pem) = extra_ca_pem {
         let mut n = 0;
         for cert in rustls_pemfile::certs(&mut &*pem) {
@@ -609,7 +755,10 @@ pub(crate) fn parse_retry_after(value: &HeaderValue) -> Option<Duration> {
         return Some(Duration::from_secs_f64(secs));
     }
     let at = httpdate::parse_http_date(text).ok()?;
-    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 #[cfg(test)]

@@ -98,7 +98,9 @@ impl RateGate {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the state inconsistent (plain fields).
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits for a grant. Cancel-safe: dropping the future gives the place up.
@@ -116,7 +118,12 @@ impl RateGate {
             let id = s.next_ticket;
             s.next_ticket += 1;
             s.queue(priority).push_back(id);
-            Ticket { gate: self, priority, id, armed: true }
+            Ticket {
+                gate: self,
+                priority,
+                id,
+                armed: true,
+            }
         };
         loop {
             let notified = self.changed.notified();

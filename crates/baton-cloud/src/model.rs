@@ -345,7 +345,7 @@ pub struct IpAddress {
     pub region: Option<Region>,
     /// For a routed FIP: the IP object it is routed to (the target server's primary IP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub routed_to: Option<Box<IpAddress>>,
+    pub routed_to: Option<Box<Self>>,
     /// The server a primary/private IP belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assigned_to: Option<ServerSummary>,

@@ -102,5 +102,9 @@ async fn a_fetch_racing_a_write_is_not_cached() {
         })
         .await
         .unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the racing result was not cached");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the racing result was not cached"
+    );
 }

@@ -9,11 +9,18 @@ use super::*;
 fn base_url_keeps_prefix_and_drops_v1() {
     for (input, want) in [
         ("https://api.cherryservers.com", "https://api.cherryservers.com/"),
-        ("https://api.cherryservers.com/v1/", "https://api.cherryservers.com/"),
+        (
+            "https://api.cherryservers.com/v1/",
+            "https://api.cherryservers.com/",
+        ),
         ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080/"),
         ("http://proxy/cherry/", "http://proxy/cherry/"),
     ] {
-        assert_eq!(normalize_base(Url::parse(input).unwrap()).unwrap().as_str(), want, "{input}");
+        assert_eq!(
+            normalize_base(Url::parse(input).unwrap()).unwrap().as_str(),
+            want,
+            "{input}"
+        );
     }
     assert!(normalize_base(Url::parse("ftp://x/").unwrap()).is_err());
 }
@@ -24,13 +31,22 @@ fn urls_encode_segments() {
     cfg.base_url = Url::parse("http://h/p/v1").unwrap();
     let c = CherryClient::new(cfg).unwrap();
     assert_eq!(c.url(&["ips", "a/b?c"]).as_str(), "http://h/p/v1/ips/a%2Fb%3Fc");
-    assert_eq!(c.url(&["projects", "1", "ips"]).as_str(), "http://h/p/v1/projects/1/ips");
+    assert_eq!(
+        c.url(&["projects", "1", "ips"]).as_str(),
+        "http://h/p/v1/projects/1/ips"
+    );
 }
 
 #[test]
 fn retry_after_forms() {
-    assert_eq!(parse_retry_after(&HeaderValue::from_static("3")), Some(Duration::from_secs(3)));
-    assert_eq!(parse_retry_after(&HeaderValue::from_static("0.5")), Some(Duration::from_millis(500)));
+    assert_eq!(
+        parse_retry_after(&HeaderValue::from_static("3")),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(
+        parse_retry_after(&HeaderValue::from_static("0.5")),
+        Some(Duration::from_millis(500))
+    );
     assert_eq!(
         parse_retry_after(&HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT")),
         Some(Duration::ZERO),

@@ -23,7 +23,8 @@ fn parses_an_attached_fip_like_the_real_api() {
 
 #[test]
 fn null_tags_and_zero_target_read_as_empty() {
-    let json = r#"{"id":"x","address":"203.0.113.9","type":"floating-ip","tags":null,"targeted_to":{"id":0}}"#;
+    let json =
+        r#"{"id":"x","address":"203.0.113.9","type":"floating-ip","tags":null,"targeted_to":{"id":0}}"#;
     let ip: IpAddress = serde_json::from_str(json).unwrap();
     assert!(ip.tags.is_empty());
     assert_eq!(ip.target(), None);
@@ -53,16 +54,28 @@ fn targeted_to_accepts_string_and_number() {
 
 #[test]
 fn targeted_to_is_sent_as_a_string() {
-    let req = UpdateIpRequest { targeted_to: Some(TargetedTo(Some(ServerId(7)))), ..Default::default() };
+    let req = UpdateIpRequest {
+        targeted_to: Some(TargetedTo(Some(ServerId(7)))),
+        ..Default::default()
+    };
     assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"targeted_to":"7"}"#);
-    let req = UpdateIpRequest { targeted_to: Some(TargetedTo::NONE), ..Default::default() };
+    let req = UpdateIpRequest {
+        targeted_to: Some(TargetedTo::NONE),
+        ..Default::default()
+    };
     assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"targeted_to":"0"}"#);
 }
 
 #[test]
 fn create_request_leaves_out_empty_fields() {
-    let req = CreateIpRequest { region: "LT-Siauliai".into(), ..Default::default() };
-    assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"region":"LT-Siauliai"}"#);
+    let req = CreateIpRequest {
+        region: "LT-Siauliai".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        serde_json::to_string(&req).unwrap(),
+        r#"{"region":"LT-Siauliai"}"#
+    );
 }
 
 #[test]
@@ -72,6 +85,9 @@ fn server_reads_primary_ip() {
       "ip_addresses":[{"id":"a","address":"10.179.192.2","type":"private-ip"},
                       {"id":"b","address":"46.166.169.95","type":"primary-ip"}]}"#;
     let s: Server = serde_json::from_str(json).unwrap();
-    assert_eq!(s.first_ipv4(&IpType::PrimaryIp), Some("46.166.169.95".parse().unwrap()));
+    assert_eq!(
+        s.first_ipv4(&IpType::PrimaryIp),
+        Some("46.166.169.95".parse().unwrap())
+    );
     assert_eq!(s.provider_id(), "cherryservers://899712");
 }

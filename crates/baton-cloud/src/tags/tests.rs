@@ -3,7 +3,10 @@ use super::*;
 #[test]
 fn service_tag_known_vector() {
     // printf 'default/nginx' | openssl dgst -sha256 -binary | base64
-    assert_eq!(service_tag("default", "nginx"), "l7RnKS8k48oG3Qv3Pxx8FzEMj3X3E5c8JPOIzyLWWdY=");
+    assert_eq!(
+        service_tag("default", "nginx"),
+        "l7RnKS8k48oG3Qv3Pxx8FzEMj3X3E5c8JPOIzyLWWdY="
+    );
     assert_eq!(service_tag("kube-system", "x").len(), 44);
 }
 

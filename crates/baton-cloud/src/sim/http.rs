@@ -1,0 +1,445 @@
+//! The simulator's HTTP surface: the API under `/v1` (behind the fault/stats middleware) and the
+//! admin endpoint under `/_sim`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Query, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use rand::Rng as _;
+use rand::rngs::StdRng;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::faults::{Faults, RateLimiter};
+use super::forward::Forwarder;
+use super::stats::{LogEntry, Recorder, route_template};
+use super::world::{ApiErr, World};
+
+/// State shared by all handlers.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) world: Mutex<World>,
+    pub(crate) faults: Mutex<Faults>,
+    pub(crate) rng: Mutex<StdRng>,
+    pub(crate) limiter: Mutex<RateLimiter>,
+    pub(crate) recorder: Mutex<Recorder>,
+    pub(crate) forwarder: Forwarder,
+    pub(crate) state_file: Option<std::path::PathBuf>,
+    pub(crate) started: Instant,
+    pub(crate) shutdown: CancellationToken,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// After a successful write: forward what is targeted now, persist the state.
+    fn committed(&self, world: &World) {
+        self.forwarder.sync(&world.forward_map());
+        if let Some(path) = &self.state_file
+            && let Err(error) = super::save_state(path, world)
+        {
+            warn!(path = %path.display(), %error, "cannot save the simulator state");
+        }
+    }
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let api = Router::new()
+        .route("/v1", any(api))
+        .route("/v1/{*rest}", any(api))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), faults_layer));
+    let admin = Router::new()
+        .route("/_sim/health", get(|| async { "ok" }))
+        .route("/_sim/stats", get(admin_stats))
+        .route("/_sim/stats/reset", post(admin_reset))
+        .route("/_sim/log", get(admin_log))
+        .route(
+            "/_sim/faults",
+            get(admin_faults).put(admin_set_faults).patch(admin_patch_faults),
+        )
+        .route("/_sim/state", get(admin_state));
+    api.merge(admin)
+        .fallback(|| async { api_error(404, "Not found") })
+        .with_state(shared)
+}
+
+fn api_error(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        code,
+        axum::Json(serde_json::json!({ "code": status, "message": message })),
+    )
+        .into_response()
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[allow(clippy::struct_excessive_bools)] // independent dice, one roll each
+struct Dice {
+    hang: bool,
+    error: bool,
+    lost: bool,
+    non_json: bool,
+    status_pick: usize,
+}
+
+/// Rate limit, hang, latency, injected errors; then records the request.
+async fn faults_layer(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let arrived = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    // Records the request once, also when the client gives up first (status 499).
+    let mut record = Record {
+        shared: shared.clone(),
+        entry: Some(LogEntry {
+            seq: 0,
+            at_ms: millis(arrived.duration_since(shared.started)),
+            client: peer.to_string(),
+            method: method.to_string(),
+            route: route_template(&path),
+            path: path.clone(),
+            status: 499,
+            fault: None,
+            duration_ms: 0,
+        }),
+        arrived,
+    };
+    let faults = lock(&shared.faults).clone();
+    let write = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+
+    let (response, fault) = 'answer: {
+        if let Some(rate) = faults.rate_limit
+            && let Err(wait) = lock(&shared.limiter).check(peer.ip(), rate)
+        {
+            let mut resp = api_error(429, "Too Many Requests");
+            let secs = faults
+                .retry_after_secs
+                .unwrap_or_else(|| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+                .max(1);
+            if faults.retry_after_secs.is_some() {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            break 'answer (resp, Some("rate_limited"));
+        }
+        let dice = {
+            let mut rng = lock(&shared.rng);
+            Dice {
+                hang: rng.random::<f64>() < faults.hang_rate,
+                error: rng.random::<f64>() < faults.error_rate,
+                lost: rng.random::<f64>() < faults.lost_response_ratio,
+                non_json: rng.random::<f64>() < faults.non_json_ratio,
+                status_pick: rng.random_range(0..faults.error_statuses.len().max(1)),
+            }
+        };
+        if dice.hang {
+            record.set_fault("hang");
+            tokio::select! {
+                () = shared.shutdown.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            }
+            break 'answer (api_error(503, "Service Unavailable"), Some("hang"));
+        }
+        if faults.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+        }
+        if dice.error {
+            let status = faults
+                .error_statuses
+                .get(dice.status_pick)
+                .copied()
+                .unwrap_or(503);
+            let mut fault = "error";
+            if write && dice.lost && status >= 500 {
+                // The write happens; its answer is lost. (Only a 5xx: a 4xx such as 429 is a
+                // refusal, answered before acting.)
+                let _applied = next.run(req).await;
+                fault = "lost_response";
+            }
+            let resp = if dice.non_json {
+                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let body =
+                    format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");
+                (code, [(header::CONTENT_TYPE, "text/html")], body).into_response()
+            } else {
+                api_error(status, "Injected failure")
+            };
+            break 'answer (resp, Some(fault));
+        }
+        (next.run(req).await, None)
+    };
+
+    let status = response.status().as_u16();
+    debug!(%method, %path, status, fault, "sim request");
+    if let Some(fault) = fault {
+        record.set_fault(fault);
+    }
+    if let Some(entry) = record.entry.as_mut() {
+        entry.status = status;
+    }
+    drop(record);
+    response
+}
+
+struct Record {
+    shared: Arc<Shared>,
+    entry: Option<LogEntry>,
+    arrived: Instant,
+}
+
+impl Record {
+    fn set_fault(&mut self, fault: &str) {
+        if let Some(entry) = self.entry.as_mut() {
+            entry.fault = Some(fault.to_owned());
+        }
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        if let Some(mut entry) = self.entry.take() {
+            entry.duration_ms = millis(self.arrived.elapsed());
+            lock(&self.shared.recorder).record(entry);
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiErr> {
+    serde_json::from_slice(body).map_err(|e| ApiErr::new(400, format!("Invalid request body: {e}")))
+}
+
+fn id_u64(seg: &str, what: &str) -> Result<u64, ApiErr> {
+    seg.parse()
+        .map_err(|_| ApiErr::new(404, format!("{what} not found")))
+}
+
+/// Whether a path names an API resource (so a wrong method is a 405, not a 404).
+fn known_path(segs: &[&str]) -> bool {
+    match segs {
+        ["projects", _, rest @ ..] => matches!(rest, [] | ["servers" | "ips"]),
+        ["servers" | "ips" | "regions", _] | ["regions"] => true,
+        _ => false,
+    }
+}
+
+fn answer<T: Serialize>(status: StatusCode, result: Result<T, ApiErr>) -> Response {
+    match result {
+        Ok(body) => json(status, &body),
+        Err(e) => api_error(e.status, &e.message),
+    }
+}
+
+/// A list: `limit`/`offset`, `X-Total-Count`, a bare array.
+fn list<T: Serialize>(items: Vec<T>, query: &[(String, String)]) -> Response {
+    let get = |k: &str| {
+        query
+            .iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+    };
+    let total = items.len();
+    let offset = get("offset").unwrap_or(0);
+    let limit = get("limit").filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let page: Vec<T> = items.into_iter().skip(offset).take(limit).collect();
+    let mut resp = json(StatusCode::OK, &page);
+    resp.headers_mut()
+        .insert("x-total-count", HeaderValue::from(total));
+    resp
+}
+
+async fn api(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    dispatch(&shared, &method, &uri, &headers, &body).unwrap_or_else(|e| api_error(e.status, &e.message))
+}
+
+fn dispatch(
+    shared: &Shared,
+    method: &Method,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiErr> {
+    let mut world = lock(&shared.world);
+    let authorized = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| !token.is_empty() && token == world.api_key);
+    if !authorized {
+        return Err(ApiErr::new(401, "Unauthorized: a valid API key is required"));
+    }
+    let query: Vec<(String, String)> = url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).skip(1).collect();
+    let write_done = |world: &World, resp: Response| {
+        if resp.status().is_success() {
+            shared.committed(world);
+        }
+        resp
+    };
+    let resp = match (method, segs.as_slice()) {
+        (&Method::GET, ["projects", pid]) => {
+            answer(StatusCode::OK, world.get_project(id_u64(pid, "Project")?))
+        }
+        (&Method::PUT, ["projects", pid]) => {
+            let pid = id_u64(pid, "Project")?;
+            let resp = answer(StatusCode::CREATED, world.update_project(pid, parse(body)?));
+            write_done(&world, resp)
+        }
+        (&Method::GET, ["projects", pid, "servers"]) => match world.list_servers(id_u64(pid, "Project")?) {
+            Ok(servers) => list(servers, &query),
+            Err(e) => api_error(e.status, &e.message),
+        },
+        (&Method::GET, ["projects", pid, "ips"]) => {
+            let types: Vec<String> = query
+                .iter()
+                .filter(|(k, _)| k == "type[]" || k == "type")
+                .map(|(_, v)| v.clone())
+                .collect();
+            match world.list_ips(id_u64(pid, "Project")?, &types) {
+                Ok(ips) => list(ips, &query),
+                Err(e) => api_error(e.status, &e.message),
+            }
+        }
+        (&Method::POST, ["projects", pid, "ips"]) => {
+            let pid = id_u64(pid, "Project")?;
+            let resp = answer(StatusCode::CREATED, world.create_ip(pid, parse(body)?));
+            write_done(&world, resp)
+        }
+        (&Method::GET, ["servers", id]) => answer(StatusCode::OK, world.get_server(id_u64(id, "Server")?)),
+        (&Method::PUT, ["servers", id]) => {
+            let id = id_u64(id, "Server")?;
+            let resp = answer(StatusCode::CREATED, world.update_server(id, parse(body)?));
+            write_done(&world, resp)
+        }
+        (&Method::GET, ["ips", id]) => answer(StatusCode::OK, world.get_ip(id)),
+        (&Method::PUT, ["ips", id]) => {
+            let resp = answer(StatusCode::OK, world.update_ip(id, parse(body)?));
+            write_done(&world, resp)
+        }
+        (&Method::DELETE, ["ips", id]) => {
+            let reject = lock(&shared.faults).reject_delete_attached;
+            let resp = match world.delete_ip(id, reject) {
+                Ok(()) => StatusCode::NO_CONTENT.into_response(),
+                Err(e) => api_error(e.status, &e.message),
+            };
+            write_done(&world, resp)
+        }
+        (&Method::GET, ["regions"]) => list(world.regions(), &query),
+        (&Method::GET, ["regions", key]) => answer(StatusCode::OK, world.region(key)),
+        (_, path) if known_path(path) => api_error(405, "Method not allowed"),
+        _ => api_error(404, "Not found"),
+    };
+    drop(world);
+    Ok(resp)
+}
+
+// ---- admin ---------------------------------------------------------------------------------
+
+async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
+    json(StatusCode::OK, &lock(&shared.recorder).stats)
+}
+
+async fn admin_reset(State(shared): State<Arc<Shared>>) -> Response {
+    lock(&shared.recorder).reset();
+    lock(&shared.limiter).reset();
+    StatusCode::NO_CONTENT.into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn admin_log(State(shared): State<Arc<Shared>>, Query(q): Query<LogQuery>) -> Response {
+    json(StatusCode::OK, &lock(&shared.recorder).log_since(q.since))
+}
+
+async fn admin_faults(State(shared): State<Arc<Shared>>) -> Response {
+    json(StatusCode::OK, &*lock(&shared.faults))
+}
+
+pub(crate) fn apply_faults(shared: &Shared, faults: Faults) -> Result<(), String> {
+    faults.validate()?;
+    if let Some(seed) = faults.seed {
+        *lock(&shared.rng) = rand::SeedableRng::seed_from_u64(seed);
+    }
+    *lock(&shared.faults) = faults;
+    Ok(())
+}
+
+async fn admin_set_faults(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let faults: Faults = match parse(&body) {
+        Ok(f) => f,
+        Err(e) => return api_error(e.status, &e.message),
+    };
+    match apply_faults(&shared, faults) {
+        Ok(()) => admin_faults(State(shared)).await,
+        Err(e) => api_error(400, &e),
+    }
+}
+
+/// Merges the given fields into the current settings.
+async fn admin_patch_faults(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let patch: serde_json::Map<String, serde_json::Value> = match parse(&body) {
+        Ok(p) => p,
+        Err(e) => return api_error(e.status, &e.message),
+    };
+    let current = lock(&shared.faults).clone();
+    let Ok(serde_json::Value::Object(mut merged)) = serde_json::to_value(current) else {
+        return api_error(500, "cannot read the current faults");
+    };
+    merged.extend(patch);
+    let faults: Faults = match serde_json::from_value(serde_json::Value::Object(merged)) {
+        Ok(f) => f,
+        Err(e) => return api_error(400, &format!("Invalid faults: {e}")),
+    };
+    match apply_faults(&shared, faults) {
+        Ok(()) => admin_faults(State(shared)).await,
+        Err(e) => api_error(400, &e),
+    }
+}
+
+async fn admin_state(State(shared): State<Arc<Shared>>) -> Response {
+    let mut state = match serde_json::to_value(&*lock(&shared.world)) {
+        Ok(v) => v,
+        Err(e) => return api_error(500, &e.to_string()),
+    };
+    if let Some(obj) = state.as_object_mut() {
+        obj.insert("api_key".into(), "<redacted>".into());
+    }
+    json(StatusCode::OK, &state)
+}
