@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA};
 use hickory_proto::rr::{DNSClass, LowerName, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::BinEncodable;
 
 use crate::model::Snapshot;
 use crate::{DnsError, DnsName};
@@ -52,7 +53,7 @@ struct Entry {
 }
 
 /// What a question resolves to, before rendering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Resolution<'a> {
     Refused,
     FormErr,
@@ -63,9 +64,14 @@ enum Resolution<'a> {
     Soa,
     Ns,
     /// An A (`v6 == false`) or AAAA RRset, rotated.
-    Addresses { entry: &'a Entry, v6: bool },
+    Addresses {
+        entry: &'a Entry,
+        v6: bool,
+    },
     /// RFC 8482 minimal ANY answer: one RRset, unrotated.
-    Any { entry: &'a Entry },
+    Any {
+        entry: &'a Entry,
+    },
 }
 
 /// Precomputed UDP responses of one (name, type): `[edns][rotation]`.
@@ -73,6 +79,9 @@ enum Resolution<'a> {
 struct Templates {
     by_edns: [Vec<Vec<u8>>; 2],
 }
+
+/// Lower-case wire-format name → (entry key, A templates, AAAA templates).
+type FastIndex = HashMap<Box<[u8]>, (LowerName, Templates, Templates)>;
 
 /// A compiled zone: answers for one snapshot generation.
 #[derive(Debug)]
@@ -83,8 +92,7 @@ pub(crate) struct Compiled {
     ns: Record,
     ns_target: LowerName,
     entries: HashMap<LowerName, Entry>,
-    /// Lower-case wire-format name → (entry key, A templates, AAAA templates).
-    fast: HashMap<Box<[u8]>, (LowerName, Templates, Templates)>,
+    fast: FastIndex,
 }
 
 impl Compiled {
@@ -100,12 +108,23 @@ impl Compiled {
         let soa = Record::from_rdata(
             origin.clone(),
             ttl,
-            RData::SOA(SOA::new(ns_target.clone(), hostmaster, serial, 3600, 600, 86400, ttl)),
+            RData::SOA(SOA::new(
+                ns_target.clone(),
+                hostmaster,
+                serial,
+                3600,
+                600,
+                86400,
+                ttl,
+            )),
         );
         let ns = Record::from_rdata(origin.clone(), ttl, RData::NS(NS(ns_target.clone())));
 
         let mut entries = HashMap::new();
-        let mut add = |name: &DnsName, ips: &[IpAddr]| -> Result<(), DnsError> {
+        let add = |entries: &mut HashMap<LowerName, Entry>,
+                   name: &DnsName,
+                   ips: &[IpAddr]|
+         -> Result<(), DnsError> {
             let owner = to_name(name)?;
             let mut entry = Entry {
                 a: Vec::new(),
@@ -115,9 +134,13 @@ impl Compiled {
             };
             for ip in ips {
                 match ip {
-                    IpAddr::V4(v4) => entry.a.push(Record::from_rdata(owner.clone(), ttl, RData::A(A(*v4)))),
+                    IpAddr::V4(v4) => entry
+                        .a
+                        .push(Record::from_rdata(owner.clone(), ttl, RData::A(A(*v4)))),
                     IpAddr::V6(v6) => {
-                        entry.aaaa.push(Record::from_rdata(owner.clone(), ttl, RData::AAAA(AAAA(*v6))));
+                        entry
+                            .aaaa
+                            .push(Record::from_rdata(owner.clone(), ttl, RData::AAAA(AAAA(*v6))));
                     }
                 }
             }
@@ -126,16 +149,16 @@ impl Compiled {
         };
         for (name, records) in snapshot.names() {
             if name.is_within(&settings.origin) {
-                add(name, &records.served())?;
+                add(&mut entries, name, &records.served())?;
             }
         }
         let ns_key = LowerName::new(&ns_target);
         if settings.ns_name.is_within(&settings.origin) && !entries.contains_key(&ns_key) {
-            add(&settings.ns_name, &settings.ns_addresses)?;
+            add(&mut entries, &settings.ns_name, &settings.ns_addresses)?;
         }
         let origin_key = LowerName::new(&origin);
         if !entries.contains_key(&origin_key) {
-            add(&settings.origin, &[])?;
+            add(&mut entries, &settings.origin, &[])?;
         }
 
         let mut compiled = Self {
@@ -151,7 +174,7 @@ impl Compiled {
         Ok(compiled)
     }
 
-    fn build_templates(&self) -> Result<HashMap<Box<[u8]>, (LowerName, Templates, Templates)>, DnsError> {
+    fn build_templates(&self) -> Result<FastIndex, DnsError> {
         let mut fast = HashMap::new();
         for (key, entry) in &self.entries {
             let name = Name::from(key);
@@ -159,34 +182,36 @@ impl Compiled {
                 .to_bytes()
                 .map_err(|e| DnsError::Internal(format!("encoding {name}: {e}")))?
                 .into_boxed_slice();
-            let mut templates = [Templates::default(), Templates::default()];
-            for (v6, (records, templates)) in [(false, (&entry.a, &mut templates[0])), (true, (&entry.aaaa, &mut templates[1]))] {
-                let qtype = if v6 { RecordType::AAAA } else { RecordType::A };
-                for (edns, slot) in templates.by_edns.iter_mut().enumerate() {
-                    let mut request = Message::new(0, MessageType::Query, OpCode::Query);
-                    request.add_query(Query::query(name.clone(), qtype));
-                    if edns == 1 {
-                        let mut e = Edns::new();
-                        e.set_max_payload(EDNS_PAYLOAD);
-                        request.set_edns(e);
-                    }
-                    for rotation in 0..records.len().max(1) {
-                        let response = self.render(&request, Resolution::Addresses { entry, v6 }, rotation);
-                        slot.push(encode(&response)?);
-                    }
-                }
-            }
-            let [a, aaaa] = templates;
+            let a = self.templates_for(&name, entry, false)?;
+            let aaaa = self.templates_for(&name, entry, true)?;
             fast.insert(wire, (key.clone(), a, aaaa));
         }
         Ok(fast)
     }
 
-    fn resolve(&self, request: &Message) -> Resolution<'_> {
-        if let Some(edns) = &request.edns {
-            if edns.version() > 0 {
-                return Resolution::BadVers;
+    fn templates_for(&self, name: &Name, entry: &Entry, v6: bool) -> Result<Templates, DnsError> {
+        let records = if v6 { &entry.aaaa } else { &entry.a };
+        let qtype = if v6 { RecordType::AAAA } else { RecordType::A };
+        let mut templates = Templates::default();
+        for (edns, slot) in templates.by_edns.iter_mut().enumerate() {
+            let mut request = Message::new(0, MessageType::Query, OpCode::Query);
+            request.add_query(Query::query(name.clone(), qtype));
+            if edns == 1 {
+                let mut e = Edns::new();
+                e.set_max_payload(EDNS_PAYLOAD);
+                request.set_edns(e);
             }
+            for rotation in 0..records.len().max(1) {
+                let response = self.render(&request, Resolution::Addresses { entry, v6 }, rotation);
+                slot.push(encode(&response)?);
+            }
+        }
+        Ok(templates)
+    }
+
+    fn resolve(&self, request: &Message) -> Resolution<'_> {
+        if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            return Resolution::BadVers;
         }
         match request.metadata.op_code {
             OpCode::Query => {}
@@ -194,7 +219,9 @@ impl Compiled {
             OpCode::Update => return Resolution::Refused,
             _ => return Resolution::NotImp,
         }
-        let [query] = request.queries.as_slice() else { return Resolution::FormErr };
+        let [query] = request.queries.as_slice() else {
+            return Resolution::FormErr;
+        };
         if !matches!(query.query_class(), DNSClass::IN | DNSClass::ANY) {
             return Resolution::Refused;
         }
@@ -209,16 +236,19 @@ impl Compiled {
         let Some(entry) = self.entries.get(&qname) else {
             // An empty non-terminal (a name with names below it) exists: NODATA, not NXDOMAIN.
             let exists = self.entries.keys().any(|k| k != &qname && qname.zone_of(k));
-            return if exists { Resolution::NoData } else { Resolution::NxDomain };
+            return if exists {
+                Resolution::NoData
+            } else {
+                Resolution::NxDomain
+            };
         };
         let apex = qname == self.origin;
         match qtype {
             RecordType::A if !entry.a.is_empty() => Resolution::Addresses { entry, v6: false },
             RecordType::AAAA if !entry.aaaa.is_empty() => Resolution::Addresses { entry, v6: true },
-            RecordType::SOA if apex => Resolution::Soa,
             RecordType::NS if apex => Resolution::Ns,
             RecordType::ANY if !entry.a.is_empty() || !entry.aaaa.is_empty() => Resolution::Any { entry },
-            RecordType::ANY if apex => Resolution::Soa,
+            RecordType::SOA | RecordType::ANY if apex => Resolution::Soa,
             _ => Resolution::NoData,
         }
     }
@@ -239,11 +269,19 @@ impl Compiled {
     }
 
     fn render(&self, request: &Message, resolution: Resolution<'_>, rotation: usize) -> Message {
-        let mut metadata = Metadata::new(request.metadata.id, MessageType::Response, request.metadata.op_code);
+        let mut metadata = Metadata::new(
+            request.metadata.id,
+            MessageType::Response,
+            request.metadata.op_code,
+        );
         metadata.recursion_desired = request.metadata.recursion_desired;
         metadata.checking_disabled = request.metadata.checking_disabled;
         metadata.recursion_available = false;
-        let mut response = Message::new(request.metadata.id, MessageType::Response, request.metadata.op_code);
+        let mut response = Message::new(
+            request.metadata.id,
+            MessageType::Response,
+            request.metadata.op_code,
+        );
         if request.edns.is_some() {
             let mut edns = Edns::new();
             edns.set_max_payload(EDNS_PAYLOAD);
@@ -298,12 +336,12 @@ impl Compiled {
     /// to carry a header, or a response). Never panics on any input.
     pub(crate) fn respond_udp(&self, packet: &[u8], out: &mut Vec<u8>) -> bool {
         out.clear();
-        if let Some(fast) = crate::wire::SimpleQuery::parse(packet) {
-            if let Some(template) = self.fast_template(&fast, packet) {
-                out.extend_from_slice(template);
-                fast.patch(out, packet);
-                return true;
-            }
+        if let Some(fast) = crate::wire::SimpleQuery::parse(packet)
+            && let Some(template) = self.fast_template(&fast, packet)
+        {
+            out.extend_from_slice(template);
+            fast.patch(out, packet);
+            return true;
         }
         self.respond_slow(packet, out, true)
     }
@@ -319,7 +357,9 @@ impl Compiled {
             _ => return None,
         };
         let variants = &templates.by_edns[usize::from(query.edns_payload.is_some())];
-        let limit = query.edns_payload.map_or(PLAIN_UDP_LIMIT, |p| usize::from(p.clamp(512, EDNS_PAYLOAD)));
+        let limit = query
+            .edns_payload
+            .map_or(PLAIN_UDP_LIMIT, |p| usize::from(p.clamp(512, EDNS_PAYLOAD)));
         // Peek at the length first so an oversized RRset takes the slow (truncating) path
         // without consuming a rotation step twice.
         if variants.first().is_none_or(|t| t.len() > limit) {
@@ -334,11 +374,12 @@ impl Compiled {
         out.clear();
         let (response, payload) = match Message::from_vec(packet) {
             Ok(request) => {
-                let Some(response) = self.answer(&request) else { return false };
-                let payload = request
-                    .edns
-                    .as_ref()
-                    .map_or(PLAIN_UDP_LIMIT, |e| usize::from(e.max_payload().clamp(512, EDNS_PAYLOAD)));
+                let Some(response) = self.answer(&request) else {
+                    return false;
+                };
+                let payload = request.edns.as_ref().map_or(PLAIN_UDP_LIMIT, |e| {
+                    usize::from(e.max_payload().clamp(512, EDNS_PAYLOAD))
+                });
                 (response, payload)
             }
             Err(_) => match formerr_for(packet) {
@@ -347,9 +388,13 @@ impl Compiled {
             },
         };
         let limit = if udp { payload } else { usize::from(u16::MAX) };
-        let Ok(mut bytes) = encode(&response) else { return false };
+        let Ok(mut bytes) = encode(&response) else {
+            return false;
+        };
         if bytes.len() > limit {
-            let Ok(truncated) = encode(&response.truncate()) else { return false };
+            let Ok(truncated) = encode(&response.truncate()) else {
+                return false;
+            };
             bytes = truncated;
         }
         out.extend_from_slice(&bytes);
@@ -372,7 +417,9 @@ fn formerr_for(packet: &[u8]) -> Option<Message> {
 }
 
 fn encode(message: &Message) -> Result<Vec<u8>, DnsError> {
-    message.to_vec().map_err(|e| DnsError::Internal(format!("encoding a response: {e}")))
+    message
+        .to_vec()
+        .map_err(|e| DnsError::Internal(format!("encoding a response: {e}")))
 }
 
 #[cfg(test)]

@@ -37,7 +37,13 @@ pub struct RecordArgs {
     /// Addresses of a name: `NAME=IP[,IP…]`, NAME relative to the zone (`@` for the apex, a
     /// trailing dot for an absolute name inside it). IPv6 addresses give AAAA records.
     /// Repeat the flag for more names; in the environment variable separate them with `;`.
-    #[arg(long = "a", env = "BATON_DNS_A", value_name = "NAME=IP[,IP…]", value_delimiter = ';', required = true)]
+    #[arg(
+        long = "a",
+        env = "BATON_DNS_A",
+        value_name = "NAME=IP[,IP…]",
+        value_delimiter = ';',
+        required = true
+    )]
     pub a: Vec<String>,
 
     /// TTL of the records, in seconds.
@@ -50,7 +56,13 @@ pub struct RecordArgs {
 pub struct ServeArgs {
     /// Address to listen on (UDP and TCP), e.g. `192.0.2.10:53`. Repeatable; comma-separated in
     /// the environment variable. Bind specific addresses, not a wildcard.
-    #[arg(long, env = "BATON_DNS_LISTEN", value_name = "ADDR", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        env = "BATON_DNS_LISTEN",
+        value_name = "ADDR",
+        value_delimiter = ',',
+        required = true
+    )]
     pub listen: Vec<SocketAddr>,
 
     #[command(flatten)]
@@ -100,12 +112,15 @@ pub fn parse_records(zone: &DnsName, specs: &[String]) -> Result<Snapshot, DnsEr
     let mut names: Vec<(DnsName, Vec<(IpAddr, bool)>)> = Vec::new();
     for spec in specs {
         let bad = |why: String| DnsError::Config(format!("--a {spec:?}: {why}"));
-        let (name, ips) =
-            spec.split_once('=').ok_or_else(|| bad("expected NAME=IP[,IP…]".into()))?;
+        let (name, ips) = spec
+            .split_once('=')
+            .ok_or_else(|| bad("expected NAME=IP[,IP…]".into()))?;
         let name = DnsName::relative_to(name, zone).map_err(|e| bad(e.to_string()))?;
         let mut addresses = Vec::new();
         for ip in ips.split(',').map(str::trim) {
-            let ip: IpAddr = ip.parse().map_err(|_| bad(format!("{ip:?} is not an IP address")))?;
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| bad(format!("{ip:?} is not an IP address")))?;
             addresses.push((ip, true));
         }
         match names.iter_mut().find(|(n, _)| *n == name) {
@@ -113,7 +128,9 @@ pub fn parse_records(zone: &DnsName, specs: &[String]) -> Result<Snapshot, DnsEr
             None => names.push((name, addresses)),
         }
     }
-    Ok(Snapshot::from_names(names.into_iter().map(|(n, a)| (n, NameRecords::new(a)))))
+    Ok(Snapshot::from_names(
+        names.into_iter().map(|(n, a)| (n, NameRecords::new(a))),
+    ))
 }
 
 /// Runs `baton dns …`; `serve` stops cleanly on SIGINT/SIGTERM.
@@ -125,7 +142,12 @@ pub async fn run(args: DnsArgs) -> Result<(), DnsError> {
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), DnsError> {
-    let ServeArgs { listen, records, udp_workers, ns } = args;
+    let ServeArgs {
+        listen,
+        records,
+        udp_workers,
+        ns,
+    } = args;
     let snapshot = parse_records(&records.zone, &records.a)?;
     let ns_name = ns
         .map(|n| DnsName::relative_to(&n, &records.zone))
@@ -144,7 +166,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), DnsError> {
 }
 
 async fn run_push(args: PushArgs) -> Result<(), DnsError> {
-    let PushArgs { server, records, tsig_key_file, timeout } = args;
+    let PushArgs {
+        server,
+        records,
+        tsig_key_file,
+        timeout,
+    } = args;
     let snapshot = parse_records(&records.zone, &records.a)?;
     let key = TsigKey::from_file(&tsig_key_file)?;
     let mut target = PushTarget::new(server, records.zone);

@@ -15,8 +15,8 @@
 //! `model` and `name` are free of hickory types; `answer`, `wire`, `server` and `rfc2136`
 //! translate to and from the wire. `cli` holds `baton dns serve|push`.
 
-pub mod cli;
 mod answer;
+pub mod cli;
 mod model;
 mod name;
 mod rfc2136;

@@ -58,8 +58,17 @@ impl NameRecords {
     /// The addresses to serve: the healthy ones, or all of them if none is healthy (serving
     /// something beats serving nothing when every health check fails, e.g. a probe outage).
     pub fn served(&self) -> Vec<IpAddr> {
-        let healthy: Vec<IpAddr> = self.addresses.iter().filter(|a| a.healthy).map(|a| a.ip).collect();
-        if healthy.is_empty() { self.addresses.iter().map(|a| a.ip).collect() } else { healthy }
+        let healthy: Vec<IpAddr> = self
+            .addresses
+            .iter()
+            .filter(|a| a.healthy)
+            .map(|a| a.ip)
+            .collect();
+        if healthy.is_empty() {
+            self.addresses.iter().map(|a| a.ip).collect()
+        } else {
+            healthy
+        }
     }
 
     /// The served IPv4 addresses (A records).
@@ -89,7 +98,10 @@ pub struct Snapshot {
 impl Snapshot {
     /// Builds a snapshot directly (tests, the publisher's desired state).
     pub fn from_names(names: impl IntoIterator<Item = (DnsName, NameRecords)>) -> Self {
-        Self { generation: 0, names: names.into_iter().filter(|(_, r)| !r.is_empty()).collect() }
+        Self {
+            generation: 0,
+            names: names.into_iter().filter(|(_, r)| !r.is_empty()).collect(),
+        }
     }
 
     /// The records of one name.
@@ -176,7 +188,9 @@ impl RecordStore {
     /// the name or the address is unknown).
     pub fn set_health(&self, name: &DnsName, ip: IpAddr, healthy: bool) -> bool {
         self.modify(|names| {
-            let Some(records) = names.get_mut(name) else { return false };
+            let Some(records) = names.get_mut(name) else {
+                return false;
+            };
             match records.addresses.iter_mut().find(|a| a.ip == ip) {
                 Some(a) if a.healthy != healthy => {
                     a.healthy = healthy;
@@ -191,7 +205,9 @@ impl RecordStore {
     /// Returns whether it was there.
     pub fn remove_address(&self, name: &DnsName, ip: IpAddr) -> bool {
         self.modify(|names| {
-            let Some(records) = names.get_mut(name) else { return false };
+            let Some(records) = names.get_mut(name) else {
+                return false;
+            };
             let before = records.addresses.len();
             records.addresses.retain(|a| a.ip != ip);
             let changed = records.addresses.len() != before;
@@ -214,7 +230,10 @@ impl RecordStore {
             if !f(&mut names) {
                 return false;
             }
-            *current = Arc::new(Snapshot { generation: current.generation + 1, names });
+            *current = Arc::new(Snapshot {
+                generation: current.generation + 1,
+                names,
+            });
             true
         })
     }

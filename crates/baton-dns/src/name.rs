@@ -77,7 +77,10 @@ impl DnsName {
         if absolute.is_within(zone) {
             Ok(absolute)
         } else {
-            Err(NameError::OutsideZone { name: absolute.fqdn(), zone: zone.fqdn() })
+            Err(NameError::OutsideZone {
+                name: absolute.fqdn(),
+                zone: zone.fqdn(),
+            })
         }
     }
 
@@ -106,8 +109,14 @@ impl FromStr for DnsName {
             if label.len() > 63 {
                 return Err(NameError::LabelTooLong(s.to_owned()));
             }
-            if let Some(ch) = label.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_')) {
-                return Err(NameError::InvalidChar { ch, name: s.to_owned() });
+            if let Some(ch) = label
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+            {
+                return Err(NameError::InvalidChar {
+                    ch,
+                    name: s.to_owned(),
+                });
             }
         }
         Ok(Self(body.to_ascii_lowercase()))

@@ -38,7 +38,12 @@ pub struct PushTarget {
 impl PushTarget {
     /// A target with TTL 30 s and a 3 s timeout.
     pub fn new(server: SocketAddr, zone: DnsName) -> Self {
-        Self { server, zone, ttl: 30, timeout: Duration::from_secs(3) }
+        Self {
+            server,
+            zone,
+            ttl: 30,
+            timeout: Duration::from_secs(3),
+        }
     }
 }
 
@@ -125,13 +130,21 @@ impl Rfc2136Publisher {
     }
 
     fn desired(&self, served: Vec<IpAddr>) -> RrSets {
-        let ttls = if served.is_empty() { BTreeSet::new() } else { BTreeSet::from([self.target.ttl]) };
+        let ttls = if served.is_empty() {
+            BTreeSet::new()
+        } else {
+            BTreeSet::from([self.target.ttl])
+        };
         let (v4, v6) = served.into_iter().partition(IpAddr::is_ipv4);
         RrSets { v4, v6, ttls }
     }
 
     async fn lookup(&self, name: &DnsName) -> Result<RrSets, DnsError> {
-        let mut sets = RrSets { v4: BTreeSet::new(), v6: BTreeSet::new(), ttls: BTreeSet::new() };
+        let mut sets = RrSets {
+            v4: BTreeSet::new(),
+            v6: BTreeSet::new(),
+            ttls: BTreeSet::new(),
+        };
         for qtype in [RecordType::A, RecordType::AAAA] {
             let step = format!("query {name} {qtype}");
             let owner = hickory_name(name)?;
@@ -177,7 +190,10 @@ impl Rfc2136Publisher {
         message.metadata.op_code = OpCode::Update;
         message.metadata.recursion_desired = false;
         let mut zone_query = Query::new();
-        zone_query.set_name(zone).set_query_class(DNSClass::IN).set_query_type(RecordType::SOA);
+        zone_query
+            .set_name(zone)
+            .set_query_class(DNSClass::IN)
+            .set_query_type(RecordType::SOA);
         message.add_zone(zone_query);
         for (name, desired) in changes {
             let owner = hickory_name(name)?;
@@ -194,20 +210,29 @@ impl Rfc2136Publisher {
                 message.add_update(Record::from_rdata(owner.clone(), self.target.ttl, data));
             }
         }
-        let signer = self.key.signer().map_err(|reason| DnsError::Config(reason))?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let (signature, verifier) =
-            signer.sign_message(&message, now).map_err(|e| DnsError::Internal(format!("TSIG signing: {e}")))?;
+        let signer = self.key.signer().map_err(DnsError::Config)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (signature, verifier) = signer
+            .sign_message(&message, now)
+            .map_err(|e| DnsError::Internal(format!("TSIG signing: {e}")))?;
         message.set_signature(signature);
         let bytes = message.to_vec().map_err(|e| self.exchange_error(&step, &e))?;
         let reply = self.exchange(&bytes, message.metadata.id, &step, false).await?;
 
         let response = Message::from_vec(&reply).map_err(|e| self.exchange_error(&step, &e))?;
         if let Some(error) = response.signature.as_ref().and_then(|s| s.data.error) {
-            return Err(DnsError::AuthFailed { server, reason: format!("the server answered TSIG error {error:?}") });
+            return Err(DnsError::AuthFailed {
+                server,
+                reason: format!("the server answered TSIG error {error:?}"),
+            });
         }
         if response.metadata.response_code == ResponseCode::NotAuth {
-            return Err(DnsError::AuthFailed { server, reason: "the server answered NOTAUTH".into() });
+            return Err(DnsError::AuthFailed {
+                server,
+                reason: "the server answered NOTAUTH".into(),
+            });
         }
         match verifier {
             Some(mut verifier) if response.signature.is_some() => {
@@ -221,7 +246,10 @@ impl Rfc2136Publisher {
             _ => {
                 return Err(DnsError::AuthFailed {
                     server,
-                    reason: format!("the reply ({}) is not TSIG-signed", response.metadata.response_code),
+                    reason: format!(
+                        "the reply ({}) is not TSIG-signed",
+                        response.metadata.response_code
+                    ),
                 });
             }
         }
@@ -236,7 +264,11 @@ impl Rfc2136Publisher {
     }
 
     fn exchange_error(&self, step: &str, error: &dyn std::fmt::Display) -> DnsError {
-        DnsError::Exchange { server: self.target.server, step: step.to_owned(), reason: error.to_string() }
+        DnsError::Exchange {
+            server: self.target.server,
+            step: step.to_owned(),
+            reason: error.to_string(),
+        }
     }
 
     /// One request/response exchange: UDP (with TCP fallback on truncation) or TCP only.
@@ -260,7 +292,11 @@ impl Rfc2136Publisher {
 
     async fn udp_exchange(&self, request: &[u8], id: u16) -> std::io::Result<Vec<u8>> {
         let server = self.target.server;
-        let bind: SocketAddr = if server.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0_u16; 8], 0).into() };
+        let bind: SocketAddr = if server.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            ([0_u16; 8], 0).into()
+        };
         let socket = UdpSocket::bind(bind).await?;
         socket.connect(server).await?;
         socket.send(request).await?;
@@ -295,4 +331,3 @@ impl Rfc2136Publisher {
 fn hickory_name(name: &DnsName) -> Result<Name, DnsError> {
     Name::from_ascii(name.fqdn()).map_err(|e| DnsError::Internal(format!("name {name}: {e}")))
 }
-

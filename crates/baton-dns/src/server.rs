@@ -60,7 +60,14 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// A configuration with the defaults: TTL 30 s, one UDP worker per CPU, 5 s TCP idle timeout.
     pub fn new(zone: DnsName, listen: Vec<SocketAddr>) -> Self {
-        Self { zone, listen, ttl: 30, udp_workers: 0, tcp_idle_timeout: Duration::from_secs(5), ns_name: None }
+        Self {
+            zone,
+            listen,
+            ttl: 30,
+            udp_workers: 0,
+            tcp_idle_timeout: Duration::from_secs(5),
+            ns_name: None,
+        }
     }
 }
 
@@ -79,7 +86,9 @@ impl Shared {
         if cache.generation != snapshot.generation {
             match Compiled::compile(&self.settings, snapshot) {
                 Ok(compiled) => *cache = Arc::new(compiled),
-                Err(error) => error!(%error, generation = snapshot.generation, "cannot compile the DNS zone; serving the previous records"),
+                Err(error) => {
+                    error!(%error, generation = snapshot.generation, "cannot compile the DNS zone; serving the previous records");
+                }
             }
         }
         cache.clone()
@@ -109,16 +118,32 @@ impl DnsServer {
             Some(name) => name,
             None => DnsName::relative_to("ns1", &config.zone)?,
         };
-        let ns_addresses =
-            config.listen.iter().map(SocketAddr::ip).filter(|ip| !ip.is_unspecified()).collect::<Vec<_>>();
+        let ns_addresses = config
+            .listen
+            .iter()
+            .map(SocketAddr::ip)
+            .filter(|ip| !ip.is_unspecified())
+            .collect::<Vec<_>>();
         let serial_base = u32::try_from(
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
                 % u64::from(u32::MAX),
         )
         .unwrap_or(1);
-        let settings = ZoneSettings { origin: config.zone.clone(), ttl: config.ttl, ns_name, ns_addresses, serial_base };
+        let settings = ZoneSettings {
+            origin: config.zone.clone(),
+            ttl: config.ttl,
+            ns_name,
+            ns_addresses,
+            serial_base,
+        };
         let initial = Compiled::compile(&settings, &store.snapshot())?;
-        let shared = Arc::new(Shared { settings, store, cache: Mutex::new(Arc::new(initial)) });
+        let shared = Arc::new(Shared {
+            settings,
+            store,
+            cache: Mutex::new(Arc::new(initial)),
+        });
 
         let token = shutdown.child_token();
         let workers = if config.udp_workers == 0 {
@@ -134,12 +159,21 @@ impl DnsServer {
             tasks: Vec::new(),
         };
         for addr in &config.listen {
-            let (udp, tcp) = bind_pair(*addr).await.map_err(|source| DnsError::Bind { addr: *addr, source })?;
-            let udp_addr = udp.local_addr().map_err(|source| DnsError::Bind { addr: *addr, source })?;
-            let tcp_addr = tcp.local_addr().map_err(|source| DnsError::Bind { addr: *addr, source })?;
-            udp.set_read_timeout(Some(UDP_WAKEUP)).map_err(|source| DnsError::Bind { addr: *addr, source })?;
+            let (udp, tcp) = bind_pair(*addr)
+                .await
+                .map_err(|source| DnsError::Bind { addr: *addr, source })?;
+            let udp_addr = udp
+                .local_addr()
+                .map_err(|source| DnsError::Bind { addr: *addr, source })?;
+            let tcp_addr = tcp
+                .local_addr()
+                .map_err(|source| DnsError::Bind { addr: *addr, source })?;
+            udp.set_read_timeout(Some(UDP_WAKEUP))
+                .map_err(|source| DnsError::Bind { addr: *addr, source })?;
             for i in 0..workers {
-                let socket = udp.try_clone().map_err(|source| DnsError::Bind { addr: *addr, source })?;
+                let socket = udp
+                    .try_clone()
+                    .map_err(|source| DnsError::Bind { addr: *addr, source })?;
                 let (shared, token) = (shared.clone(), token.clone());
                 let thread = thread::Builder::new()
                     .name(format!("dns-udp-{i}"))
@@ -147,10 +181,13 @@ impl DnsServer {
                     .map_err(|source| DnsError::Bind { addr: *addr, source })?;
                 handle.threads.push(thread);
             }
-            let handler = Handler { shared: shared.clone() };
+            let handler = Handler {
+                shared: shared.clone(),
+            };
             let span = info_span!("dns-tcp", addr = %tcp_addr);
             handle.tasks.push(tokio::spawn(
-                supervise_tcp(tcp, tcp_addr, handler, config.tcp_idle_timeout, token.clone()).instrument(span),
+                supervise_tcp(tcp, tcp_addr, handler, config.tcp_idle_timeout, token.clone())
+                    .instrument(span),
             ));
             handle.udp_addrs.push(udp_addr);
             handle.tcp_addrs.push(tcp_addr);
@@ -241,7 +278,12 @@ fn udp_worker(socket: &UdpSocket, shared: &Shared, token: &CancellationToken) {
     while !token.is_cancelled() {
         let (len, src) = match socket.recv_from(&mut buf) {
             Ok(received) => received,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) =>
+            {
                 continue;
             }
             Err(error) => {
@@ -257,10 +299,10 @@ fn udp_worker(socket: &UdpSocket, shared: &Shared, token: &CancellationToken) {
         if updates.has_changed().unwrap_or(false) {
             compiled = shared.compiled_for(&updates.borrow_and_update());
         }
-        if compiled.respond_udp(&buf[..len], &mut out) {
-            if let Err(error) = socket.send_to(&out, src) {
-                debug!(%error, "UDP send failed");
-            }
+        if compiled.respond_udp(&buf[..len], &mut out)
+            && let Err(error) = socket.send_to(&out, src)
+        {
+            debug!(%error, "UDP send failed");
         }
     }
 }
@@ -324,7 +366,11 @@ struct Handler {
 fn servfail(id: u16) -> ResponseInfo {
     let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
     metadata.response_code = ResponseCode::ServFail;
-    Header { metadata, counts: HeaderCounts::default() }.into()
+    Header {
+        metadata,
+        counts: HeaderCounts::default(),
+    }
+    .into()
 }
 
 #[async_trait::async_trait]
@@ -336,7 +382,10 @@ impl RequestHandler for Handler {
     ) -> ResponseInfo {
         let id = request.metadata.id;
         let compiled = self.shared.current();
-        let Some(response) = Message::from_vec(request.as_slice()).ok().and_then(|m| compiled.answer(&m)) else {
+        let Some(response) = Message::from_vec(request.as_slice())
+            .ok()
+            .and_then(|m| compiled.answer(&m))
+        else {
             return servfail(id);
         };
         let builder = MessageResponseBuilder::new(&request.queries, response.edns.as_ref());

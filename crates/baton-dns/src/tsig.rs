@@ -55,14 +55,23 @@ impl TsigKey {
         Name::from_ascii(name).map_err(|e| format!("invalid key name {name:?}: {e}"))?;
         algorithm_of(algorithm)?;
         decode(&secret_base64)?;
-        Ok(Self { name: name.trim_end_matches('.').to_owned(), algorithm: algorithm.to_ascii_lowercase(), secret: secret_base64 })
+        Ok(Self {
+            name: name.trim_end_matches('.').to_owned(),
+            algorithm: algorithm.to_ascii_lowercase(),
+            secret: secret_base64,
+        })
     }
 
     /// Reads a BIND key file.
     pub fn from_file(path: &Path) -> Result<Self, TsigKeyError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| TsigKeyError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text).map_err(|reason| TsigKeyError::Parse { path: path.to_owned(), reason })
+        let text = std::fs::read_to_string(path).map_err(|source| TsigKeyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|reason| TsigKeyError::Parse {
+            path: path.to_owned(),
+            reason,
+        })
     }
 
     /// Parses the text of a BIND key file.
@@ -169,7 +178,9 @@ fn tokenize(text: &str) -> Result<Vec<String>, String> {
             }
             c => {
                 let mut s = c.to_string();
-                while let Some(c) = chars.next_if(|c| !c.is_whitespace() && !matches!(c, '{' | '}' | ';' | '"')) {
+                while let Some(c) =
+                    chars.next_if(|c| !c.is_whitespace() && !matches!(c, '{' | '}' | ';' | '"'))
+                {
                     s.push(c);
                 }
                 tokens.push(s);

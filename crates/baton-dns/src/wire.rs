@@ -31,7 +31,12 @@ impl SimpleQuery {
         if flags & 0xfa00 != 0 {
             return None;
         }
-        let (qd, an, ns, ar) = (u16_at(packet, 4)?, u16_at(packet, 6)?, u16_at(packet, 8)?, u16_at(packet, 10)?);
+        let (qd, an, ns, ar) = (
+            u16_at(packet, 4)?,
+            u16_at(packet, 6)?,
+            u16_at(packet, 8)?,
+            u16_at(packet, 10)?,
+        );
         if qd != 1 || an != 0 || ns != 0 || ar > 1 {
             return None;
         }
@@ -74,7 +79,13 @@ impl SimpleQuery {
         if at != packet.len() {
             return None;
         }
-        Some(Self { name_len, qtype, edns_payload, rd: flags & 0x0100 != 0, cd: flags & 0x0010 != 0 })
+        Some(Self {
+            name_len,
+            qtype,
+            edns_payload,
+            rd: flags & 0x0100 != 0,
+            cd: flags & 0x0010 != 0,
+        })
     }
 
     /// Writes the question name of `packet` (the one `parse` accepted), lower-cased, into `buf`

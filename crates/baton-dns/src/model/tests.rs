@@ -21,7 +21,11 @@ fn served_filters_unhealthy_but_never_serves_nothing() {
 
 #[test]
 fn duplicates_keep_first_position_and_last_flag() {
-    let r = NameRecords::new([(ip("192.0.2.1"), true), (ip("192.0.2.2"), true), (ip("192.0.2.1"), false)]);
+    let r = NameRecords::new([
+        (ip("192.0.2.1"), true),
+        (ip("192.0.2.2"), true),
+        (ip("192.0.2.1"), false),
+    ]);
     assert_eq!(r.addresses().len(), 2);
     assert_eq!(r.addresses()[0].ip, ip("192.0.2.1"));
     assert!(!r.addresses()[0].healthy);
@@ -46,7 +50,10 @@ fn store_changes_bump_generation_only_when_something_changed() {
     assert!(store.set_health(&api(), ip("192.0.2.1"), false));
     assert!(!store.set_health(&api(), ip("192.0.2.1"), false));
     assert!(!store.set_health(&api(), ip("198.51.100.9"), false));
-    assert_eq!(store.snapshot().get(&api()).unwrap().served(), vec![ip("203.0.113.5")]);
+    assert_eq!(
+        store.snapshot().get(&api()).unwrap().served(),
+        vec![ip("203.0.113.5")]
+    );
 
     assert!(store.remove_address(&api(), ip("192.0.2.1")));
     assert!(!store.remove_address(&api(), ip("192.0.2.1")));

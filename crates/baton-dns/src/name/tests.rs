@@ -27,7 +27,10 @@ fn rejects(#[case] input: &str) {
 #[test]
 fn rejects_long_labels_and_names() {
     let label = "a".repeat(64);
-    assert!(matches!(label.parse::<DnsName>(), Err(NameError::LabelTooLong(_))));
+    assert!(matches!(
+        label.parse::<DnsName>(),
+        Err(NameError::LabelTooLong(_))
+    ));
     let long = ["abcdefghi"; 30].join(".");
     assert!(matches!(long.parse::<DnsName>(), Err(NameError::TooLong(_))));
 }
@@ -38,7 +41,10 @@ fn rejects_long_labels_and_names() {
 #[case("api-int.c1.example.com.", "api-int.c1.example.com.")]
 #[case("x.y", "x.y.c1.example.com.")]
 fn relative_to_zone(#[case] input: &str, #[case] fqdn: &str) {
-    assert_eq!(DnsName::relative_to(input, &n("c1.example.com")).unwrap().fqdn(), fqdn);
+    assert_eq!(
+        DnsName::relative_to(input, &n("c1.example.com")).unwrap().fqdn(),
+        fqdn
+    );
 }
 
 #[test]
