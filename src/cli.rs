@@ -24,7 +24,7 @@ pub enum Command {
     /// Serve or push the DNS records of the API names.
     Dns(baton_dns::cli::DnsArgs),
     /// Run the Cherry Servers API simulator.
-    Sim(NotBuiltArgs),
+    Sim(baton_cloud::sim::SimArgs),
     /// Inspect the configuration.
     Config(crate::config::ConfigCommand),
     /// Print the version.

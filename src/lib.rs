@@ -14,6 +14,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -40,6 +41,8 @@ pub enum Error {
     #[error("`baton {0}` is not built yet")]
     NotBuilt(&'static str),
     #[error("{0}")]
+    Usage(Box<dyn std::error::Error + Send + Sync + 'static>),
+    #[error("{0}")]
     Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
@@ -47,7 +50,7 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Logging(_) => exit::CONFIG,
+            Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
             Self::NotBuilt(_) => exit::NOT_BUILT,
             Self::Subcommand(_) => exit::FAILURE,
         }
@@ -71,7 +74,15 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Config(cmd) => cmd.run(&config::ProcessEnv),
         Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
         Command::Controller(_) => Err(Error::NotBuilt("controller")),
-        Command::Dns(args) => baton_dns::cli::run(args).await.map_err(subcommand_error),
-        Command::Sim(_) => Err(Error::NotBuilt("sim")),
+        Command::Dns(args) => baton_dns::cli::run(args).await.map_err(|e| match e {
+            // Bad flags or key files are configuration errors (exit 2), like bad settings.
+            baton_dns::DnsError::Config(_)
+            | baton_dns::DnsError::Name(_)
+            | baton_dns::DnsError::TsigKey(_) => Error::Usage(Box::new(e)),
+            e => subcommand_error(e),
+        }),
+        Command::Sim(args) => baton_cloud::sim::run_until_signal(args)
+            .await
+            .map_err(subcommand_error),
     }
 }

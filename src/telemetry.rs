@@ -9,8 +9,14 @@ pub struct LogArgs {
     #[arg(long, global = true, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter, in `RUST_LOG` syntax (e.g. `info,baton=debug`).
-    #[arg(long, global = true, env = "BATON_LOG", default_value = "info")]
+    /// Log filter, in `RUST_LOG` syntax (e.g. `info,baton=debug`). The default keeps
+    /// per-request logging of the libraries (hickory's per-query lines) off.
+    #[arg(
+        long,
+        global = true,
+        env = "BATON_LOG",
+        default_value = "info,hickory_server=warn,hickory_proto=warn"
+    )]
     pub log: String,
 }
 

@@ -1,4 +1,5 @@
 //! The `baton` binary as a user runs it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
 use std::process::Command;
 
@@ -105,4 +106,113 @@ fn unbuilt_subcommands_refuse_to_run() {
 fn version_prints_the_package_version() {
     let out = baton().arg("version").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Stops a server child with SIGTERM and returns its exit code.
+fn terminate(mut child: std::process::Child) -> Option<i32> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    child.wait().unwrap().code()
+}
+
+fn retry<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..100 {
+        if let Some(v) = f() {
+            return v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("gave up after 10s")
+}
+
+#[test]
+fn dns_serve_answers_dig_and_stops_cleanly_on_sigterm() {
+    let port = free_port();
+    let child = baton()
+        .args([
+            "dns",
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--zone",
+            "baton.test",
+        ])
+        .args(["--a", "api=198.51.100.10,203.0.113.5"])
+        .spawn()
+        .unwrap();
+    let answers = retry(|| {
+        let out = Command::new("dig")
+            .args([
+                "+short",
+                "+time=1",
+                "+tries=1",
+                "-p",
+                &port.to_string(),
+                "@127.0.0.1",
+                "api.baton.test",
+                "A",
+            ])
+            .output()
+            .expect("dig (bind9-dnsutils) is installed by scripts/setup");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (text.lines().count() == 2).then_some(text)
+    });
+    assert!(
+        answers.contains("198.51.100.10") && answers.contains("203.0.113.5"),
+        "{answers}"
+    );
+    assert_eq!(terminate(child), Some(0));
+}
+
+#[test]
+fn dns_serve_rejects_a_bad_address_naming_the_flag() {
+    let out = baton()
+        .args([
+            "dns",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--zone",
+            "baton.test",
+            "--a",
+            "api=192.0.2.300",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--a") && stderr.contains("192.0.2.300"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sim_serves_the_default_project_and_requires_the_token() {
+    let port = free_port();
+    let child = baton()
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/v1/projects/123456");
+    let status = |token: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("Authorization: Bearer {token}"))
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    retry(|| (status("sim-token") == "200").then_some(()));
+    assert_eq!(status("wrong-token"), "401");
+    assert_eq!(terminate(child), Some(0));
 }

@@ -1,0 +1,350 @@
+//! The control-plane endpoint's mirror Service (seed 000 "How the Floating IP Traffic is Routed").
+//!
+//! `kube-system/<prefix>-kubernetes-external` is a Service of type LoadBalancer without a selector
+//! whose `loadBalancerIP` and `status.loadBalancer.ingress[0]` are the control-plane FIP (with
+//! `ipMode: Proxy`, so a probe through the FIP really crosses the network instead of being
+//! short-circuited by kube-proxy), whose ports come from `default/kubernetes`, and whose endpoints
+//! mirror exactly those of `default/kubernetes` — selected by the owning Service's label, not by
+//! namespace. MetalLB is told not to touch it; baton's own load-balancer code skips it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, LoadBalancerIngress, LoadBalancerStatus,
+    Service, ServicePort, ServiceSpec, ServiceStatus,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort as SlicePort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Resource as _, ResourceExt as _};
+use std::future::Future;
+
+use super::FIELD_MANAGER;
+
+/// The MetalLB annotation that keeps MetalLB away from the Service (CPEM #258).
+pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
+    "metallb.universe.tf/address-pool",
+    "disabled-metallb-do-not-use-any-address-pool",
+);
+/// Marks a Service as a control-plane endpoint: its FIP is routed to a healthy API server and
+/// never handed to a load-balancer implementation.
+pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
+/// The label EndpointSlices use to name their Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Who manages an EndpointSlice.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// baton's value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "controller.baton.dev";
+/// Tells kube-controller-manager's mirroring controller not to mirror our Endpoints again.
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+
+/// Errors of the mirror reconciler, each naming the step and object.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error("reading default/kubernetes: {0}")]
+    ReadSource(#[source] kube::Error),
+    #[error("default/kubernetes has no port")]
+    NoPort,
+    #[error("applying {kind} kube-system/{name}: {source}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting stale EndpointSlice kube-system/{name}: {source}")]
+    DeleteStale {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("timed out writing kube-system/{0}")]
+    Timeout(String),
+}
+
+/// What the mirror Service is built from.
+#[derive(Debug, Clone)]
+pub struct MirrorSpec {
+    /// The Service's name, `<prefix>-kubernetes-external`.
+    pub name: String,
+    /// The control-plane FIP.
+    pub fip: IpAddr,
+    /// The port on the FIP; 0 = the API servers' own port (`apiServerPort`).
+    pub fip_port: u16,
+}
+
+impl MirrorSpec {
+    /// The spec for `prefix` (e.g. `baton` → `baton-kubernetes-external`).
+    pub fn new(prefix: &str, fip: IpAddr, fip_port: u16) -> Self {
+        Self {
+            name: format!("{prefix}-kubernetes-external"),
+            fip,
+            fip_port,
+        }
+    }
+}
+
+fn labels(extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    [("app.kubernetes.io/managed-by", "baton")]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// The API servers' port, from `default/kubernetes` `spec.ports[0].targetPort`.
+pub fn api_server_port(kubernetes: &Service) -> Option<i32> {
+    let port = kubernetes.spec.as_ref()?.ports.as_ref()?.first()?;
+    match &port.target_port {
+        Some(IntOrString::Int(p)) => Some(*p),
+        _ => Some(port.port),
+    }
+}
+
+/// The desired mirror Service (spec only; the status is applied separately).
+pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Service, MirrorError> {
+    let target = api_server_port(kubernetes).ok_or(MirrorError::NoPort)?;
+    let port = if spec.fip_port == 0 {
+        target
+    } else {
+        i32::from(spec.fip_port)
+    };
+    Ok(Service {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            namespace: Some("kube-system".into()),
+            labels: Some(labels(&[])),
+            annotations: Some(
+                [
+                    METALLB_DISABLE_ANNOTATION,
+                    (CONTROL_PLANE_ENDPOINT_ANNOTATION, "true"),
+                ]
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            load_balancer_ip: Some(spec.fip.to_string()),
+            ports: Some(vec![ServicePort {
+                name: Some("https".into()),
+                port,
+                protocol: Some("TCP".into()),
+                target_port: Some(IntOrString::Int(target)),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The desired status: ingress = the FIP with `ipMode: Proxy`.
+pub fn desired_status(spec: &MirrorSpec) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            namespace: Some("kube-system".into()),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress {
+                    ip: Some(spec.fip.to_string()),
+                    ip_mode: Some("Proxy".into()),
+                    ..LoadBalancerIngress::default()
+                }]),
+            }),
+            ..ServiceStatus::default()
+        }),
+    }
+}
+
+/// The desired EndpointSlices: one per source slice of `default/kubernetes`, same address type,
+/// endpoints (addresses + conditions) and ports, owned by the mirror Service.
+pub fn desired_slices(
+    spec: &MirrorSpec,
+    owner: &OwnerReference,
+    source: &[EndpointSlice],
+) -> Vec<EndpointSlice> {
+    let mut sorted: Vec<&EndpointSlice> = source.iter().collect();
+    sorted.sort_by(|a, b| {
+        a.address_type
+            .cmp(&b.address_type)
+            .then(a.name_any().cmp(&b.name_any()))
+    });
+    sorted
+        .iter()
+        .enumerate()
+        .map(|(i, s)| EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(format!("{}-{}", spec.name, i)),
+                namespace: Some("kube-system".into()),
+                labels: Some(labels(&[
+                    (SERVICE_NAME_LABEL, &spec.name),
+                    (MANAGED_BY_LABEL, MANAGED_BY),
+                ])),
+                owner_references: Some(vec![owner.clone()]),
+                ..ObjectMeta::default()
+            },
+            address_type: s.address_type.clone(),
+            endpoints: s
+                .endpoints
+                .iter()
+                .map(|e| Endpoint {
+                    addresses: e.addresses.clone(),
+                    conditions: e.conditions.clone(),
+                    ..Endpoint::default()
+                })
+                .collect(),
+            ports: s.ports.as_ref().map(|ps| {
+                ps.iter()
+                    .map(|p| SlicePort {
+                        name: p.name.clone(),
+                        port: p.port,
+                        protocol: p.protocol.clone(),
+                        app_protocol: p.app_protocol.clone(),
+                    })
+                    .collect()
+            }),
+        })
+        .collect()
+}
+
+/// The desired Endpoints (for older consumers): the subsets of `default/kubernetes`.
+pub fn desired_endpoints(spec: &MirrorSpec, owner: &OwnerReference, source: Option<&Endpoints>) -> Endpoints {
+    let subsets = source.and_then(|e| e.subsets.clone()).map(|subsets| {
+        subsets
+            .into_iter()
+            .map(|s| EndpointSubset {
+                addresses: s.addresses.map(|a| a.into_iter().map(strip_target).collect()),
+                not_ready_addresses: s
+                    .not_ready_addresses
+                    .map(|a| a.into_iter().map(strip_target).collect()),
+                ports: s.ports.map(|ps| {
+                    ps.into_iter()
+                        .map(|p| EndpointPort {
+                            name: p.name,
+                            port: p.port,
+                            protocol: p.protocol,
+                            app_protocol: p.app_protocol,
+                        })
+                        .collect()
+                }),
+            })
+            .collect()
+    });
+    Endpoints {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            namespace: Some("kube-system".into()),
+            labels: Some(labels(&[(SKIP_MIRROR_LABEL, "true")])),
+            owner_references: Some(vec![owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        subsets,
+    }
+}
+
+fn strip_target(a: EndpointAddress) -> EndpointAddress {
+    EndpointAddress {
+        ip: a.ip,
+        hostname: a.hostname,
+        node_name: a.node_name,
+        target_ref: None,
+    }
+}
+
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn timed<T>(name: &str, f: impl Future<Output = T>) -> Result<T, MirrorError> {
+    tokio::time::timeout(WRITE_TIMEOUT, f)
+        .await
+        .map_err(|_| MirrorError::Timeout(name.to_owned()))
+}
+
+/// Reads `default/kubernetes` and applies the mirror Service, its status, EndpointSlices and
+/// Endpoints by server-side apply; deletes mirror slices that no longer have a source.
+pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), MirrorError> {
+    let default_services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let default_slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let default_endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "default");
+    let kubernetes = default_services
+        .get("kubernetes")
+        .await
+        .map_err(MirrorError::ReadSource)?;
+    let source_slices = default_slices
+        .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")))
+        .await
+        .map_err(MirrorError::ReadSource)?
+        .items;
+    let source_endpoints = default_endpoints
+        .get_opt("kubernetes")
+        .await
+        .map_err(MirrorError::ReadSource)?;
+
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+    let svc = desired_service(spec, &kubernetes)?;
+    let apply_err = |kind, name: &str| {
+        let name = name.to_owned();
+        move |source| MirrorError::Apply { kind, name, source }
+    };
+    let applied = timed(&spec.name, services.patch(&spec.name, &pp, &Patch::Apply(&svc)))
+        .await?
+        .map_err(apply_err("Service", &spec.name))?;
+    timed(
+        &spec.name,
+        services.patch_status(&spec.name, &pp, &Patch::Apply(&desired_status(spec))),
+    )
+    .await?
+    .map_err(apply_err("Service status", &spec.name))?;
+    let owner = applied
+        .controller_owner_ref(&())
+        .expect("an applied Service has a name and uid");
+
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "kube-system");
+    let desired = desired_slices(spec, &owner, &source_slices);
+    for s in &desired {
+        let name = s.name_any();
+        timed(&name, slices.patch(&name, &pp, &Patch::Apply(s)))
+            .await?
+            .map_err(apply_err("EndpointSlice", &name))?;
+    }
+    let ours = slices
+        .list(&ListParams::default().labels(&format!(
+            "{SERVICE_NAME_LABEL}={},{MANAGED_BY_LABEL}={MANAGED_BY}",
+            spec.name
+        )))
+        .await
+        .map_err(MirrorError::ReadSource)?;
+    for stale in ours
+        .items
+        .iter()
+        .filter(|s| !desired.iter().any(|d| d.name_any() == s.name_any()))
+    {
+        let name = stale.name_any();
+        match slices.delete(&name, &kube::api::DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => return Err(MirrorError::DeleteStale { name, source }),
+        }
+    }
+
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "kube-system");
+    let eps = desired_endpoints(spec, &owner, source_endpoints.as_ref());
+    timed(&spec.name, endpoints.patch(&spec.name, &pp, &Patch::Apply(&eps)))
+        .await?
+        .map_err(apply_err("Endpoints", &spec.name))?;
+    tracing::debug!(service = %spec.name, slices = desired.len(), "mirror applied");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,15 @@
+//! The in-cluster controller (`baton controller`): pieces built so far.
+//!
+//! ```text
+//!  default/kubernetes (Service + EndpointSlices + Endpoints)
+//!        │ watch
+//!        ▼
+//!  mirror::desired_*  ── pure ──►  kube-system/<prefix>-kubernetes-external
+//!                                   Service (LoadBalancer, FIP, ipMode Proxy)
+//!                                   EndpointSlice + Endpoints (same addresses)
+//! ```
+
+pub mod mirror;
+
+/// The server-side-apply field manager of every object baton writes.
+pub const FIELD_MANAGER: &str = "baton";
