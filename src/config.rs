@@ -172,8 +172,8 @@ settings! {
         doc: "Probe the FIP holder on its host IP instead of the FIP (needed when the FIP is bound on loopback)" },
     api_rate_limit { flag: "api-rate-limit", env: "BATON_API_RATE_LIMIT", file: "apiRateLimit", default: Some("4"), secret: false,
         doc: "Cloud API requests per second, shared by all of baton's callers; 0 = unlimited" },
-    api_timeout { flag: "api-timeout", env: "BATON_API_TIMEOUT", file: "apiTimeout", default: Some("30s"), secret: false,
-        doc: "Timeout of one cloud API request" },
+    api_timeout { flag: "api-timeout", env: "BATON_API_TIMEOUT", file: "apiTimeout", default: Some("15s"), secret: false,
+        doc: "Timeout of one cloud API request (one attempt; idempotent calls are retried)" },
     prefix { flag: "prefix", env: "BATON_PREFIX", file: "prefix", default: Some("baton"), secret: false,
         doc: "Name prefix of the objects baton creates (e.g. kube-system/<prefix>-kubernetes-external)" },
     health_check_path { flag: "health-check-path", env: "BATON_HEALTH_CHECK_PATH", file: "healthCheckPath", default: Some("/readyz"),
@@ -339,6 +339,17 @@ impl Config {
         } else {
             Err(ConfigError::Invalid(errors))
         }
+    }
+
+    /// The Cherry Servers client settings (requires `apiKey` and `projectID`).
+    pub fn cloud_client_config(&self) -> Result<baton_cloud::ClientConfig, ConfigError> {
+        let mut c =
+            baton_cloud::ClientConfig::new(self.require_api_key()?.clone(), self.require_project_id()?);
+        c.base_url = self.base_url.clone();
+        c.requests_per_second = self.api_rate_limit;
+        c.request_timeout = self.api_timeout;
+        c.user_agent = format!("baton/{}", env!("CARGO_PKG_VERSION"));
+        Ok(c)
     }
 
     /// The API key, or an error naming where to set it.

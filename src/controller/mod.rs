@@ -9,7 +9,10 @@
 //!                                   EndpointSlice + Endpoints (same addresses)
 //! ```
 
+pub mod context;
 pub mod mirror;
+
+pub use context::{Context, LeaderGate};
 
 /// The server-side-apply field manager of every object baton writes.
 pub const FIELD_MANAGER: &str = "baton";

@@ -1,0 +1,127 @@
+//! What every reconciler of `baton controller` shares.
+
+use std::sync::Arc;
+
+use baton_cloud::Cloud;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Resource};
+use tokio::sync::watch;
+
+use crate::config::Config;
+
+/// Whether this replica may write to the cloud (and to status fields). Only the holder of the
+/// leader Lease may; it re-checks right before each cloud write (fencing).
+#[derive(Clone, Debug)]
+pub struct LeaderGate(watch::Receiver<bool>);
+
+impl LeaderGate {
+    /// A gate fed by the leader-election task.
+    pub fn new(rx: watch::Receiver<bool>) -> Self {
+        Self(rx)
+    }
+
+    /// A gate that is always open: a single replica, or tests.
+    pub fn always() -> Self {
+        // A receiver keeps the last value after its sender is gone.
+        let (_, rx) = watch::channel(true);
+        Self(rx)
+    }
+
+    /// Whether this replica leads right now.
+    pub fn is_leader(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits until this replica leads.
+    pub async fn wait(&mut self) {
+        let _ = self.0.wait_for(|leading| *leading).await;
+    }
+}
+
+/// Shared state of the controller's reconcilers.
+#[derive(Clone)]
+pub struct Context {
+    /// Kubernetes, reached through the local API server or every control-plane address — never
+    /// through the FIP.
+    pub client: kube::Client,
+    /// The cloud (the Cherry Servers client, or the simulator through the same client).
+    pub cloud: Arc<dyn Cloud>,
+    /// The effective configuration.
+    pub config: Arc<Config>,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+    /// The cluster's identity: the UID of namespace `kube-system` (the `cluster` FIP tag).
+    pub cluster_id: String,
+    /// Leadership.
+    pub leader: LeaderGate,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("cluster_id", &self.cluster_id)
+            .field("leader", &self.leader.is_leader())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Errors building the context.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("reading namespace kube-system (for the cluster id): {0}")]
+    ClusterId(#[source] kube::Error),
+    #[error("namespace kube-system has no uid")]
+    NoUid,
+}
+
+impl Context {
+    /// Builds the context; reads the cluster id from `kube-system`.
+    pub async fn new(
+        client: kube::Client,
+        cloud: Arc<dyn Cloud>,
+        config: Arc<Config>,
+        leader: LeaderGate,
+        reporter_instance: Option<String>,
+    ) -> Result<Self, ContextError> {
+        let ns = Api::<Namespace>::all(client.clone())
+            .get("kube-system")
+            .await
+            .map_err(ContextError::ClusterId)?;
+        let cluster_id = ns.metadata.uid.ok_or(ContextError::NoUid)?;
+        let reporter = Reporter {
+            controller: "baton".into(),
+            instance: reporter_instance,
+        };
+        Ok(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            cloud,
+            config,
+            cluster_id,
+            leader,
+        })
+    }
+
+    /// Publishes an Event on `obj`; failures are logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let reference: ObjectReference = obj.object_ref(&());
+        let ev = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&ev, &reference).await {
+            tracing::warn!(%error, reason, "publishing an Event failed");
+        }
+    }
+}
