@@ -20,7 +20,7 @@ pub enum Command {
     /// Run on the bootstrap host: reserve/find FIPs, publish DNS, create the API Services, hand off.
     Bootstrap(NotBuiltArgs),
     /// Run in the cluster: control-plane FIP failover, Service FIPs, BGP, node initialisation.
-    Controller(NotBuiltArgs),
+    Controller(crate::controller::run::ControllerArgs),
     /// Serve or push the DNS records of the API names.
     Dns(baton_dns::cli::DnsArgs),
     /// Run the Cherry Servers API simulator.

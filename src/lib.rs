@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod signal;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -73,7 +74,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Config(cmd) => cmd.run(&config::ProcessEnv),
         Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
-        Command::Controller(_) => Err(Error::NotBuilt("controller")),
+        Command::Controller(args) => controller::run::run(args).await.map_err(|e| {
+            if e.is_config() {
+                Error::Usage(Box::new(e))
+            } else {
+                subcommand_error(e)
+            }
+        }),
         Command::Dns(args) => baton_dns::cli::run(args).await.map_err(|e| match e {
             // Bad flags or key files are configuration errors (exit 2), like bad settings.
             baton_dns::DnsError::Config(_)

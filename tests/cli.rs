@@ -95,11 +95,23 @@ fn invalid_configuration_exits_2_naming_the_key() {
 
 #[test]
 fn unbuilt_subcommands_refuse_to_run() {
-    for sub in ["bootstrap", "controller"] {
-        let out = baton().arg(sub).output().unwrap();
-        assert_eq!(out.status.code(), Some(3), "baton {sub}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
-    }
+    let out = baton().arg("bootstrap").output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "baton bootstrap");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+}
+
+#[test]
+fn controller_without_credentials_exits_2_naming_the_setting() {
+    let out = baton()
+        .args(["controller", "--admin-listen", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("apiKey") && stderr.contains("CHERRY_API_KEY"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -6,36 +6,42 @@ use baton_cloud::Cloud;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Resource};
+use std::time::Duration;
+
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Config;
 
 /// Whether this replica may write to the cloud (and to status fields). Only the holder of the
-/// leader Lease may; it re-checks right before each cloud write (fencing).
+/// leader Lease may; it re-checks right before each cloud write (fencing): the lease task
+/// publishes how long the last successful renew keeps this replica leader.
 #[derive(Clone, Debug)]
-pub struct LeaderGate(watch::Receiver<bool>);
+pub struct LeaderGate(watch::Receiver<Option<Instant>>);
 
 impl LeaderGate {
-    /// A gate fed by the leader-election task.
-    pub fn new(rx: watch::Receiver<bool>) -> Self {
+    /// A gate fed by the leader-election task (`controller::lease`).
+    pub fn new(rx: watch::Receiver<Option<Instant>>) -> Self {
         Self(rx)
     }
 
     /// A gate that is always open: a single replica, or tests.
     pub fn always() -> Self {
         // A receiver keeps the last value after its sender is gone.
-        let (_, rx) = watch::channel(true);
+        let (_, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600)));
         Self(rx)
     }
 
     /// Whether this replica leads right now.
     pub fn is_leader(&self) -> bool {
-        *self.0.borrow()
+        self.0.borrow().is_some_and(|until| Instant::now() < until)
     }
 
-    /// Waits until this replica leads.
+    /// Waits until this replica leads (checked at least every 100 ms).
     pub async fn wait(&mut self) {
-        let _ = self.0.wait_for(|leading| *leading).await;
+        while !self.is_leader() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.0.changed()).await;
+        }
     }
 }
 

@@ -44,32 +44,37 @@ pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
 /// Errors of the mirror reconciler, each naming the step and object.
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
-    #[error("reading default/kubernetes: {0}")]
+    #[error("reading default/kubernetes or the endpoint Service: {0}")]
     ReadSource(#[source] kube::Error),
     #[error("default/kubernetes has no port")]
     NoPort,
-    #[error("applying {kind} kube-system/{name}: {source}")]
+    #[error("applying {kind} {name}: {source}")]
     Apply {
         kind: &'static str,
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("deleting stale EndpointSlice kube-system/{name}: {source}")]
+    #[error("deleting stale EndpointSlice {name}: {source}")]
     DeleteStale {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("timed out writing kube-system/{0}")]
+    #[error("timed out writing {0}")]
     Timeout(String),
 }
 
 /// What the mirror Service is built from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirrorSpec {
+    /// The Service's namespace (`kube-system` for the mirror Service).
+    pub namespace: String,
     /// The Service's name, `<prefix>-kubernetes-external`.
     pub name: String,
+    /// Whether baton owns the Service's spec (the mirror Service) or only its status and
+    /// endpoints (API Services created by `baton bootstrap`).
+    pub manage_spec: bool,
     /// The control-plane FIP.
     pub fip: IpAddr,
     /// The port on the FIP; 0 = the API servers' own port (`apiServerPort`).
@@ -80,9 +85,22 @@ impl MirrorSpec {
     /// The spec for `prefix` (e.g. `baton` → `baton-kubernetes-external`).
     pub fn new(prefix: &str, fip: IpAddr, fip_port: u16) -> Self {
         Self {
+            namespace: "kube-system".into(),
             name: format!("{prefix}-kubernetes-external"),
+            manage_spec: true,
             fip,
             fip_port,
+        }
+    }
+
+    /// The spec for an existing control-plane endpoint Service (status and endpoints only).
+    pub fn existing(namespace: &str, name: &str, fip: IpAddr) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            manage_spec: false,
+            fip,
+            fip_port: 0,
         }
     }
 }
@@ -115,7 +133,7 @@ pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Servic
     Ok(Service {
         metadata: ObjectMeta {
             name: Some(spec.name.clone()),
-            namespace: Some("kube-system".into()),
+            namespace: Some(spec.namespace.clone()),
             labels: Some(labels(&[])),
             annotations: Some(
                 [
@@ -149,7 +167,7 @@ pub fn desired_status(spec: &MirrorSpec) -> Service {
     Service {
         metadata: ObjectMeta {
             name: Some(spec.name.clone()),
-            namespace: Some("kube-system".into()),
+            namespace: Some(spec.namespace.clone()),
             ..ObjectMeta::default()
         },
         spec: None,
@@ -185,7 +203,7 @@ pub fn desired_slices(
         .map(|(i, s)| EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(format!("{}-{}", spec.name, i)),
-                namespace: Some("kube-system".into()),
+                namespace: Some(spec.namespace.clone()),
                 labels: Some(labels(&[
                     (SERVICE_NAME_LABEL, &spec.name),
                     (MANAGED_BY_LABEL, MANAGED_BY),
@@ -243,7 +261,7 @@ pub fn desired_endpoints(spec: &MirrorSpec, owner: &OwnerReference, source: Opti
     Endpoints {
         metadata: ObjectMeta {
             name: Some(spec.name.clone()),
-            namespace: Some("kube-system".into()),
+            namespace: Some(spec.namespace.clone()),
             labels: Some(labels(&[(SKIP_MIRROR_LABEL, "true")])),
             owner_references: Some(vec![owner.clone()]),
             ..ObjectMeta::default()
@@ -290,15 +308,19 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
         .map_err(MirrorError::ReadSource)?;
 
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
-    let svc = desired_service(spec, &kubernetes)?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &spec.namespace);
     let apply_err = |kind, name: &str| {
         let name = name.to_owned();
         move |source| MirrorError::Apply { kind, name, source }
     };
-    let applied = timed(&spec.name, services.patch(&spec.name, &pp, &Patch::Apply(&svc)))
-        .await?
-        .map_err(apply_err("Service", &spec.name))?;
+    let applied = if spec.manage_spec {
+        let svc = desired_service(spec, &kubernetes)?;
+        timed(&spec.name, services.patch(&spec.name, &pp, &Patch::Apply(&svc)))
+            .await?
+            .map_err(apply_err("Service", &spec.name))?
+    } else {
+        services.get(&spec.name).await.map_err(MirrorError::ReadSource)?
+    };
     timed(
         &spec.name,
         services.patch_status(&spec.name, &pp, &Patch::Apply(&desired_status(spec))),
@@ -309,7 +331,7 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
         .controller_owner_ref(&())
         .expect("an applied Service has a name and uid");
 
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "kube-system");
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &spec.namespace);
     let desired = desired_slices(spec, &owner, &source_slices);
     for s in &desired {
         let name = s.name_any();
@@ -337,7 +359,7 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
         }
     }
 
-    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "kube-system");
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &spec.namespace);
     let eps = desired_endpoints(spec, &owner, source_endpoints.as_ref());
     timed(&spec.name, endpoints.patch(&spec.name, &pp, &Patch::Apply(&eps)))
         .await?

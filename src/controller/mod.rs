@@ -10,7 +10,12 @@
 //! ```
 
 pub mod context;
+pub mod endpoint;
+pub mod lease;
+pub mod metrics;
 pub mod mirror;
+pub mod probe;
+pub mod run;
 
 pub use context::{Context, LeaderGate};
 

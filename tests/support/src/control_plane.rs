@@ -245,6 +245,11 @@ impl ControlPlane {
         self.wait_ready(i, Duration::from_secs(90)).await
     }
 
+    /// The process id of API server `i`, while it runs (for SIGSTOP/SIGCONT "hiccups").
+    pub fn apiserver_pid(&self, i: usize) -> Option<u32> {
+        self.apiservers[i].proc.as_ref().and_then(Proc::pid)
+    }
+
     /// Whether API server `i` is running (started and not stopped).
     pub fn is_running(&self, i: usize) -> bool {
         self.apiservers[i].proc.is_some()

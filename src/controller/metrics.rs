@@ -1,0 +1,135 @@
+//! Prometheus metrics of the controller (prometheus-client), served on the admin port.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::probe::ProbeObserver;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabel {
+    target: String,
+    result: String,
+}
+
+/// The controller's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    failovers: Family<ReasonLabel, Counter>,
+    failover_errors: Counter,
+    stuck: Family<ReasonLabel, Counter>,
+    time_to_recover: Histogram,
+    probe_duration: Family<ProbeLabel, Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn probe_histogram() -> Histogram {
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("baton");
+        let failovers = Family::<ReasonLabel, Counter>::default();
+        let failover_errors = Counter::default();
+        let stuck = Family::<ReasonLabel, Counter>::default();
+        let time_to_recover = Histogram::new([0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]);
+        let probe_duration =
+            Family::<ProbeLabel, Histogram>::new_with_constructor(probe_histogram as fn() -> Histogram);
+        registry.register(
+            "failovers",
+            "Control-plane FIP moves, by reason",
+            failovers.clone(),
+        );
+        registry.register(
+            "failover_errors",
+            "Failed control-plane FIP retarget calls",
+            failover_errors.clone(),
+        );
+        registry.register(
+            "failover_stuck",
+            "Times a FIP should have moved but no candidate was healthy",
+            stuck.clone(),
+        );
+        registry.register(
+            "failover_time_to_recover_seconds",
+            "From the first failed decision to the completed retarget",
+            time_to_recover.clone(),
+        );
+        registry.register(
+            "probe_duration_seconds",
+            "API server health probe latency, by target and result",
+            probe_duration.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            failovers,
+            failover_errors,
+            stuck,
+            time_to_recover,
+            probe_duration,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records a completed move.
+    pub fn failover(&self, reason: &str, recovered: Duration) {
+        self.failovers
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+        self.time_to_recover.observe(recovered.as_secs_f64());
+    }
+
+    /// Records a failed retarget.
+    pub fn failover_error(&self) {
+        self.failover_errors.inc();
+    }
+
+    /// Records a move that could not happen.
+    pub fn stuck(&self, reason: &str) {
+        self.stuck
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Ok(registry) = self.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        }
+        out
+    }
+}
+
+impl ProbeObserver for Metrics {
+    fn observe(&self, target: SocketAddr, ok: bool, latency: Duration) {
+        self.probe_duration
+            .get_or_create(&ProbeLabel {
+                target: target.to_string(),
+                result: if ok { "ok" } else { "fail" }.to_owned(),
+            })
+            .observe(latency.as_secs_f64());
+    }
+}

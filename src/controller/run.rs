@@ -1,0 +1,256 @@
+//! `baton controller`: wiring of the in-cluster controller.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_cloud::{CherryClient, Cloud, Priority};
+use baton_core::health::Thresholds;
+use clap::Args;
+use rustls::pki_types::pem::PemObject as _;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::endpoint::{self, EndpointOptions};
+use super::lease::{self, LeaseConfig};
+use super::metrics::Metrics;
+use super::probe::ProbeSettings;
+use super::{Context, LeaderGate};
+use crate::config::{Config, ConfigArgs, ProcessEnv};
+
+/// Flags of `baton controller` (plus every configuration setting).
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// kubeconfig to use; in-cluster configuration when unset. Point it at the local API server
+    /// or list every control-plane API server (below) — never at the FIP.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This replica's identity in the leader Lease (the pod name).
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub identity: Option<String>,
+
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "BATON_LEASE_NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+
+    /// Run without leader election (exactly one replica).
+    #[arg(long, env = "BATON_NO_LEADER_ELECTION")]
+    pub no_leader_election: bool,
+
+    /// Listen address of the admin server (/metrics, /health, /ready); `off` disables it.
+    #[arg(long, env = "BATON_ADMIN_LISTEN", default_value = "0.0.0.0:9590")]
+    pub admin_listen: String,
+
+    /// TLS server name expected on the API servers' certificates when probing them by address.
+    #[arg(
+        long,
+        env = "BATON_HEALTH_CHECK_SERVER_NAME",
+        default_value = "kubernetes.default.svc"
+    )]
+    pub health_check_server_name: String,
+
+    /// Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration.
+    #[arg(long, env = "BATON_CLUSTER_CA", value_name = "PATH")]
+    pub cluster_ca: Option<PathBuf>,
+}
+
+/// Errors of `baton controller`.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("invalid --admin-listen {0:?}: expected IP:port or off")]
+    AdminListen(String),
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+    #[error("reading --cluster-ca {path}: {reason}")]
+    ClusterCa { path: PathBuf, reason: String },
+    #[error("no cluster CA: give --cluster-ca or a kubeconfig with certificate-authority data")]
+    NoClusterCa,
+    #[error(transparent)]
+    Cloud(#[from] baton_cloud::CloudError),
+    #[error(transparent)]
+    Context(#[from] super::context::ContextError),
+    #[error(transparent)]
+    Endpoint(#[from] endpoint::EndpointError),
+    #[error("admin server on {addr}: {source}")]
+    Admin {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl ControllerError {
+    /// Whether the error is bad input (exit code 2) rather than a runtime failure.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            Self::Config(_)
+                | Self::AdminListen(_)
+                | Self::ClusterCa { .. }
+                | Self::NoClusterCa
+                | Self::KubeConfig(_)
+        )
+    }
+}
+
+async fn kube_config(args: &ControllerArgs) -> Result<kube::Config, ControllerError> {
+    match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ControllerError::KubeConfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| ControllerError::KubeConfig(e.to_string()))
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ControllerError::KubeConfig(e.to_string())),
+    }
+}
+
+fn cluster_ca(args: &ControllerArgs, kube: &kube::Config) -> Result<Vec<Vec<u8>>, ControllerError> {
+    if let Some(path) = &args.cluster_ca {
+        let pem = std::fs::read(path).map_err(|e| ControllerError::ClusterCa {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let certs: Vec<Vec<u8>> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
+            .map(|c| c.map(|c| c.to_vec()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| ControllerError::ClusterCa {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        if certs.is_empty() {
+            return Err(ControllerError::ClusterCa {
+                path: path.clone(),
+                reason: "no certificate in the file".into(),
+            });
+        }
+        return Ok(certs);
+    }
+    kube.root_cert
+        .clone()
+        .filter(|c| !c.is_empty())
+        .ok_or(ControllerError::NoClusterCa)
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        crate::signal::shutdown().await;
+        tracing::info!("signal received; stopping");
+        on_signal.cancel();
+    });
+    run_until(args, shutdown).await
+}
+
+/// Runs the controller until `shutdown` is cancelled.
+pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), ControllerError> {
+    let config = Arc::new(Config::resolve(&args.config, &ProcessEnv)?);
+    let cloud_config = config.cloud_client_config()?;
+    let admin: Option<SocketAddr> = match args.admin_listen.as_str() {
+        "off" => None,
+        v => Some(
+            v.parse()
+                .map_err(|_| ControllerError::AdminListen(v.to_owned()))?,
+        ),
+    };
+    let kube_cfg = kube_config(&args).await?;
+    let ca_der = cluster_ca(&args, &kube_cfg)?;
+    let client = kube::Client::try_from(kube_cfg).map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
+    let cherry = CherryClient::new(cloud_config)?;
+    let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
+    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
+
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_or_else(|_| "baton".into(), |h| h.trim().to_owned())
+    });
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
+    let (leader, lease_task) = if args.no_leader_election {
+        (LeaderGate::always(), None)
+    } else {
+        let cfg = LeaseConfig::new(
+            &args.lease_namespace,
+            &format!("{}-controller", config.prefix),
+            &identity,
+        );
+        let (gate, task) = lease::spawn(client.clone(), cfg, shutdown.clone());
+        (gate, Some(task))
+    };
+    let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
+    let metrics = Arc::new(Metrics::default());
+
+    if let Some(addr) = admin {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ControllerError::Admin { addr, source })?;
+        let app = admin_router(Arc::clone(&metrics), ctx.leader.clone());
+        let token = shutdown.clone();
+        tokio::spawn(
+            async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { token.cancelled().await })
+                    .await;
+            }
+            .instrument(tracing::info_span!("admin")),
+        );
+    }
+
+    let hc = &config.health_check;
+    let opts = EndpointOptions {
+        probe: ProbeSettings {
+            path: hc.path.clone(),
+            server_name: args.health_check_server_name.clone(),
+            ca_der,
+            interval: hc.interval,
+            timeout: hc.timeout,
+            thresholds: Thresholds {
+                rise: hc.rise,
+                fall: hc.fall,
+            },
+        },
+        urgent_cloud,
+        tick: Duration::from_millis(250),
+        servers_refresh: Duration::from_secs(60),
+    };
+    let result = endpoint::run(ctx, opts, metrics, shutdown.clone())
+        .instrument(tracing::info_span!("endpoints"))
+        .await;
+    shutdown.cancel();
+    if let Some(task) = lease_task {
+        // Lets the lease task release the Lease.
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    result.map_err(Into::into)
+}
+
+fn admin_router(metrics: Arc<Metrics>, leader: LeaderGate) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move { metrics.encode() }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(|| async { "ok" }))
+        .route(
+            "/leader",
+            get(move || {
+                let leader = leader.clone();
+                async move { if leader.is_leader() { "leader" } else { "follower" } }
+            }),
+        )
+}

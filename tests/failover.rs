@@ -1,0 +1,307 @@
+//! `baton controller` against three real API servers and the simulator, in a lab: the
+//! control-plane FIP follows a healthy API server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_cloud::model::{CreateIpRequest, IpAddress, ServerId, Tags};
+use baton_cloud::sim::{Faults, Sim, SimHandle, Topology};
+use baton_cloud::{CherryClient, ClientConfig, Cloud};
+use baton_core::Secret;
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::core::v1::{Event, Service};
+use kube::Api;
+use kube::api::ListParams;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+
+struct Bed {
+    cp: ControlPlane,
+    sim: SimHandle,
+    cloud: CherryClient,
+    fip: IpAddress,
+}
+
+async fn bed(latency_ms: u64) -> Bed {
+    let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
+    let sim = Sim::builder()
+        .topology(Topology::default())
+        .faults(Faults {
+            latency_ms,
+            ..Faults::none()
+        })
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut cfg = ClientConfig::new(Secret::new("sim-token"), 123_456);
+    cfg.base_url = sim.base_url();
+    cfg.requests_per_second = None;
+    let cloud = CherryClient::new(cfg).unwrap();
+    let fip = cloud
+        .create_ip(CreateIpRequest {
+            region: "LT-Siauliai".into(),
+            tags: Tags::from([("cluster".to_owned(), "lab-cp".to_owned())]),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    cloud.retarget_ip(&fip.id, ServerId(CP[0])).await.unwrap();
+    Bed { cp, sim, cloud, fip }
+}
+
+/// Starts `baton controller` as a process talking to API server `apiserver`.
+fn controller(bed: &Bed, apiserver: usize, identity: &str, log: &Path) -> Child {
+    let kubeconfig = bed.cp.write_kubeconfig(apiserver, ADMIN_TOKEN).unwrap();
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("controller")
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--identity", identity, "--admin-listen", "off"])
+        .env("CHERRY_API_KEY", "sim-token")
+        .env("CHERRY_PROJECT_ID", "123456")
+        .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+        .env("CHERRY_BASE_URL", bed.sim.base_url().as_str())
+        .env("BATON_API_RATE_LIMIT", "4")
+        .env("BATON_LOG", "info,baton=debug")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
+    let client = baton_testbed::http_client(Some(ca)).unwrap();
+    matches!(
+        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
+        Ok(r) if r.status().is_success()
+    )
+}
+
+async fn holder(bed: &Bed) -> Option<u64> {
+    bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
+}
+
+async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn mirror_has_ingress(client: &kube::Client) -> bool {
+    Api::<Service>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-kubernetes-external")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status?.load_balancer?.ingress)
+        .is_some_and(|i| !i.is_empty())
+}
+
+#[test]
+fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let logs = tempfile::tempdir().unwrap();
+        let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
+        let client = bed.cp.client(1).unwrap();
+        let ca = bed.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(bed.fip.address, 6443);
+
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&client)
+        })
+        .await;
+        assert!(readyz(&ca, fip).await, "the FIP answers through cp-0");
+        // Steady state: the healthy holder keeps the FIP (probes run for a few seconds).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            holder(&bed).await,
+            Some(CP[0]),
+            "no move while the holder is healthy"
+        );
+
+        let stopped = Instant::now();
+        bed.cp.kill_apiserver(0).await;
+        wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            readyz(&ca, fip)
+        })
+        .await;
+        let recovered = stopped.elapsed();
+        let now = holder(&bed).await;
+        assert!(
+            matches!(now, Some(id) if id == CP[1] || id == CP[2]),
+            "moved to a healthy server: {now:?}"
+        );
+        eprintln!("failover: FIP answered again {recovered:?} after the holder's API server was killed");
+
+        // Exactly one retarget call for the move (the simulator counts writes).
+        let puts = bed
+            .sim
+            .log(0)
+            .into_iter()
+            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
+            .count();
+        assert_eq!(puts, 2, "the test's own assignment + one move");
+
+        // An Event on the mirror Service says what happened.
+        wait_for("the FloatingIPMoved Event", Duration::from_secs(10), || {
+            let client = client.clone();
+            async move {
+                Api::<Event>::namespaced(client, "kube-system")
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("FloatingIPMoved"))
+            }
+        })
+        .await;
+        drop(logs);
+    });
+}
+
+#[test]
+fn a_short_hiccup_of_the_holder_does_not_move_the_fip() {
+    lab::run(|| async {
+        let bed = bed(0).await;
+        let logs = tempfile::tempdir().unwrap();
+        let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
+        let client = bed.cp.client(1).unwrap();
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&client)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        // Freeze the holder's API server for 300 ms (about one probe: fewer failures than the
+        // fall threshold of 3), five times over, then watch for 3 s: the FIP never moves.
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(bed.cp.apiserver_pid(0).unwrap()).unwrap());
+        for _ in 0..5 {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(holder(&bed).await, Some(CP[0]), "a hiccup is not a failure");
+        let puts = bed.sim.log(0).into_iter().filter(|e| e.method == "PUT").count();
+        assert_eq!(puts, 1, "only the test's own assignment");
+        drop(logs);
+    });
+}
+
+async fn lease_holder(client: &kube::Client) -> Option<String> {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-controller")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+fn ip_writes(sim: &SimHandle) -> usize {
+    sim.log(0)
+        .into_iter()
+        .filter(|e| matches!(e.method.as_str(), "PUT" | "POST" | "DELETE") && e.path.starts_with("/v1/ips/"))
+        .count()
+}
+
+#[test]
+fn losing_the_holder_and_the_leader_together_still_moves_the_fip_exactly_once() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let logs = tempfile::tempdir().unwrap();
+        // Replica A talks to the holder's own API server (the worst case), replica B to cp-1's.
+        let mut a = controller(&bed, 0, "replica-a", &logs.path().join("a.log"));
+        let observer = bed.cp.client(2).unwrap();
+        wait_for("replica-a to lead", Duration::from_secs(30), || {
+            let c = observer.clone();
+            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
+        })
+        .await;
+        let _b = controller(&bed, 1, "replica-b", &logs.path().join("b.log"));
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&observer)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            ip_writes(&bed.sim),
+            1,
+            "before the failure: only the test's own assignment"
+        );
+
+        // The holder's API server and the leader replica die at the same moment.
+        let ca = bed.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(bed.fip.address, 6443);
+        bed.cp.kill_apiserver(0).await;
+        a.kill().await.unwrap();
+        wait_for("the FIP to answer again", Duration::from_secs(30), || {
+            readyz(&ca, fip)
+        })
+        .await;
+        assert_eq!(lease_holder(&observer).await.as_deref(), Some("replica-b"));
+        let now = holder(&bed).await;
+        assert!(matches!(now, Some(id) if id == CP[1] || id == CP[2]), "{now:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(ip_writes(&bed.sim), 2, "exactly one move: one writer");
+    });
+}
+
+#[test]
+fn cordoning_the_holder_moves_the_fip_away() {
+    lab::run(|| async {
+        let bed = bed(0).await;
+        let client = bed.cp.client(1).unwrap();
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        for (i, id) in CP.iter().enumerate() {
+            let node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("cp-{i}"), "labels": {"node-role.kubernetes.io/control-plane": ""}},
+                "spec": {"providerID": format!("cherryservers://{id}")}
+            }))
+            .unwrap();
+            nodes
+                .create(&kube::api::PostParams::default(), &node)
+                .await
+                .unwrap();
+        }
+        let logs = tempfile::tempdir().unwrap();
+        let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&client)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(holder(&bed).await, Some(CP[0]));
+
+        let patch = serde_json::json!({"spec": {"unschedulable": true}});
+        nodes
+            .patch(
+                "cp-0",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        wait_for(
+            "the FIP to leave the cordoned node",
+            Duration::from_secs(15),
+            || async { holder(&bed).await != Some(CP[0]) },
+        )
+        .await;
+        assert!(readyz(bed.cp.ca_der(), SocketAddr::new(bed.fip.address, 6443)).await);
+    });
+}
