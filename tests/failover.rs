@@ -28,7 +28,11 @@ struct Bed {
 }
 
 async fn bed(latency_ms: u64) -> Bed {
-    let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
+    bed_with(latency_ms, Options::servers(3)).await
+}
+
+async fn bed_with(latency_ms: u64, opts: Options) -> Bed {
+    let cp = ControlPlane::start(opts).await.unwrap();
     let sim = Sim::builder()
         .topology(Topology::default())
         .faults(Faults {
@@ -56,7 +60,11 @@ async fn bed(latency_ms: u64) -> Bed {
 
 /// Starts `baton controller` as a process talking to API server `apiserver`.
 fn controller(bed: &Bed, apiserver: usize, identity: &str, log: &Path) -> Child {
-    let kubeconfig = bed.cp.write_kubeconfig(apiserver, ADMIN_TOKEN).unwrap();
+    controller_as(bed, apiserver, identity, log, ADMIN_TOKEN)
+}
+
+fn controller_as(bed: &Bed, apiserver: usize, identity: &str, log: &Path, token: &str) -> Child {
+    let kubeconfig = bed.cp.write_kubeconfig(apiserver, token).unwrap();
     let log = std::fs::File::create(log).unwrap();
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .arg("controller")
@@ -303,5 +311,72 @@ fn cordoning_the_holder_moves_the_fip_away() {
         )
         .await;
         assert!(readyz(bed.cp.ca_der(), SocketAddr::new(bed.fip.address, 6443)).await);
+    });
+}
+
+const SA_TOKEN: &str = "baton-sa-token";
+
+/// Applies every document of `manifests/rbac.yaml` by server-side apply.
+async fn apply_rbac(client: &kube::Client) {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml")).unwrap();
+    for doc in text.split("\n---\n") {
+        let value: serde_json::Value = serde_yaml_ng::from_str(doc).unwrap();
+        let obj: DynamicObject = serde_json::from_value(value).unwrap();
+        let tm = obj.types.clone().unwrap();
+        let (group, version) = tm.api_version.rsplit_once('/').unwrap_or(("", &tm.api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &tm.kind));
+        let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        let name = obj.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &kube::api::PatchParams::apply("test").force(),
+            &kube::api::Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
+    }
+}
+
+#[test]
+fn the_shipped_rbac_is_enough_for_a_failover() {
+    lab::run(|| async {
+        let opts = Options {
+            users: vec![baton_testbed::TokenUser {
+                token: SA_TOKEN.into(),
+                name: "system:serviceaccount:kube-system:baton".into(),
+                groups: vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:kube-system".into(),
+                ],
+            }],
+            ..Options::servers(3)
+        };
+        let mut bed = bed_with(0, opts).await;
+        apply_rbac(&bed.cp.client(1).unwrap()).await;
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("a.log");
+        let _c = controller_as(&bed, 1, "replica-a", &log, SA_TOKEN);
+        let client = bed.cp.client(1).unwrap();
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&client)
+        })
+        .await;
+        bed.cp.kill_apiserver(0).await;
+        let ca = bed.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(bed.fip.address, 6443);
+        wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            readyz(&ca, fip)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            !text.contains("forbidden") && !text.contains("403"),
+            "the controller hit RBAC denials:\n{text}"
+        );
     });
 }

@@ -78,6 +78,8 @@ struct EndpointState {
     /// Inputs of the last successful status/endpoints write.
     last_applied: Option<(MirrorSpec, BTreeSet<SocketAddr>)>,
     last_applied_at: Option<Instant>,
+    /// After a failed write, when to try again (no hammering of a refusing API server).
+    retry_at: Option<Instant>,
 }
 
 /// Runs until `shutdown`.
@@ -265,13 +267,16 @@ impl Step<'_> {
             || state
                 .last_applied_at
                 .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
-        if outdated && ctx.leader.is_leader() {
+        let backing_off = state.retry_at.is_some_and(|t| Instant::now() < t);
+        if outdated && !backing_off && ctx.leader.is_leader() {
             match mirror::reconcile(&ctx.client, &ep.service).await {
                 Ok(()) => {
                     state.last_applied = Some(inputs);
                     state.last_applied_at = Some(Instant::now());
+                    state.retry_at = None;
                 }
                 Err(error) => {
+                    state.retry_at = Some(Instant::now() + Duration::from_secs(5));
                     tracing::warn!(%error, service = %ep.service.name, "updating the endpoint Service failed");
                 }
             }
