@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod kube_failover;
 pub mod signal;
 pub mod telemetry;
 

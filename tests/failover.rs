@@ -64,10 +64,22 @@ fn controller(bed: &Bed, apiserver: usize, identity: &str, log: &Path) -> Child 
 }
 
 fn controller_as(bed: &Bed, apiserver: usize, identity: &str, log: &Path, token: &str) -> Child {
+    controller_with(bed, apiserver, identity, log, token, &[])
+}
+
+fn controller_with(
+    bed: &Bed,
+    apiserver: usize,
+    identity: &str,
+    log: &Path,
+    token: &str,
+    extra: &[String],
+) -> Child {
     let kubeconfig = bed.cp.write_kubeconfig(apiserver, token).unwrap();
     let log = std::fs::File::create(log).unwrap();
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .arg("controller")
+        .args(extra)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(["--identity", identity, "--admin-listen", "off"])
         .env("CHERRY_API_KEY", "sim-token")
@@ -378,5 +390,52 @@ fn the_shipped_rbac_is_enough_for_a_failover() {
             !text.contains("forbidden") && !text.contains("403"),
             "the controller hit RBAC denials:\n{text}"
         );
+    });
+}
+
+#[test]
+fn a_controller_whose_api_server_is_the_holder_fails_over_on_the_client_side() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let logs = tempfile::tempdir().unwrap();
+        // The worst placement: the only replica talks to the FIP holder's own API server first.
+        let urls: Vec<String> = (0..3).map(|i| bed.cp.url(i)).collect();
+        let extra = vec!["--api-servers".to_owned(), urls.join(",")];
+        let _c = controller_with(
+            &bed,
+            0,
+            "replica-a",
+            &logs.path().join("a.log"),
+            ADMIN_TOKEN,
+            &extra,
+        );
+        let observer = bed.cp.client(2).unwrap();
+        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            mirror_has_ingress(&observer)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        let ca = bed.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(bed.fip.address, 6443);
+        let stopped = Instant::now();
+        bed.cp.kill_apiserver(0).await;
+        wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            readyz(&ca, fip)
+        })
+        .await;
+        // Well inside the lease duration: the replica never lost leadership.
+        assert!(
+            stopped.elapsed() < Duration::from_secs(4),
+            "took {:?}",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            lease_holder(&observer).await.as_deref(),
+            Some("replica-a"),
+            "kept the lease through cp-1/cp-2"
+        );
+        assert_eq!(ip_writes(&bed.sim), 2);
     });
 }

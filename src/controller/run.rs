@@ -30,6 +30,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// Every control-plane API server (`https://IP:6443`, comma-separated): requests fail over
+    /// between them on the client side. Credentials and CA come from the kubeconfig / in-cluster
+    /// configuration; its own server is used when this is empty.
+    #[arg(long, env = "BATON_API_SERVERS", value_delimiter = ',', value_name = "URL")]
+    pub api_servers: Vec<String>,
+
     /// This replica's identity in the leader Lease (the pod name).
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
     pub identity: Option<String>,
@@ -166,7 +172,12 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     };
     let kube_cfg = kube_config(&args).await?;
     let ca_der = cluster_ca(&args, &kube_cfg)?;
-    let client = kube::Client::try_from(kube_cfg).map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
+    let client = if args.api_servers.is_empty() {
+        kube::Client::try_from(kube_cfg).map_err(|e| ControllerError::KubeConfig(e.to_string()))?
+    } else {
+        crate::kube_failover::client(&kube_cfg, &args.api_servers)
+            .map_err(|e| ControllerError::KubeConfig(e.to_string()))?
+    };
     let cherry = CherryClient::new(cloud_config)?;
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
