@@ -355,7 +355,11 @@ impl Config {
         Self::resolve_values(args, env, Some(&merged))
     }
 
-    fn resolve_values(args: &ConfigArgs, env: &dyn Env, file: Option<&FileValues>) -> Result<Self, ConfigError> {
+    fn resolve_values(
+        args: &ConfigArgs,
+        env: &dyn Env,
+        file: Option<&FileValues>,
+    ) -> Result<Self, ConfigError> {
         let raw = RawValues::collect(args, env, file);
         let mut errors = raw.type_errors.clone();
         let cfg = Self::parse(&raw, &mut errors);

@@ -499,12 +499,18 @@ impl Validator<'_> {
         if let Some(d) = &base_domain
             && !is_dns1123_subdomain(d.trim_end_matches('.'))
         {
-            self.err("cluster.baseDomain", format!("{d:?} is not a lowercase domain name"));
+            self.err(
+                "cluster.baseDomain",
+                format!("{d:?} is not a lowercase domain name"),
+            );
         }
         if let Some(i) = &infra_id
             && (i.is_empty() || i.len() > 128 || i.chars().any(|c| c.is_control() || c == '='))
         {
-            self.err("cluster.infraId", "must be 1-128 printable characters without '='");
+            self.err(
+                "cluster.infraId",
+                "must be 1-128 printable characters without '='",
+            );
         }
         Some(Cluster {
             name: name?,
@@ -592,15 +598,13 @@ impl Validator<'_> {
                 }
             }
             "rfc2136" => {
-                let server = self
-                    .required("dns.server", raw.server)
-                    .and_then(|s| match parse_socket(&s, 53) {
-                        Some(a) => Some(a),
-                        None => {
-                            self.err("dns.server", format!("{s:?} is not an address or address:port"));
-                            None
-                        }
-                    });
+                let server = self.required("dns.server", raw.server).and_then(|s| {
+                    let parsed = parse_socket(&s, 53);
+                    if parsed.is_none() {
+                        self.err("dns.server", format!("{s:?} is not an address or address:port"));
+                    }
+                    parsed
+                });
                 let key = self
                     .required("dns.tsigKeyFile", raw.tsig_key_file)
                     .map(|p| self.path(p))
@@ -618,7 +622,10 @@ impl Validator<'_> {
             }
             "none" => Some(DnsMode::None),
             other => {
-                self.err("dns.mode", format!("{other:?}: expected embedded, rfc2136 or none"));
+                self.err(
+                    "dns.mode",
+                    format!("{other:?}: expected embedded, rfc2136 or none"),
+                );
                 None
             }
         };
@@ -667,10 +674,7 @@ impl Validator<'_> {
                 "public" => Some(Publish::Public),
                 "private" => {
                     if private.is_none() {
-                        self.err(
-                            f("publish"),
-                            "\"private\" needs bootstrapHost.privateAddress",
-                        );
+                        self.err(f("publish"), "\"private\" needs bootstrapHost.privateAddress");
                     }
                     Some(Publish::Private)
                 }
@@ -697,7 +701,8 @@ impl Validator<'_> {
     fn fip(&mut self, field: &str, raw: Option<RawFip>) -> Option<FipSource> {
         let raw = self.required(field, raw)?;
         let reserve = raw.reserve.unwrap_or(false);
-        let given = usize::from(raw.tag.is_some()) + usize::from(raw.address.is_some()) + usize::from(reserve);
+        let given =
+            usize::from(raw.tag.is_some()) + usize::from(raw.address.is_some()) + usize::from(reserve);
         if given != 1 {
             self.err(field, "give exactly one of tag, address or reserve: true");
             return None;
@@ -712,7 +717,9 @@ impl Validator<'_> {
             };
         }
         if let Some(a) = raw.address {
-            return self.address(&format!("{field}.address"), &a).map(FipSource::Address);
+            return self
+                .address(&format!("{field}.address"), &a)
+                .map(FipSource::Address);
         }
         Some(FipSource::Reserve)
     }
@@ -724,12 +731,18 @@ impl Validator<'_> {
         if let Some(n) = &namespace
             && !is_dns1123_label(n)
         {
-            self.err(format!("{field}.namespace"), format!("{n:?} is not a valid namespace name"));
+            self.err(
+                format!("{field}.namespace"),
+                format!("{n:?} is not a valid namespace name"),
+            );
         }
         if let Some(n) = &name
             && (!is_dns1123_label(n) || n.starts_with(|c: char| c.is_ascii_digit()))
         {
-            self.err(format!("{field}.name"), format!("{n:?} is not a valid Service name"));
+            self.err(
+                format!("{field}.name"),
+                format!("{n:?} is not a valid Service name"),
+            );
         }
         let raw_ports = raw.ports.unwrap_or_else(|| {
             vec![RawPort {
@@ -813,9 +826,11 @@ impl Validator<'_> {
 /// `ip`, `ip:port` or `[v6]:port`.
 fn parse_socket(s: &str, default_port: u16) -> Option<SocketAddr> {
     let s = s.trim();
-    s.parse::<SocketAddr>()
-        .ok()
-        .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, default_port)))
+    s.parse::<SocketAddr>().ok().or_else(|| {
+        s.parse::<IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, default_port))
+    })
 }
 
 /// The certificates of a PEM file, as DER.

@@ -315,7 +315,10 @@ mod tests {
     fn steps_are_ordered_and_named() {
         assert!(Step::ReserveFips < Step::Complete);
         assert_eq!(Step::Handoff.number(), 4);
-        assert_eq!(serde_json::to_string(&Step::WaitForApi).unwrap(), "\"wait-for-api\"");
+        assert_eq!(
+            serde_json::to_string(&Step::WaitForApi).unwrap(),
+            "\"wait-for-api\""
+        );
         for s in Step::ALL {
             assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{}\"", s.as_str()));
         }

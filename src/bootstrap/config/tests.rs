@@ -116,7 +116,11 @@ fn errors_of(d: &Dir, yaml: &str) -> Vec<String> {
     "publicAddress: 198.51.100.300",
     "bootstrapHost.publicAddress: \"198.51.100.300\" is not an IP address"
 )]
-#[case::bad_fip_address("fip: {tag: cluster=c1-api}", "fip: {address: 203.0.113}", "endpoints[0].fip.address")]
+#[case::bad_fip_address(
+    "fip: {tag: cluster=c1-api}",
+    "fip: {address: 203.0.113}",
+    "endpoints[0].fip.address"
+)]
 #[case::two_fip_sources(
     "fip: {tag: cluster=c1-api}",
     "fip: {tag: a=b, reserve: true}",
@@ -126,16 +130,27 @@ fn errors_of(d: &Dir, yaml: &str) -> Vec<String> {
 #[case::bad_listen("'192.0.2.10:5353'", "'192.0.2.10:99999'", "dns.listen[1]")]
 #[case::bad_ttl("ttl: 5", "ttl: 0", "dns.ttl")]
 #[case::bad_timeout("bootstrapApi: 10m", "bootstrapApi: soon", "timeouts.bootstrapApi")]
-#[case::bad_port("targetPort: 6443", "targetPort: 70000", "endpoints[1].service.ports[0].targetPort")]
+#[case::bad_port(
+    "targetPort: 6443",
+    "targetPort: 70000",
+    "endpoints[1].service.ports[0].targetPort"
+)]
 #[case::missing_ca("clusterCA: ca.crt", "clusterCA: nope.crt", "kubernetes.clusterCA")]
 #[case::unknown_key("stateFile: state.json", "statefile: state.json", "unknown field `statefile`")]
-#[case::bad_manifest("manifests: [extra.yaml]", "manifests: [missing.yaml]", "handoff.manifests[0]")]
+#[case::bad_manifest(
+    "manifests: [extra.yaml]",
+    "manifests: [missing.yaml]",
+    "handoff.manifests[0]"
+)]
 #[case::bad_service_name("name: api}", "name: API}", "endpoints[0].service.name")]
 fn a_bad_field_is_named(#[case] from: &str, #[case] to: &str, #[case] expect: &str) {
     let d = Dir::new();
     assert!(GOOD.contains(from), "{from}");
     let errors = errors_of(&d, &GOOD.replacen(from, to, 1));
-    assert!(errors.iter().any(|e| e.contains(expect)), "want {expect:?} in {errors:#?}");
+    assert!(
+        errors.iter().any(|e| e.contains(expect)),
+        "want {expect:?} in {errors:#?}"
+    );
 }
 
 #[test]
@@ -152,24 +167,41 @@ fn every_problem_is_reported_at_once() {
         "endpoints: at least one endpoint",
         "dns.listen: required",
     ] {
-        assert!(errors.iter().any(|e| e.contains(want)), "want {want:?} in {errors:#?}");
+        assert!(
+            errors.iter().any(|e| e.contains(want)),
+            "want {want:?} in {errors:#?}"
+        );
     }
 }
 
 #[test]
 fn private_publish_needs_a_private_address_and_names_must_be_unique() {
     let d = Dir::new();
-    let yaml = GOOD
-        .replacen(", privateAddress: 192.0.2.10", "", 1)
-        .replacen("name: api-int\n    fip", "name: api\n    fip", 1);
+    let yaml = GOOD.replacen(", privateAddress: 192.0.2.10", "", 1).replacen(
+        "name: api-int\n    fip",
+        "name: api\n    fip",
+        1,
+    );
     let errors = errors_of(&d, &yaml);
-    assert!(errors.iter().any(|e| e.contains("endpoints[1].publish")), "{errors:#?}");
-    assert!(errors.iter().any(|e| e.contains("endpoints[1].name: endpoint \"api\" is listed twice")), "{errors:#?}");
+    assert!(
+        errors.iter().any(|e| e.contains("endpoints[1].publish")),
+        "{errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("endpoints[1].name: endpoint \"api\" is listed twice")),
+        "{errors:#?}"
+    );
 }
 
 #[test]
 fn manifests_need_kind_and_name() {
-    let err = parse_manifests(Path::new("m.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n").unwrap_err();
+    let err = parse_manifests(
+        Path::new("m.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n",
+    )
+    .unwrap_err();
     assert!(err.contains("metadata.name is required"), "{err}");
     let err = parse_manifests(Path::new("m.yaml"), "metadata: {name: x}\n").unwrap_err();
     assert!(err.contains("m.yaml"), "{err}");
