@@ -111,6 +111,25 @@ impl Scenario {
 }
 
 fn scenario(cp: &ControlPlane, sim: &SimHandle, infra: &str, namespace: &str, dns_port: u16) -> Scenario {
+    let dns = SocketAddr::new(lab::private_ip(10), dns_port);
+    scenario_with_dns(
+        cp,
+        sim,
+        infra,
+        namespace,
+        dns,
+        &format!(r#"{{mode: embedded, listen: ["{dns}"], ttl: 1}}"#),
+    )
+}
+
+fn scenario_with_dns(
+    cp: &ControlPlane,
+    sim: &SimHandle,
+    infra: &str,
+    namespace: &str,
+    dns: SocketAddr,
+    dns_yaml: &str,
+) -> Scenario {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
     std::fs::write(
@@ -122,9 +141,8 @@ fn scenario(cp: &ControlPlane, sim: &SimHandle, infra: &str, namespace: &str, dn
         ),
     )
     .unwrap();
-    let dns = SocketAddr::new(lab::private_ip(10), dns_port);
     let config = format!(
-        r#"# written by tests/bootstrap.rs
+        r"# written by tests/bootstrap.rs
 cluster: {{name: baton, baseDomain: test, infraId: {infra}}}
 bootstrapHost: {{publicAddress: {BOOTSTRAP}, privateAddress: 192.0.2.10}}
 cloud:
@@ -145,10 +163,10 @@ endpoints:
   - name: api-int
     fip: {{reserve: true}}
     service: {{namespace: {namespace}, name: api-int, ports: [{{name: https, port: 6443}}]}}
-dns: {{mode: embedded, listen: ["{dns}"], ttl: 1}}
+dns: {dns_yaml}
 timeouts: {{bootstrapApi: 60s, handoff: 60s, servicesReady: 120s}}
 handoff: {{manifests: [handoff.yaml]}}
-"#,
+",
         project = sim.project_id(),
         base = sim.base_url(),
         kubeconfig = kubeconfig.display(),
@@ -779,7 +797,169 @@ stateFile: state.json
                 "{what}: the API key leaked"
             );
         }
+        // --check-config accepts the good config (cloud reachable, region known, kubeconfig
+        // loads) without touching anything.
+        std::fs::write(dir.path().join("bootstrap.yaml"), &good).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["bootstrap", "--check-config", "--output", "plain", "--config"])
+            .arg(dir.path().join("bootstrap.yaml"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["result"], "valid");
         // The unreachable-API run reserved the FIP and recorded it; nothing else was reserved.
         assert_eq!(floating_ips(&sim).await.len(), 2);
+    });
+}
+
+/// A real BIND 9 (Debian `bind9`) on 127.0.0.1:`port` in the lab, primary for `baton.test`,
+/// accepting updates signed with the key in `<dir>/key.conf`. Killed on drop.
+struct Named {
+    child: std::process::Child,
+}
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_named(dir: &Path, port: u16) -> Named {
+    let key = std::process::Command::new("tsig-keygen")
+        .args(["-a", "hmac-sha256", "baton-bootstrap"])
+        .output()
+        .expect("tsig-keygen (Debian bind9-utils)");
+    std::fs::write(dir.join("key.conf"), &key.stdout).unwrap();
+    std::fs::write(
+        dir.join("baton.test.zone"),
+        "$TTL 1\n@ IN SOA ns1.baton.test. hostmaster.baton.test. 1 3600 600 86400 1\n\
+         @ IN NS ns1.baton.test.\nns1 IN A 127.0.0.1\n",
+    )
+    .unwrap();
+    let d = dir.display();
+    std::fs::write(
+        dir.join("named.conf"),
+        format!(
+            r#"options {{ directory "{d}"; pid-file "{d}/named.pid"; session-keyfile "{d}/session.key";
+  managed-keys-directory "{d}"; listen-on port {port} {{ 127.0.0.1; }}; listen-on-v6 {{ none; }};
+  recursion no; dnssec-validation no; notify no; }};
+controls {{ }};
+include "{d}/key.conf";
+zone "baton.test" {{ type primary; file "{d}/baton.test.zone"; allow-update {{ key "baton-bootstrap"; }}; }};
+"#
+        ),
+    )
+    .unwrap();
+    // named drops to the `bind` user when started as root.
+    std::process::Command::new("chown")
+        .args(["-R", "bind:bind"])
+        .arg(dir)
+        .status()
+        .unwrap();
+    let child = std::process::Command::new("/usr/sbin/named")
+        .args(["-g", "-4", "-n", "1", "-u", "bind", "-c"])
+        .arg(dir.join("named.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("named (Debian bind9)");
+    let named = Named { child };
+    let mut client = dns_client(SocketAddr::from(([127, 0, 0, 1], port)));
+    for _ in 0..100 {
+        if let Ok(r) = client
+            .query(
+                Name::from_ascii("baton.test.").unwrap(),
+                DNSClass::IN,
+                RecordType::SOA,
+            )
+            .await
+            && !r.answers.is_empty()
+        {
+            return named;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("named did not start serving baton.test on port {port}");
+}
+
+#[test]
+fn in_rfc2136_mode_the_same_changes_are_pushed_to_the_sites_dns_server() {
+    lab::run(|| async {
+        let _heavy = HEAVY.lock().await;
+        let infra = "rfc";
+        let cp = start_control_plane().await;
+        let sim = start_sim(infra).await;
+        let named_dir = tempfile::tempdir().unwrap();
+        let port = 5300;
+        let _named = start_named(named_dir.path(), port).await;
+        let server = SocketAddr::from(([127, 0, 0, 1], port));
+        let s = scenario_with_dns(
+            &cp,
+            &sim,
+            infra,
+            "rfc-api",
+            server,
+            &format!(
+                "{{mode: rfc2136, server: \"{server}\", tsigKeyFile: {}, ttl: 1}}",
+                named_dir.path().join("key.conf").display()
+            ),
+        );
+        let log = s.dir.path().join("baton.log");
+        let stop = CancellationToken::new();
+        let controller = tokio::spawn(route_like_the_controller(
+            cp.client(1).unwrap(),
+            cloud_client(&sim),
+            s.namespace.clone(),
+            cp.ca_der().to_vec(),
+            Arc::new(AtomicBool::new(false)),
+            stop.clone(),
+        ));
+        let watching = CancellationToken::new();
+        let watcher = {
+            let watching = watching.clone();
+            tokio::spawn(async move {
+                let mut client = dns_client(server);
+                let mut seen: Vec<BTreeSet<IpAddr>> = Vec::new();
+                while !watching.is_cancelled() {
+                    if let Some(a) = resolve(&mut client, "api.baton.test.").await
+                        && !a.is_empty()
+                        && seen.last() != Some(&a)
+                    {
+                        seen.push(a);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                seen
+            })
+        };
+        let (events, code) = run_to_end(baton_bootstrap(&s, &log), Duration::from_secs(240)).await;
+        watching.cancel();
+        let seen = watcher.await.unwrap();
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(code, Some(0), "events:\n{events:#?}\nstderr:\n{stderr}");
+        eprintln!("BIND answered for api.baton.test, in order: {seen:?}");
+        let (b, f) = (ip(BOOTSTRAP), ip(API_FIP));
+        assert!(seen.contains(&BTreeSet::from([b, f])), "{seen:?}");
+        assert_eq!(seen.last(), Some(&BTreeSet::from([f])), "{seen:?}");
+        // The site's server keeps the final records after baton exits.
+        let mut client = dns_client(server);
+        assert_eq!(
+            resolve(&mut client, "api.baton.test.").await,
+            Some(BTreeSet::from([f]))
+        );
+        let summary = events.last().unwrap();
+        assert_eq!(summary["dns"]["mode"], "rfc2136");
+        stop.cancel();
+        controller.await.unwrap();
     });
 }

@@ -21,7 +21,7 @@ use baton_dns::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, info, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use super::config::{Dns, DnsMode};
 use super::health::{HealthMap, is_up};
@@ -83,7 +83,7 @@ pub fn spawn_sync(
                 if sync_once(&store, &names, d, &h) {
                     let snap = store.snapshot();
                     for (name, recs) in snap.names() {
-                        info!(%name, served = ?recs.served(), generation = snap.generation, "DNS records changed");
+                        debug!(%name, served = ?recs.served(), generation = snap.generation, "DNS records changed");
                     }
                 }
                 tokio::select! {

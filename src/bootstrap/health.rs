@@ -20,7 +20,7 @@ use baton_core::health::{Health, HealthTracker, Thresholds};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info, info_span};
+use tracing::{Instrument as _, debug, info_span};
 
 /// The health of every probed address.
 pub type HealthMap = BTreeMap<IpAddr, Health>;
@@ -153,7 +153,7 @@ impl Probe {
                 debug!(%reason, "probe failed");
             }
             if let Some(health) = self.tracker.observe(result.is_ok()) {
-                info!(address = %self.ip, ?health, "API server health changed");
+                debug!(address = %self.ip, ?health, "API server health changed");
                 let ip = self.ip;
                 self.tx.send_modify(|m| {
                     m.insert(ip, health);

@@ -22,7 +22,7 @@ use kube::api::{DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams}
 use kube::discovery::Scope;
 use kube::{Api, ResourceExt as _};
 use serde::Serialize;
-use tracing::{debug, info};
+use tracing::debug;
 
 use super::BootstrapError;
 use super::config::{BootstrapConfig, Endpoint, FipSource, ManifestObject, reserve_tags};
@@ -291,7 +291,7 @@ pub async fn apply_services(
         api.patch(&ep.service.name, &pp(), &Patch::Apply(&svc))
             .await
             .map_err(kube_err(format!("applying Service {}", ep.service)))?;
-        info!(service = %ep.service, fip = %fip.address, "API Service applied");
+        debug!(service = %ep.service, fip = %fip.address, "API Service applied");
     }
     Ok(())
 }
