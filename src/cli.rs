@@ -18,7 +18,7 @@ pub struct Cli {
 #[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
 pub enum Command {
     /// Run on the bootstrap host: reserve/find FIPs, publish DNS, create the API Services, hand off.
-    Bootstrap(NotBuiltArgs),
+    Bootstrap(crate::bootstrap::BootstrapArgs),
     /// Run in the cluster: control-plane FIP failover, Service FIPs, BGP, node initialisation.
     Controller(crate::controller::run::ControllerArgs),
     /// Serve or push the DNS records of the API names.

@@ -331,7 +331,36 @@ impl Config {
             Some(path) => Some(read_file(path)?),
             None => None,
         };
-        let raw = RawValues::collect(args, env, file.as_ref());
+        Self::resolve_values(args, env, file.as_ref())
+    }
+
+    /// Like [`Config::resolve`], with one more source of `cloud-sa.json` keys: `object`, read
+    /// from the file `origin` (the bootstrap config's `cloud:` section). It ranks with the
+    /// config file: flag > env > `--cloud-config` file > `object` > default.
+    pub fn resolve_with_object(
+        args: &ConfigArgs,
+        env: &dyn Env,
+        origin: &Path,
+        object: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self, ConfigError> {
+        let mut merged = object_values(origin, object);
+        let file_path = args.cloud_config.clone().or_else(|| {
+            env.var("BATON_CLOUD_CONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+        if let Some(path) = &file_path {
+            merged.entries.extend(read_file(path)?.entries);
+        }
+        Self::resolve_values(args, env, Some(&merged))
+    }
+
+    fn resolve_values(
+        args: &ConfigArgs,
+        env: &dyn Env,
+        file: Option<&FileValues>,
+    ) -> Result<Self, ConfigError> {
+        let raw = RawValues::collect(args, env, file);
         let mut errors = raw.type_errors.clone();
         let cfg = Self::parse(&raw, &mut errors);
         if errors.is_empty() {
@@ -583,9 +612,8 @@ struct RawValues {
 }
 
 struct FileValues {
-    path: PathBuf,
-    /// Lower-cased key -> (key as written, value as text or an error).
-    entries: BTreeMap<String, (String, Result<String, String>)>,
+    /// Lower-cased key -> (file, key as written, value as text or an error).
+    entries: BTreeMap<String, (PathBuf, String, Result<String, String>)>,
 }
 
 impl RawValues {
@@ -596,10 +624,10 @@ impl RawValues {
         for s in SETTINGS {
             let mut from_file = None;
             if let Some(f) = file
-                && let Some((key, v)) = f.entries.get(&s.file_key.to_ascii_lowercase())
+                && let Some((path, key, v)) = f.entries.get(&s.file_key.to_ascii_lowercase())
             {
                 let source = Source::File {
-                    path: f.path.clone(),
+                    path: path.clone(),
                     key: key.clone(),
                 };
                 match v {
@@ -647,7 +675,7 @@ impl RawValues {
                 f.entries
                     .iter()
                     .filter(|(k, _)| !known.contains(k))
-                    .map(|(_, (key, _))| key.clone())
+                    .map(|(_, (_, key, _))| key.clone())
                     .collect()
             })
             .unwrap_or_default();
@@ -673,6 +701,10 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
             path: path.to_owned(),
         });
     };
+    Ok(object_values(path, map))
+}
+
+fn object_values(path: &Path, map: serde_json::Map<String, serde_json::Value>) -> FileValues {
     let entries = map
         .into_iter()
         .filter(|(_, v)| !v.is_null())
@@ -683,13 +715,10 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
                 serde_json::Value::Bool(b) => Ok(b.to_string()),
                 _ => Err("must be a string, number or boolean".to_owned()),
             };
-            (k.to_ascii_lowercase(), (k, text))
+            (k.to_ascii_lowercase(), (path.to_owned(), k, text))
         })
         .collect();
-    Ok(FileValues {
-        path: path.to_owned(),
-        entries,
-    })
+    FileValues { entries }
 }
 
 /// `baton config …`

@@ -5,13 +5,15 @@
 //!   main.rs ── Cli::parse ── run(cli) ─┬─ config   layered settings (flag > env > cloud-sa.json > default)
 //!                                      ├─ sim      baton-cloud: the Cherry Servers API simulator
 //!                                      ├─ dns      baton-dns: embedded server / RFC 2136 push
-//!                                      ├─ bootstrap, controller  (later issues)
+//!                                      ├─ bootstrap on the bootstrap host: FIPs, DNS, API Services, handoff
+//!                                      ├─ controller  (later issue)
 //!                                      └─ version
 //! ```
 //!
 //! Pure types and decision logic live in `baton-core`; the cloud client and simulator in
 //! `baton-cloud`; DNS in `baton-dns`. This crate wires them to the command line.
 
+pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod controller;
@@ -31,6 +33,8 @@ pub mod exit {
     pub const CONFIG: u8 = 2;
     /// The subcommand is not built yet.
     pub const NOT_BUILT: u8 = 3;
+    // `baton bootstrap` adds 4 (timeout), 5 (cloud), 6 (Kubernetes), 7 (DNS), 8 (interrupted):
+    // see `bootstrap::exit`.
 }
 
 /// Top-level errors of the binary.
@@ -46,6 +50,8 @@ pub enum Error {
     Usage(Box<dyn std::error::Error + Send + Sync + 'static>),
     #[error("{0}")]
     Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap::BootstrapError),
 }
 
 impl Error {
@@ -55,6 +61,7 @@ impl Error {
             Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
             Self::NotBuilt(_) => exit::NOT_BUILT,
             Self::Subcommand(_) => exit::FAILURE,
+            Self::Bootstrap(e) => e.exit_code(),
         }
     }
 }
@@ -74,7 +81,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Config(cmd) => cmd.run(&config::ProcessEnv),
-        Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
+        Command::Bootstrap(args) => Ok(bootstrap::run(args, &config::ProcessEnv).await?),
         Command::Controller(args) => controller::run::run(args).await.map_err(|e| {
             if e.is_config() {
                 Error::Usage(Box::new(e))

@@ -10,12 +10,13 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 
     /// Log filter, in `RUST_LOG` syntax (e.g. `info,baton=debug`). The default keeps
-    /// per-request logging of the libraries (hickory's per-query lines) off.
+    /// per-request logging of the libraries (hickory's per-query lines, kube-client's ERROR line
+    /// for every failed request, which its caller reports anyway) off.
     #[arg(
         long,
         global = true,
         env = "BATON_LOG",
-        default_value = "info,hickory_server=warn,hickory_proto=warn"
+        default_value = "info,hickory_server=warn,hickory_proto=warn,kube_client::client::builder=off"
     )]
     pub log: String,
 }

@@ -94,10 +94,10 @@ fn invalid_configuration_exits_2_naming_the_key() {
 }
 
 #[test]
-fn unbuilt_subcommands_refuse_to_run() {
+fn bootstrap_without_a_config_file_is_a_usage_error() {
     let out = baton().arg("bootstrap").output().unwrap();
-    assert_eq!(out.status.code(), Some(3), "baton bootstrap");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
 }
 
 #[test]
