@@ -74,6 +74,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Config(cmd) => cmd.run(&config::ProcessEnv),
         Command::Bootstrap(_) => Err(Error::NotBuilt("bootstrap")),
         Command::Controller(_) => Err(Error::NotBuilt("controller")),
+        Command::ControllerServices(args) => controller::standalone::run(args).await,
         Command::Dns(args) => baton_dns::cli::run(args).await.map_err(|e| match e {
             // Bad flags or key files are configuration errors (exit 2), like bad settings.
             baton_dns::DnsError::Config(_)
