@@ -183,7 +183,7 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                 &format!("run {run} converged (seed {seed})"),
                 || async {
                     let list = api.list(&Default::default()).await.ok()?;
-                    let names: BTreeSet<String> = list.items.iter().map(ResourceExt::name_any).collect();
+                    let names: BTreeSet<String> = list.items.iter().map(|s| s.name_any()).collect();
                     if names != live {
                         return None;
                     }

@@ -571,13 +571,14 @@ async fn initialise(
     ctx.ensure_leader(name, "initialising the Node")?;
     // Addresses first: once the taint is gone, the Node is taken as initialised.
     let status = json!({"status": {"addresses": addresses}});
-    timed(
+    let updated = timed(
         name,
         "setting the Node's addresses",
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)),
     )
     .await?;
-    let taints: Vec<Taint> = node
+    // The taints and resourceVersion of the Node as the status write left it.
+    let taints: Vec<Taint> = updated
         .spec
         .as_ref()
         .and_then(|s| s.taints.clone())
@@ -588,7 +589,7 @@ async fn initialise(
     let provider_id = ProviderId::from(server.id).to_string();
     // resourceVersion: the taint list is replaced whole, so only on the version it was read from.
     let patch = json!({
-        "metadata": {"labels": cloud_labels(&server), "resourceVersion": node.resource_version()},
+        "metadata": {"labels": cloud_labels(&server), "resourceVersion": updated.resource_version()},
         "spec": {"providerID": provider_id, "taints": taints},
     });
     timed(
