@@ -99,7 +99,7 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
         };
         let sim = common::sim(faults, Topology::default()).await;
         let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
-        let mut env = common::env_for(&sim, &[("CHERRY_REGION_NAME", "LT-Siauliai"), ("RUST_LOG", "warn")]);
+        let mut env = common::env_for(&sim, &[("CHERRY_REGION_NAME", "LT-Siauliai"), ("RUST_LOG", "info,baton=debug,kube=warn")]);
         env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
         env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
         let log = cp.dir().join("controller-services.log");
@@ -222,10 +222,18 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
             }
             for name in &doomed {
                 let tag = service_tag(&ns, name);
-                assert!(
-                    !by_service.contains_key(&tag),
-                    "run {run} (seed {seed}): deleted {name} kept a FIP"
-                );
+                if let Some(kept) = by_service.get(&tag) {
+                    let needle = format!("{ns}/{name}");
+                    let ids: Vec<String> = kept.iter().map(|f| f.id.to_string()).collect();
+                    let text = std::fs::read_to_string(&controller.log).unwrap_or_default();
+                    for line in text.lines().filter(|l| l.contains(&needle) || l.contains("starting") || ids.iter().any(|id| l.contains(id.as_str()))) {
+                        eprintln!("  {line}");
+                    }
+                    for e in sim.log(0).iter().filter(|e| ids.iter().any(|id| e.path.contains(id.as_str()))) {
+                        eprintln!("  sim: {e:?}");
+                    }
+                    panic!("run {run} (seed {seed}): deleted {name} kept FIPs {kept:?}");
+                }
             }
             assert_eq!(
                 fips.len(),
@@ -234,6 +242,20 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                 fips.len(),
                 all_live.len()
             );
+            // Deleting the survivors releases their FIPs too (and frees cluster IPs for the next run).
+            controller.start();
+            for name in &live {
+                api.delete(name, &DeleteParams::default()).await.unwrap();
+            }
+            eventually(Duration::from_secs(120), &format!("run {run}: all deleted"), || async {
+                let left = api.list(&Default::default()).await.ok()?.items.len();
+                (left == 0).then_some(())
+            })
+            .await;
+            controller.kill();
+            let left = service_fips(&sim).await;
+            assert!(left.is_empty(), "run {run} (seed {seed}): FIPs left after deleting all: {left:?}");
+            all_live.clear();
             let stats = sim.stats();
             eprintln!(
                 "run {run}: ok after {} controller starts; cloud writes {} ({} POST, {} DELETE), injected errors {}",

@@ -16,7 +16,10 @@
 //! Crash safety: the finalizer is in place before any FIP is reserved; a FIP is found again by
 //! its three tags (`usage`, `service`, `cluster`) whatever baton recorded, so a kill between the
 //! create and the record, or a lost record, neither leaks nor duplicates (the Kuryr seed's
-//! "rediscover, else recreate"). Only FIPs carrying all three tags, never targeted to a server and
+//! "rediscover, else recreate"). Kubernetes can delete a Service whose finalizer was added
+//! concurrently with the delete (kubernetes/kubernetes#77988, found by the crash test): a publish
+//! that finds the Service gone releases the FIP at once, and a sweep at start and every
+//! [`RESYNC`] releases FIPs of this cluster whose Service is gone ([`orphans`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
 //! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) are never touched.
 //!
@@ -28,13 +31,15 @@ mod plan;
 
 pub use plan::*;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_cloud::CloudError;
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
-use baton_cloud::tags::{matches_all, service_fip_tags};
+use baton_cloud::tags::{
+    CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
+};
 use baton_core::LoadBalancerMode;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
@@ -42,6 +47,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
 use rand::Rng as _;
@@ -240,10 +246,12 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
     }
     let svc_ctx = Arc::new(ServiceContext::new(ctx.clone()));
     let api = Api::<Service>::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::new(api, watcher::Config::default());
+    let store = controller.store();
+    let run = controller
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, svc_ctx)
+        .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => debug!(service = %obj, "reconciled"),
@@ -252,8 +260,84 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
                 }
                 Err(error) => warn!(%error, "Service controller"),
             }
+        });
+    let sweeper = async {
+        if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
+            return futures::future::pending().await;
+        }
+        loop {
+            if let Err(error) = sweep_orphans(&svc_ctx, &store).await {
+                warn!(%error, "sweeping orphaned Floating IPs failed");
+            }
+            tokio::time::sleep(RESYNC).await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = sweeper => {}
+    }
+}
+
+/// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
+/// [`orphans`]). Reads the cached FIP list first, then the Services.
+async fn sweep_orphans(ctx: &ServiceContext, store: &Store<Service>) -> Result<(), CloudError> {
+    let ips = ctx.base.cloud.ips().await?;
+    let cluster = &ctx.base.cluster_id;
+    let tagged: Vec<TaggedFip> = ips
+        .iter()
+        .filter(|ip| {
+            ip.ip_type == IpType::FloatingIp
+                && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
+                && ip.tags.get(CLUSTER_KEY) == Some(cluster)
         })
-        .await;
+        .filter_map(|ip| {
+            Some(TaggedFip {
+                id: ip.id.to_string(),
+                service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
+            })
+        })
+        .collect();
+    if tagged.is_empty() {
+        return Ok(());
+    }
+    let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
+    let owners: BTreeMap<String, bool> = store
+        .state()
+        .iter()
+        .map(|svc| {
+            let facts = facts_of(svc);
+            let may_own = matches!(
+                scope(&facts, mirror),
+                Scope::Managed | Scope::Ignored(Ignored::ControlPlaneEndpoint)
+            ) || facts.has_finalizer;
+            (service_tag(&facts.namespace, &facts.name), may_own)
+        })
+        .collect();
+    for id in orphans(&tagged, &owners) {
+        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
+            continue;
+        };
+        if ip.target().is_some() || is_control_plane_fip(ctx, ip) {
+            continue;
+        }
+        if !ctx.base.leader.is_leader() {
+            return Ok(());
+        }
+        match ctx.base.cloud.delete_ip(&ip.id).await {
+            Ok(()) => warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone"),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
+    ctx.base
+        .config
+        .fip_tag
+        .as_ref()
+        .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
 }
 
 /// Reconciles one Service. The finalizer helper is the top-level action for managed Services
@@ -262,6 +346,12 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
     let facts = facts_of(&svc);
+    debug!(
+        deleting = facts.deleting,
+        finalizer = facts.has_finalizer,
+        resource_version = svc.resource_version().unwrap_or_default(),
+        "reconcile"
+    );
     let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
     let result = match (scope(&facts, mirror), ctx.mode()) {
         (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => Ok(Action::await_change()),
@@ -397,13 +487,7 @@ fn owned(ip: &IpAddress) -> OwnedFip {
 /// Releases one FIP, after checking it is one baton may delete. Returns whether it was deleted.
 async fn release(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts, ip: &IpAddress) -> Result<bool, ServiceError> {
     let tags = tags_of(ctx, facts);
-    let control_plane = ctx
-        .base
-        .config
-        .fip_tag
-        .as_ref()
-        .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
-    if !is_ours(ip, &tags) || ip.target().is_some() || control_plane {
+    if !is_ours(ip, &tags) || ip.target().is_some() || is_control_plane_fip(ctx, ip) {
         warn!(fip = %ip.id, address = %ip.address, "not releasing a Floating IP that is routed to a server or is not baton's");
         ctx.base
             .event(
@@ -464,10 +548,10 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         }
     }
     match decide(requested, record.as_ref(), chosen) {
-        Decision::Publish(fip) => publish(ctx, &facts, mode, &fip).await?,
+        Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip).await?,
         Decision::Create => {
             let fip = create(ctx, svc, &facts).await?;
-            publish(ctx, &facts, mode, &fip).await?;
+            publish_or_release(ctx, svc, &facts, mode, &fip).await?;
         }
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
@@ -494,6 +578,49 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         }
     }
     Ok(Action::requeue(RESYNC))
+}
+
+/// Publishes the FIP; if the Service is gone (Kubernetes can delete it despite the finalizer,
+/// kubernetes/kubernetes#77988), releases the FIP at once instead of leaking it.
+async fn publish_or_release(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    mode: &LoadBalancerMode,
+    fip: &OwnedFip,
+) -> Result<(), ServiceError> {
+    match publish(ctx, facts, mode, fip).await {
+        Err(ServiceError::Kube {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 404 => {
+            warn!(fip = %fip.id, "the Service is gone (despite the finalizer); releasing its Floating IP");
+            let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
+                svc: facts.key(),
+                step: "listing Floating IPs",
+                source,
+            })?;
+            let ip = match ips.iter().find(|ip| ip.id.as_str() == fip.id) {
+                Some(ip) => Some(ip.clone()),
+                None => match ctx.base.cloud.ip(&IpId::from(fip.id.as_str())).await {
+                    Ok(ip) => Some(ip),
+                    Err(e) if e.is_not_found() => None,
+                    Err(source) => {
+                        return Err(ServiceError::Cloud {
+                            svc: facts.key(),
+                            step: "reading the Floating IP",
+                            source,
+                        });
+                    }
+                },
+            };
+            if let Some(ip) = ip {
+                release(ctx, svc, facts, &ip).await?;
+            }
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Reserves the Service's FIP (idempotent by its tags) in the chosen region.
@@ -694,6 +821,7 @@ async fn cleanup(svc: &Service, ctx: &ServiceContext) -> Result<usize, ServiceEr
                 .await;
         }
     }
+    debug!(found = found.len(), released, "cleanup done");
     Ok(released)
 }
 

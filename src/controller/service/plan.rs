@@ -422,3 +422,27 @@ pub fn record_removals(svc: &ServiceFacts, mode: Option<&LoadBalancerMode>) -> V
     }
     keys
 }
+
+/// A FIP baton made for a Service of this cluster (its `usage`, `cluster` and `service` tags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaggedFip {
+    /// The FIP's id.
+    pub id: String,
+    /// Its `service` tag (base64 of sha256 of `ns/name`).
+    pub service_tag: String,
+}
+
+/// The FIPs whose Service is gone (or no longer a managed LoadBalancer): `owners` maps the
+/// `service` tag of every Service baton knows to whether that Service still may own a FIP.
+///
+/// Kubernetes can delete an object whose finalizer was added concurrently with the delete request
+/// (kubernetes/kubernetes#77988), so a FIP can outlive its Service without a Cleanup ever running;
+/// this sweep releases it. Call it with the FIP list read *before* the Services were listed: a
+/// FIP is only created for a Service already seen, so a FIP on the list has its owner on the later
+/// list unless the owner is really gone.
+pub fn orphans(fips: &[TaggedFip], owners: &BTreeMap<String, bool>) -> Vec<String> {
+    fips.iter()
+        .filter(|f| !owners.get(&f.service_tag).copied().unwrap_or(false))
+        .map(|f| f.id.clone())
+        .collect()
+}

@@ -310,3 +310,17 @@ fn removals_keep_a_user_ip() {
     );
     assert!(record_removals(&lb("d", "s"), Some(&metallb())).is_empty());
 }
+
+#[test]
+fn orphans_are_fips_without_a_managing_service() {
+    let fip = |id: &str, tag: &str| TaggedFip {
+        id: id.into(),
+        service_tag: tag.into(),
+    };
+    let fips = [fip("a", "live"), fip("b", "gone"), fip("c", "cluster-ip"), fip("d", "live")];
+    let owners: BTreeMap<String, bool> = [("live".to_owned(), true), ("cluster-ip".to_owned(), false)]
+        .into_iter()
+        .collect();
+    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned(), "c".to_owned()]);
+    assert!(orphans(&[], &owners).is_empty());
+}
