@@ -2,6 +2,7 @@
 //! uninitialized get their provider ID, addresses, labels and lose the taint; a Node whose server
 //! is gone is deleted; a shut-down server's Node is tainted and reported.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
 mod common;
 
@@ -139,9 +140,12 @@ fn nodes_are_initialised_and_deleted_with_their_servers() {
             .await
             .unwrap();
         // Another provider's Node: untouched.
-        api.create(&pp, &node("elsewhere", Some("aws:///eu-west-1a/i-0abc"), false, &[]))
-            .await
-            .unwrap();
+        api.create(
+            &pp,
+            &node("elsewhere", Some("aws:///eu-west-1a/i-0abc"), false, &[]),
+        )
+        .await
+        .unwrap();
 
         let (stop, mut rx) = watch::channel(false);
         tokio::spawn(node::run_nodes(ctx, async move {
@@ -149,7 +153,10 @@ fn nodes_are_initialised_and_deleted_with_their_servers() {
         }));
 
         let cp0 = initialised(&api, "cp-0").await;
-        assert_eq!(cp0.spec.as_ref().unwrap().provider_id.as_deref(), Some("cherryservers://600101"));
+        assert_eq!(
+            cp0.spec.as_ref().unwrap().provider_id.as_deref(),
+            Some("cherryservers://600101")
+        );
         assert_eq!(
             addresses(&cp0),
             pairs(&[
@@ -162,10 +169,17 @@ fn nodes_are_initialised_and_deleted_with_their_servers() {
         assert_eq!(labels["node.kubernetes.io/instance-type"], "amd-ryzen-9950x");
         assert_eq!(labels["topology.kubernetes.io/region"], "LT-Siauliai");
         // Other taints stay (kube-controller-manager adds not-ready ones too).
-        assert!(taints(&cp0).contains(&"example.com/keep".to_owned()), "{:?}", taints(&cp0));
+        assert!(
+            taints(&cp0).contains(&"example.com/keep".to_owned()),
+            "{:?}",
+            taints(&cp0)
+        );
 
         let w0 = initialised(&api, "worker-0").await;
-        assert_eq!(w0.spec.as_ref().unwrap().provider_id.as_deref(), Some("cherryservers://600111"));
+        assert_eq!(
+            w0.spec.as_ref().unwrap().provider_id.as_deref(),
+            Some("cherryservers://600111")
+        );
         assert_eq!(
             addresses(&w0),
             pairs(&[
@@ -202,7 +216,11 @@ fn nodes_are_initialised_and_deleted_with_their_servers() {
                 )
             })
             .collect();
-        for want in [("ghost", "DeletingNode"), ("worker-1", "ServerShutdown"), ("cp-0", "NodeInitialized")] {
+        for want in [
+            ("ghost", "DeletingNode"),
+            ("worker-1", "ServerShutdown"),
+            ("cp-0", "NodeInitialized"),
+        ] {
             assert!(
                 reasons.iter().any(|(n, r)| n == want.0 && r == want.1),
                 "missing Event {want:?} in {reasons:?}"

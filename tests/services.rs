@@ -3,6 +3,7 @@
 //! opt-out, control-plane endpoints and other types untouched; a lost record is found again by
 //! tags; region errors surface as Events while other Services proceed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
 mod common;
 
@@ -10,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton::controller::Context;
-use baton::controller::service::{self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, METALLB_IPS_ANNOTATION};
+use baton::controller::service::{
+    self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, METALLB_IPS_ANNOTATION,
+};
 use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_fip_tags;
 use baton_testbed::{ControlPlane, Options, lab};
@@ -83,12 +86,19 @@ fn service_fip_lifecycle() {
         let mut byo = lb_service("apps", "byo", &[]);
         byo.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.200".into());
         api.create(&pp, &byo).await.unwrap();
-        api.create(&pp, &lb_service("apps", "byo-ann", &[(METALLB_IPS_ANNOTATION, "192.0.2.201")]))
-            .await
-            .unwrap();
         api.create(
             &pp,
-            &lb_service("apps", "opted-out", &[("cherryservers.com/loadbalancer-managed", "false")]),
+            &lb_service("apps", "byo-ann", &[(METALLB_IPS_ANNOTATION, "192.0.2.201")]),
+        )
+        .await
+        .unwrap();
+        api.create(
+            &pp,
+            &lb_service(
+                "apps",
+                "opted-out",
+                &[("cherryservers.com/loadbalancer-managed", "false")],
+            ),
         )
         .await
         .unwrap();
@@ -98,7 +108,8 @@ fn service_fip_lifecycle() {
         let mut cp_endpoint = lb_service("apps", "api", &[("baton.dev/control-plane-endpoint", "true")]);
         cp_endpoint.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.250".into());
         api.create(&pp, &cp_endpoint).await.unwrap();
-        let mut cp_endpoint_no_ip = lb_service("apps", "api-int", &[("baton.dev/control-plane-endpoint", "true")]);
+        let mut cp_endpoint_no_ip =
+            lb_service("apps", "api-int", &[("baton.dev/control-plane-endpoint", "true")]);
         cp_endpoint_no_ip.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 6443;
         api.create(&pp, &cp_endpoint_no_ip).await.unwrap();
 
@@ -125,8 +136,15 @@ fn service_fip_lifecycle() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         for name in ["byo", "byo-ann", "opted-out", "plain", "api", "api-int"] {
             let s = get(&api, name).await.unwrap();
-            assert!(s.finalizers().is_empty(), "{name} has finalizers {:?}", s.finalizers());
-            assert!(!s.annotations().contains_key(FIP_ID_ANNOTATION), "{name} was annotated");
+            assert!(
+                s.finalizers().is_empty(),
+                "{name} has finalizers {:?}",
+                s.finalizers()
+            );
+            assert!(
+                !s.annotations().contains_key(FIP_ID_ANNOTATION),
+                "{name} was annotated"
+            );
             assert!(ingress(&s).is_none(), "{name} got an ingress");
         }
         assert_eq!(service_fips(&sim).await.len(), 1, "no FIP for untouched Services");
@@ -163,7 +181,11 @@ fn service_fip_lifecycle() {
                 .filter(|s| s.annotations().get(FIP_ID_ANNOTATION) == Some(&fips[0].id.to_string()))
         })
         .await;
-        assert_eq!(sim.stats().route("POST /v1/projects/{id}/ips"), 1, "never created twice");
+        assert_eq!(
+            sim.stats().route("POST /v1/projects/{id}/ips"),
+            1,
+            "never created twice"
+        );
 
         // Switching to bring-your-own releases baton's FIP.
         api.create(&pp, &lb_service("apps", "switch", &[])).await.unwrap();
@@ -173,9 +195,11 @@ fn service_fip_lifecycle() {
         api.patch("switch", &PatchParams::default(), &Patch::Merge(&to_byo))
             .await
             .unwrap();
-        eventually(WAIT, "the FIP of a Service switched to its own IP released", || async {
-            (service_fips(&sim).await.len() == 1).then_some(())
-        })
+        eventually(
+            WAIT,
+            "the FIP of a Service switched to its own IP released",
+            || async { (service_fips(&sim).await.len() == 1).then_some(()) },
+        )
         .await;
         let switched = eventually(WAIT, "record dropped", || async {
             get(&api, "switch")
@@ -201,8 +225,14 @@ fn service_fip_lifecycle() {
 
         // Delete: the FIP is released before the Service goes.
         api.delete("web", &DeleteParams::default()).await.unwrap();
-        eventually(WAIT, "web gone", || async { get(&api, "web").await.is_none().then_some(()) }).await;
-        assert!(service_fips(&sim).await.is_empty(), "the FIP went with the Service");
+        eventually(WAIT, "web gone", || async {
+            get(&api, "web").await.is_none().then_some(())
+        })
+        .await;
+        assert!(
+            service_fips(&sim).await.is_empty(),
+            "the FIP went with the Service"
+        );
         assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 3);
         stop.send(true).unwrap();
     });
@@ -227,13 +257,18 @@ fn region_errors_are_events_and_others_proceed() {
         let api: Api<Service> = Api::namespaced(client.clone(), "apps");
         let pp = PostParams::default();
         let region = "cherryservers.com/fip-region";
-        api.create(&pp, &lb_service("apps", "no-region", &[])).await.unwrap();
+        api.create(&pp, &lb_service("apps", "no-region", &[]))
+            .await
+            .unwrap();
         api.create(&pp, &lb_service("apps", "atlantis", &[(region, "Atlantis")]))
             .await
             .unwrap();
-        api.create(&pp, &lb_service("apps", "bad-ip", &[(METALLB_IPS_ANNOTATION, "300.1.2.3")]))
-            .await
-            .unwrap();
+        api.create(
+            &pp,
+            &lb_service("apps", "bad-ip", &[(METALLB_IPS_ANNOTATION, "300.1.2.3")]),
+        )
+        .await
+        .unwrap();
         api.create(&pp, &lb_service("apps", "good", &[(region, "LT-Siauliai")]))
             .await
             .unwrap();
@@ -242,14 +277,24 @@ fn region_errors_are_events_and_others_proceed() {
         wait_ingress(&api, "good").await;
         let missing = wait_event(&client, "apps", "no-region", "NoRegion").await;
         assert_eq!(missing.type_.as_deref(), Some("Warning"));
-        assert!(missing.message.as_deref().unwrap().contains(region), "{missing:?}");
-        let unknown = wait_event(&client, "apps", "atlantis", "InvalidRegion").await;
+        assert!(
+            missing.message.as_deref().unwrap().contains(region),
+            "{missing:?}"
+        );
+        let unknown = wait_event(&client, "apps", "atlantis", "FloatingIPRejected").await;
         let text = unknown.message.unwrap();
         assert!(text.contains(region) && text.contains("Atlantis"), "{text}");
         let bad = wait_event(&client, "apps", "bad-ip", "InvalidAnnotation").await;
         let text = bad.message.unwrap();
-        assert!(text.contains(METALLB_IPS_ANNOTATION) && text.contains("300.1.2.3"), "{text}");
-        assert_eq!(service_fips(&sim).await.len(), 1, "only the good Service has a FIP");
+        assert!(
+            text.contains(METALLB_IPS_ANNOTATION) && text.contains("300.1.2.3"),
+            "{text}"
+        );
+        assert_eq!(
+            service_fips(&sim).await.len(),
+            1,
+            "only the good Service has a FIP"
+        );
         assert!(get(&api, "bad-ip").await.unwrap().finalizers().is_empty());
 
         // Fixing the annotation lets it proceed; deleting a Service that never got a FIP works.

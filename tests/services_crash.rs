@@ -5,6 +5,7 @@
 //!
 //! `CRASH_RUNS` (default 20) sets the number of runs, `CRASH_SEED` the dice (printed on failure).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
 mod common;
 
@@ -18,7 +19,7 @@ use baton_cloud::tags::service_tag;
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::{eventually, ingress, lb_service, namespace, service_fips};
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
@@ -99,7 +100,13 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
         };
         let sim = common::sim(faults, Topology::default()).await;
         let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
-        let mut env = common::env_for(&sim, &[("CHERRY_REGION_NAME", "LT-Siauliai"), ("RUST_LOG", "info,baton=debug,kube=warn")]);
+        let mut env = common::env_for(
+            &sim,
+            &[
+                ("CHERRY_REGION_NAME", "LT-Siauliai"),
+                ("RUST_LOG", "info,baton=debug,kube=warn"),
+            ],
+        );
         env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
         env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
         let log = cp.dir().join("controller-services.log");
@@ -182,8 +189,9 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                 Duration::from_secs(120),
                 &format!("run {run} converged (seed {seed})"),
                 || async {
-                    let list = api.list(&Default::default()).await.ok()?;
-                    let names: BTreeSet<String> = list.items.iter().map(|s| s.name_any()).collect();
+                    let list = api.list(&ListParams::default()).await.ok()?;
+                    let names: BTreeSet<String> =
+                        list.items.iter().map(kube::ResourceExt::name_any).collect();
                     if names != live {
                         return None;
                     }
@@ -215,10 +223,23 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
             for name in &live {
                 let tag = service_tag(&ns, name);
                 let mine = by_service.get(&tag).map(Vec::as_slice).unwrap_or_default();
-                assert_eq!(mine.len(), 1, "run {run} (seed {seed}): {name} has {} FIPs", mine.len());
+                assert_eq!(
+                    mine.len(),
+                    1,
+                    "run {run} (seed {seed}): {name} has {} FIPs",
+                    mine.len()
+                );
                 let (id, ip) = &shown[name];
-                assert_eq!(&mine[0].id.to_string(), id, "run {run}: {name} records another FIP");
-                assert_eq!(&mine[0].address.to_string(), ip, "run {run}: {name} shows another IP");
+                assert_eq!(
+                    &mine[0].id.to_string(),
+                    id,
+                    "run {run}: {name} records another FIP"
+                );
+                assert_eq!(
+                    &mine[0].address.to_string(),
+                    ip,
+                    "run {run}: {name} shows another IP"
+                );
             }
             for name in &doomed {
                 let tag = service_tag(&ns, name);
@@ -226,10 +247,18 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                     let needle = format!("{ns}/{name}");
                     let ids: Vec<String> = kept.iter().map(|f| f.id.to_string()).collect();
                     let text = std::fs::read_to_string(&controller.log).unwrap_or_default();
-                    for line in text.lines().filter(|l| l.contains(&needle) || l.contains("starting") || ids.iter().any(|id| l.contains(id.as_str()))) {
+                    for line in text.lines().filter(|l| {
+                        l.contains(&needle)
+                            || l.contains("starting")
+                            || ids.iter().any(|id| l.contains(id.as_str()))
+                    }) {
                         eprintln!("  {line}");
                     }
-                    for e in sim.log(0).iter().filter(|e| ids.iter().any(|id| e.path.contains(id.as_str()))) {
+                    for e in sim
+                        .log(0)
+                        .iter()
+                        .filter(|e| ids.iter().any(|id| e.path.contains(id.as_str())))
+                    {
                         eprintln!("  sim: {e:?}");
                     }
                     panic!("run {run} (seed {seed}): deleted {name} kept FIPs {kept:?}");
@@ -247,14 +276,21 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
             for name in &live {
                 api.delete(name, &DeleteParams::default()).await.unwrap();
             }
-            eventually(Duration::from_secs(120), &format!("run {run}: all deleted"), || async {
-                let left = api.list(&Default::default()).await.ok()?.items.len();
-                (left == 0).then_some(())
-            })
+            eventually(
+                Duration::from_secs(120),
+                &format!("run {run}: all deleted"),
+                || async {
+                    let left = api.list(&ListParams::default()).await.ok()?.items.len();
+                    (left == 0).then_some(())
+                },
+            )
             .await;
             controller.kill();
             let left = service_fips(&sim).await;
-            assert!(left.is_empty(), "run {run} (seed {seed}): FIPs left after deleting all: {left:?}");
+            assert!(
+                left.is_empty(),
+                "run {run} (seed {seed}): FIPs left after deleting all: {left:?}"
+            );
             all_live.clear();
             let stats = sim.stats();
             eprintln!(

@@ -145,10 +145,10 @@ impl ServerFacts {
     }
 }
 
-fn address(type_: &str, address: impl ToString) -> NodeAddress {
+fn address(type_: &str, address: String) -> NodeAddress {
     NodeAddress {
         type_: type_.to_owned(),
-        address: address.to_string(),
+        address,
     }
 }
 
@@ -160,9 +160,19 @@ pub fn cloud_addresses(node_name: &str, server: &ServerFacts) -> Vec<NodeAddress
     } else {
         &server.hostname
     };
-    std::iter::once(address("Hostname", hostname))
-        .chain(server.public.iter().map(|ip| address("ExternalIP", ip)))
-        .chain(server.private.iter().map(|ip| address("InternalIP", ip)))
+    std::iter::once(address("Hostname", hostname.to_owned()))
+        .chain(
+            server
+                .public
+                .iter()
+                .map(|ip| address("ExternalIP", ip.to_string())),
+        )
+        .chain(
+            server
+                .private
+                .iter()
+                .map(|ip| address("InternalIP", ip.to_string())),
+        )
         .collect()
 }
 
@@ -173,7 +183,9 @@ pub enum NodeIpError {
     #[error("annotation {PROVIDED_NODE_IP_ANNOTATION}={0:?} is not an IP address")]
     Invalid(String),
     /// The cloud does not know that address for this server.
-    #[error("--node-ip {ip} (annotation {PROVIDED_NODE_IP_ANNOTATION}) is none of the server's addresses {known:?}")]
+    #[error(
+        "--node-ip {ip} (annotation {PROVIDED_NODE_IP_ANNOTATION}) is none of the server's addresses {known:?}"
+    )]
     Unknown {
         /// The address kubelet was given.
         ip: String,
@@ -296,7 +308,7 @@ pub enum NodeError {
         node: String,
         step: &'static str,
         #[source]
-        source: CloudError,
+        source: Box<CloudError>,
     },
     /// A Kubernetes call failed.
     #[error("Node {node}: {step}: {source}")]
@@ -304,7 +316,7 @@ pub enum NodeError {
         node: String,
         step: &'static str,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// A Kubernetes write did not finish in time.
     #[error("Node {node}: {step} timed out")]
@@ -412,6 +424,7 @@ pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + S
 }
 
 /// Retries with exponential backoff (2 s … 5 min) per Node.
+#[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(node: Arc<Node>, error: &NodeError, ctx: Arc<NodeContext>) -> Action {
     let name = node.name_any();
     let attempt = {
@@ -476,7 +489,7 @@ async fn timed<T>(
         Ok(Err(source)) => Err(NodeError::Kube {
             node: node.to_owned(),
             step,
-            source,
+            source: Box::new(source),
         }),
         Err(_) => Err(NodeError::Timeout {
             node: node.to_owned(),
@@ -486,11 +499,17 @@ async fn timed<T>(
 }
 
 /// The server by id (`None` on 404), or by hostname in the project's servers.
-async fn find_server(ctx: &NodeContext, node: &str, server_ref: &ServerRef) -> Result<Option<Server>, NodeError> {
-    let cloud_err = |step| move |source| NodeError::Cloud {
-        node: node.to_owned(),
-        step,
-        source,
+async fn find_server(
+    ctx: &NodeContext,
+    node: &str,
+    server_ref: &ServerRef,
+) -> Result<Option<Server>, NodeError> {
+    let cloud_err = |step| {
+        move |source| NodeError::Cloud {
+            node: node.to_owned(),
+            step,
+            source: Box::new(source),
+        }
     };
     match server_ref {
         ServerRef::Id(id) => match ctx.base.cloud.server(ServerId(id.server_id())).await {
@@ -540,7 +559,13 @@ async fn initialise(
             what,
         };
         ctx.base
-            .event(node, EventType::Warning, "ServerNotFound", "InitializeNode", err.to_string())
+            .event(
+                node,
+                EventType::Warning,
+                "ServerNotFound",
+                "InitializeNode",
+                err.to_string(),
+            )
             .await;
         return Err(err);
     };
@@ -561,7 +586,13 @@ async fn initialise(
                     source,
                 };
                 ctx.base
-                    .event(node, EventType::Warning, "NodeIPNotFound", "InitializeNode", err.to_string())
+                    .event(
+                        node,
+                        EventType::Warning,
+                        "NodeIPNotFound",
+                        "InitializeNode",
+                        err.to_string(),
+                    )
                     .await;
                 return Err(err);
             }
@@ -616,20 +647,27 @@ async fn initialise(
     Ok(Action::requeue(RESYNC))
 }
 
-async fn check_lifecycle(node: &Node, ctx: &NodeContext, facts: &NodeFacts, id: ProviderId) -> Result<Action, NodeError> {
+async fn check_lifecycle(
+    node: &Node,
+    ctx: &NodeContext,
+    facts: &NodeFacts,
+    id: ProviderId,
+) -> Result<Action, NodeError> {
     let name = facts.name.as_str();
     // A Ready Node's server exists and runs: no cloud call, unless a shut-down taint may go.
     if facts.ready && !facts.shutdown_tainted() {
         return Ok(Action::requeue(RESYNC));
     }
-    let server = find_server(ctx, name, &ServerRef::Id(id)).await?.map(|s| ServerFacts::of(&s));
+    let server = find_server(ctx, name, &ServerRef::Id(id))
+        .await?
+        .map(|s| ServerFacts::of(&s));
     let api: Api<Node> = Api::all(ctx.base.client.clone());
     match lifecycle(facts, server.as_ref()) {
         Lifecycle::Keep => {}
         Lifecycle::Delete => {
-            let note = format!("server {} no longer exists; deleting the Node", id.server_id());
+            let message = format!("server {} no longer exists; deleting the Node", id.server_id());
             ctx.base
-                .event(node, EventType::Warning, "DeletingNode", "DeleteNode", note)
+                .event(node, EventType::Warning, "DeletingNode", "DeleteNode", message)
                 .await;
             ctx.ensure_leader(name, "deleting the Node")?;
             match api.delete(name, &DeleteParams::default()).await {
@@ -639,7 +677,7 @@ async fn check_lifecycle(node: &Node, ctx: &NodeContext, facts: &NodeFacts, id: 
                     return Err(NodeError::Kube {
                         node: name.to_owned(),
                         step: "deleting the Node",
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }
@@ -656,7 +694,11 @@ async fn check_lifecycle(node: &Node, ctx: &NodeContext, facts: &NodeFacts, id: 
                 )
                 .await;
             ctx.ensure_leader(name, "tainting the Node")?;
-            let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+            let mut taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
             taints.push(Taint {
                 key: SHUTDOWN_TAINT.to_owned(),
                 effect: "NoSchedule".to_owned(),
@@ -675,7 +717,10 @@ async fn check_lifecycle(node: &Node, ctx: &NodeContext, facts: &NodeFacts, id: 
                 .filter(|t| t.key != SHUTDOWN_TAINT)
                 .collect();
             set_taints(&api, node, name, &taints).await?;
-            info!(server = id.server_id(), "server runs again; shut-down taint removed");
+            info!(
+                server = id.server_id(),
+                "server runs again; shut-down taint removed"
+            );
         }
     }
     Ok(Action::requeue(if facts.ready {

@@ -64,6 +64,7 @@ pub const CONCURRENCY: u16 = 64;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
+const REJECTED_RETRY: Duration = Duration::from_secs(300);
 
 /// Errors of the Service FIP controller. Each names the Service and the failed step.
 #[derive(Debug, thiserror::Error)]
@@ -82,14 +83,14 @@ pub enum ServiceError {
         #[source]
         source: RegionError,
     },
-    /// The cloud refused the region (an unknown region answers 400).
-    #[error("Service {svc}: the cloud rejected region {region:?} from {from}: {source}")]
-    RegionRejected {
+    /// The cloud refused to reserve the FIP (400/422: an unknown region, or none left there).
+    #[error("Service {svc}: the cloud refused a Floating IP in region {region:?} (from {from}): {source}")]
+    CreateRejected {
         svc: String,
         region: String,
         from: RegionSource,
         #[source]
-        source: CloudError,
+        source: Box<CloudError>,
     },
     /// A cloud call failed.
     #[error("Service {svc}: {step}: {source}")]
@@ -97,7 +98,7 @@ pub enum ServiceError {
         svc: String,
         step: &'static str,
         #[source]
-        source: CloudError,
+        source: Box<CloudError>,
     },
     /// A Kubernetes call failed.
     #[error("Service {svc}: {step}: {source}")]
@@ -105,7 +106,7 @@ pub enum ServiceError {
         svc: String,
         step: &'static str,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// A Kubernetes write did not finish in time.
     #[error("Service {svc}: {step} timed out")]
@@ -115,7 +116,7 @@ pub enum ServiceError {
     NotLeader { svc: String, step: &'static str },
     /// The finalizer helper failed (adding/removing the finalizer, or Apply/Cleanup).
     #[error(transparent)]
-    Finalizer(#[from] Box<finalizer::Error<ServiceError>>),
+    Finalizer(#[from] Box<finalizer::Error<Self>>),
 }
 
 impl ServiceError {
@@ -124,7 +125,7 @@ impl ServiceError {
         match self {
             Self::InvalidField { .. } => "invalid_annotation",
             Self::Region { .. } => "no_region",
-            Self::RegionRejected { .. } => "region_rejected",
+            Self::CreateRejected { .. } => "create_rejected",
             Self::Cloud { source, .. } => source.category(),
             Self::Kube { .. } => "kube",
             Self::Timeout { .. } => "timeout",
@@ -139,7 +140,7 @@ impl ServiceError {
     /// Whether only a change of the Service (or the configuration) can fix it: no retry.
     pub fn is_invalid_spec(&self) -> bool {
         match self {
-            Self::InvalidField { .. } | Self::Region { .. } | Self::RegionRejected { .. } => true,
+            Self::InvalidField { .. } | Self::Region { .. } => true,
             Self::Finalizer(e) => match &**e {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.is_invalid_spec(),
                 _ => false,
@@ -151,6 +152,9 @@ impl ServiceError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Cloud { source, .. } => source.retry_after(),
+            // A typo in the region will not fix itself, but "no address left" may: try again
+            // now and then (one request per Service per interval).
+            Self::CreateRejected { .. } => Some(REJECTED_RETRY),
             Self::Finalizer(e) => match &**e {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.retry_after(),
                 _ => None,
@@ -324,7 +328,9 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Store<Service>) -> Result<(
             return Ok(());
         }
         match ctx.base.cloud.delete_ip(&ip.id).await {
-            Ok(()) => warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone"),
+            Ok(()) => {
+                warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone");
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
@@ -376,7 +382,10 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         }
         _ if facts.deleting && facts.has_finalizer => run_finalizer(&svc, &ctx).await,
         (Scope::Ignored(reason), _) if facts.has_finalizer => {
-            info!(?reason, "no longer a baton-managed LoadBalancer; releasing its Floating IP");
+            info!(
+                ?reason,
+                "no longer a baton-managed LoadBalancer; releasing its Floating IP"
+            );
             release_and_forget(&svc, &ctx, &facts).await
         }
         _ => Ok(Action::await_change()),
@@ -400,8 +409,10 @@ async fn run_finalizer(svc: &Arc<Service>, ctx: &Arc<ServiceContext>) -> Result<
     .map_err(|e| ServiceError::Finalizer(Box::new(e)))
 }
 
-/// Retries: spec errors wait for a change; a 429 waits its `Retry-After`; other failures back off
-/// exponentially (1 s … 5 min, jittered) per Service.
+/// Retries: spec errors wait for a change; a 429 waits its `Retry-After`; a refused create is
+/// tried again after 5 minutes; other failures back off exponentially (1 s … 5 min, jittered) per
+/// Service.
+#[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(svc: Arc<Service>, error: &ServiceError, ctx: Arc<ServiceContext>) -> Action {
     let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
     if error.is_invalid_spec() {
@@ -432,7 +443,13 @@ fn backoff(attempt: u32) -> Duration {
 
 async fn warn_event(ctx: &ServiceContext, svc: &Service, reason: &str, err: &ServiceError) {
     ctx.base
-        .event(svc, EventType::Warning, reason, "EnsureFloatingIP", err.to_string())
+        .event(
+            svc,
+            EventType::Warning,
+            reason,
+            "EnsureFloatingIP",
+            err.to_string(),
+        )
         .await;
 }
 
@@ -455,7 +472,11 @@ async fn find_ours(
     let tags = tags_of(ctx, facts);
     let cloud_err = |step| {
         let svc = facts.key();
-        move |source| ServiceError::Cloud { svc, step, source }
+        move |source| ServiceError::Cloud {
+            svc,
+            step,
+            source: Box::new(source),
+        }
     };
     let ips = ctx
         .base
@@ -485,7 +506,12 @@ fn owned(ip: &IpAddress) -> OwnedFip {
 }
 
 /// Releases one FIP, after checking it is one baton may delete. Returns whether it was deleted.
-async fn release(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts, ip: &IpAddress) -> Result<bool, ServiceError> {
+async fn release(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: &IpAddress,
+) -> Result<bool, ServiceError> {
     let tags = tags_of(ctx, facts);
     if !is_ours(ip, &tags) || ip.target().is_some() || is_control_plane_fip(ctx, ip) {
         warn!(fip = %ip.id, address = %ip.address, "not releasing a Floating IP that is routed to a server or is not baton's");
@@ -511,7 +537,7 @@ async fn release(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts, ip: 
             return Err(ServiceError::Cloud {
                 svc: facts.key(),
                 step: "releasing the Floating IP",
-                source,
+                source: Box::new(source),
             });
         }
     }
@@ -590,15 +616,13 @@ async fn publish_or_release(
     fip: &OwnedFip,
 ) -> Result<(), ServiceError> {
     match publish(ctx, facts, mode, fip).await {
-        Err(ServiceError::Kube {
-            source: kube::Error::Api(status),
-            ..
-        }) if status.code == 404 => {
+        Err(ServiceError::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 404) =>
+        {
             warn!(fip = %fip.id, "the Service is gone (despite the finalizer); releasing its Floating IP");
             let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
                 svc: facts.key(),
                 step: "listing Floating IPs",
-                source,
+                source: Box::new(source),
             })?;
             let ip = match ips.iter().find(|ip| ip.id.as_str() == fip.id) {
                 Some(ip) => Some(ip.clone()),
@@ -609,7 +633,7 @@ async fn publish_or_release(
                         return Err(ServiceError::Cloud {
                             svc: facts.key(),
                             step: "reading the Floating IP",
-                            source,
+                            source: Box::new(source),
                         });
                     }
                 },
@@ -667,21 +691,22 @@ async fn create(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts) -> Re
                 .await;
             Ok(owned(&ip))
         }
-        // The request carries only baton's tags and the region: a 400/422 is about the region.
+        // The request carries only baton's tags and the region: a 400/422 is about the region
+        // (unknown, or no address left in it); the API's message says which.
         Err(source) if matches!(source.status(), Some(400 | 422)) => {
-            let err = ServiceError::RegionRejected {
+            let err = ServiceError::CreateRejected {
                 svc: facts.key(),
                 region: choice.region,
                 from: choice.source,
-                source,
+                source: Box::new(source),
             };
-            warn_event(ctx, svc, "InvalidRegion", &err).await;
+            warn_event(ctx, svc, "FloatingIPRejected", &err).await;
             Err(err)
         }
         Err(source) => Err(ServiceError::Cloud {
             svc: facts.key(),
             step: "reserving a Floating IP",
-            source,
+            source: Box::new(source),
         }),
     }
 }
@@ -696,7 +721,7 @@ async fn timed<T>(
         Ok(Err(source)) => Err(ServiceError::Kube {
             svc: facts.key(),
             step,
-            source,
+            source: Box::new(source),
         }),
         Err(_) => Err(ServiceError::Timeout {
             svc: facts.key(),
@@ -748,7 +773,10 @@ async fn publish(
     Ok(())
 }
 
-fn annotation_nulls(facts: &ServiceFacts, mode: Option<&LoadBalancerMode>) -> serde_json::Map<String, serde_json::Value> {
+fn annotation_nulls(
+    facts: &ServiceFacts,
+    mode: Option<&LoadBalancerMode>,
+) -> serde_json::Map<String, serde_json::Value> {
     record_removals(facts, mode)
         .into_iter()
         .map(|k| (k, serde_json::Value::Null))

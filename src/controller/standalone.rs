@@ -40,9 +40,15 @@ pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
     let cloud = CherryClient::new(config.cloud_client_config()?).map_err(subcommand_error)?;
     let client = kube::Client::try_default().await.map_err(subcommand_error)?;
     let ctx = Arc::new(
-        Context::new(client, Arc::new(cloud), Arc::new(config), LeaderGate::always(), None)
-            .await
-            .map_err(subcommand_error)?,
+        Context::new(
+            client,
+            Arc::new(cloud),
+            Arc::new(config),
+            LeaderGate::always(),
+            None,
+        )
+        .await
+        .map_err(subcommand_error)?,
     );
     info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -49,9 +49,15 @@ pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Ar
     let config = Config::resolve(&ConfigArgs::default(), env).expect("config");
     let cloud = CherryClient::new(config.cloud_client_config().unwrap()).unwrap();
     Arc::new(
-        Context::new(client, Arc::new(cloud), Arc::new(config), LeaderGate::always(), None)
-            .await
-            .expect("context"),
+        Context::new(
+            client,
+            Arc::new(cloud),
+            Arc::new(config),
+            LeaderGate::always(),
+            None,
+        )
+        .await
+        .expect("context"),
     )
 }
 
@@ -141,7 +147,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -176,7 +176,9 @@ fn parse_ip_list(field: &str, value: &str) -> Result<Option<IpAddr>, InvalidFiel
     if ips.is_empty() {
         return Err(invalid("empty"));
     }
-    Ok(Some(ips.iter().find(|ip| ip.is_ipv4()).copied().unwrap_or(ips[0])))
+    Ok(Some(
+        ips.iter().find(|ip| ip.is_ipv4()).copied().unwrap_or(ips[0]),
+    ))
 }
 
 /// What baton recorded on the Service about its FIP.

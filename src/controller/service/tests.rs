@@ -84,7 +84,10 @@ fn empty() -> LoadBalancerMode {
     with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", "false")]),
     Scope::Managed
 )]
-#[case::mirror_without_annotation(lb("kube-system", "baton-kubernetes-external"), Scope::Ignored(Ignored::ControlPlaneEndpoint))]
+#[case::mirror_without_annotation(
+    lb("kube-system", "baton-kubernetes-external"),
+    Scope::Ignored(Ignored::ControlPlaneEndpoint)
+)]
 #[case::mirror_name_elsewhere(lb("default", "baton-kubernetes-external"), Scope::Managed)]
 fn scope_table(#[case] svc: ServiceFacts, #[case] want: Scope) {
     assert_eq!(scope(&svc, MIRROR), want);
@@ -177,13 +180,22 @@ fn record(id: &str, address: Option<&str>) -> Record {
 
 #[rstest]
 #[case::fresh(None, None, None, Decision::Create)]
-#[case::found(None, None, Some(fip("a", "203.0.113.1")), Decision::Publish(fip("a", "203.0.113.1")))]
+#[case::found(
+    None,
+    None,
+    Some(fip("a", "203.0.113.1")),
+    Decision::Publish(fip("a", "203.0.113.1"))
+)]
 #[case::found_and_shown(
-    Some("203.0.113.1"), Some(record("a", Some("203.0.113.1"))), Some(fip("a", "203.0.113.1")),
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    Some(fip("a", "203.0.113.1")),
     Decision::Publish(fip("a", "203.0.113.1"))
 )]
 #[case::record_lost_found_by_tags(
-    Some("203.0.113.1"), None, Some(fip("a", "203.0.113.1")),
+    Some("203.0.113.1"),
+    None,
+    Some(fip("a", "203.0.113.1")),
     Decision::Publish(fip("a", "203.0.113.1"))
 )]
 #[case::byo(Some("192.0.2.50"), None, None, Decision::ByoIp(ip("192.0.2.50")))]
@@ -191,10 +203,22 @@ fn record(id: &str, address: Option<&str>) -> Record {
     Some("192.0.2.50"), Some(record("a", Some("203.0.113.1"))), Some(fip("a", "203.0.113.1")),
     Decision::ReleaseForByoIp { requested: ip("192.0.2.50"), ours: fip("a", "203.0.113.1") }
 )]
-#[case::ours_vanished_recreate(Some("203.0.113.1"), Some(record("a", Some("203.0.113.1"))), None, Decision::Create)]
-#[case::ours_vanished_but_user_ip(Some("192.0.2.50"), Some(record("a", Some("203.0.113.1"))), None, Decision::ByoIp(ip("192.0.2.50")))]
+#[case::ours_vanished_recreate(
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    None,
+    Decision::Create
+)]
+#[case::ours_vanished_but_user_ip(
+    Some("192.0.2.50"),
+    Some(record("a", Some("203.0.113.1"))),
+    None,
+    Decision::ByoIp(ip("192.0.2.50"))
+)]
 #[case::replaced_fip_is_ours(
-    Some("203.0.113.1"), Some(record("a", Some("203.0.113.1"))), Some(fip("b", "203.0.113.2")),
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    Some(fip("b", "203.0.113.2")),
     Decision::Publish(fip("b", "203.0.113.2"))
 )]
 fn decide_table(
@@ -234,11 +258,17 @@ fn pick_table(
 #[test]
 fn record_reads_id_and_address() {
     assert_eq!(Record::read(&lb("d", "s")), None);
-    assert_eq!(Record::read(&with(lb("d", "s"), &[(FIP_ID_ANNOTATION, " ")])), None);
+    assert_eq!(
+        Record::read(&with(lb("d", "s"), &[(FIP_ID_ANNOTATION, " ")])),
+        None
+    );
     assert_eq!(
         Record::read(&with(
             lb("d", "s"),
-            &[(FIP_ID_ANNOTATION, "u-1"), (FIP_ADDRESS_ANNOTATION, "203.0.113.4")]
+            &[
+                (FIP_ID_ANNOTATION, "u-1"),
+                (FIP_ADDRESS_ANNOTATION, "203.0.113.4")
+            ]
         )),
         Some(record("u-1", Some("203.0.113.4")))
     );
@@ -317,7 +347,12 @@ fn orphans_are_fips_without_a_managing_service() {
         id: id.into(),
         service_tag: tag.into(),
     };
-    let fips = [fip("a", "live"), fip("b", "gone"), fip("c", "cluster-ip"), fip("d", "live")];
+    let fips = [
+        fip("a", "live"),
+        fip("b", "gone"),
+        fip("c", "cluster-ip"),
+        fip("d", "live"),
+    ];
     let owners: BTreeMap<String, bool> = [("live".to_owned(), true), ("cluster-ip".to_owned(), false)]
         .into_iter()
         .collect();
