@@ -29,6 +29,9 @@ pub enum Command {
     Config(crate::config::ConfigCommand),
     /// Print the version.
     Version,
+    /// Run only the Service FIP and node controllers (tests and benchmarks).
+    #[command(hide = true)]
+    ControllerServices(crate::controller::standalone::StandaloneArgs),
 }
 
 /// Arguments of a subcommand that a later issue builds; it refuses to run.

@@ -89,6 +89,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 subcommand_error(e)
             }
         }),
+        Command::ControllerServices(args) => controller::standalone::run(args).await,
         Command::Dns(args) => baton_dns::cli::run(args).await.map_err(|e| match e {
             // Bad flags or key files are configuration errors (exit 2), like bad settings.
             baton_dns::DnsError::Config(_)

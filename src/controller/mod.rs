@@ -7,15 +7,24 @@
 //!  mirror::desired_*  ── pure ──►  kube-system/<prefix>-kubernetes-external
 //!                                   Service (LoadBalancer, FIP, ipMode Proxy)
 //!                                   EndpointSlice + Endpoints (same addresses)
+//!
+//!  Services type=LoadBalancer ── service::reconcile ──► FIP per Service (tags), annotations, ingress
+//!  Nodes (uninitialized taint) ── node::reconcile ────► providerID, addresses, labels; lifecycle
 //! ```
+//!
+//! `service::run_services` and `node::run_nodes` run those controllers until a shutdown future
+//! resolves; `standalone` runs them alone (hidden `baton controller-services`).
 
 pub mod context;
 pub mod endpoint;
 pub mod lease;
 pub mod metrics;
 pub mod mirror;
+pub mod node;
 pub mod probe;
 pub mod run;
+pub mod service;
+pub mod standalone;
 
 pub use context::{Context, LeaderGate};
 

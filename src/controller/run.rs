@@ -234,10 +234,26 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(60),
     };
+    // The cloud-controller duties: a FIP per LoadBalancer Service (when a load balancer is
+    // configured; otherwise only deletions in flight are finished) and node initialisation.
+    let shared = Arc::new(ctx.clone());
+    let services = tokio::spawn(
+        super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("services")),
+    );
+    let nodes = tokio::spawn(
+        super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("nodes")),
+    );
     let result = endpoint::run(ctx, opts, metrics, shutdown.clone())
         .instrument(tracing::info_span!("endpoints"))
         .await;
     shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = services.await;
+        let _ = nodes.await;
+    })
+    .await;
     if let Some(task) = lease_task {
         // Lets the lease task release the Lease.
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;

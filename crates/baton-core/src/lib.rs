@@ -19,11 +19,13 @@ pub mod fip_tag;
 pub mod health;
 pub mod load_balancer;
 pub mod names;
+pub mod provider_id;
 pub mod secret;
 pub mod selector;
 pub mod types;
 
 pub use fip_tag::FipTag;
 pub use load_balancer::{BgpPeerMode, LoadBalancerMode};
+pub use provider_id::ProviderId;
 pub use secret::Secret;
 pub use selector::LabelSelector;

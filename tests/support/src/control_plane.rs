@@ -274,7 +274,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--service-cluster-ip-range=10.0.0.0/16".into(), // room for the 1,000-Service benchmark
             "--allow-privileged=true".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),

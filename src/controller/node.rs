@@ -1,0 +1,748 @@
+//! Node initialisation and lifecycle, as a cloud controller manager's node controllers do it
+//! (reference/cherry-api.md §3; the Cherry CCM's `instances.go`).
+//!
+//! ```text
+//!  watch Nodes ──► reconcile(node)
+//!    tainted node.cloudprovider.kubernetes.io/uninitialized:
+//!       server by provider ID (cherryservers://<id> or <id>) ── else by hostname = node name
+//!       status.addresses  (Hostname, ExternalIP = primary-ip, InternalIP = private-ip; --node-ip first)
+//!       providerID, labels instance-type (plan.slug) + region (region.slug), taint removed
+//!    initialised, not Ready:
+//!       server 404 ──► Event, Node deleted
+//!       server inactive ──► Event + taint node.cloudprovider.kubernetes.io/shutdown (removed when active)
+//!    initialised, Ready: no cloud call (a Ready Node's server exists)
+//! ```
+//!
+//! The decisions (addresses, labels, taints, lifecycle) are pure functions tested in `tests.rs`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_cloud::CloudError;
+use baton_cloud::model::{IpType, Server, ServerId};
+use baton_core::ProviderId;
+use baton_core::provider_id::ProviderIdError;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt as _};
+use serde_json::json;
+use tracing::{debug, info, instrument, warn};
+
+use super::Context;
+
+/// The taint kubelet sets with `--cloud-provider=external` until a cloud controller initialises
+/// the Node.
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// The taint a cloud controller sets on a Node whose server is shut down.
+pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
+/// The instance type label (`plan.slug`).
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+/// The legacy instance type label.
+pub const LEGACY_INSTANCE_TYPE_LABEL: &str = "beta.kubernetes.io/instance-type";
+/// The region label (`region.slug`).
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+/// The legacy region label.
+pub const LEGACY_REGION_LABEL: &str = "failure-domain.beta.kubernetes.io/region";
+/// Set by kubelet from `--node-ip` when it runs with an external cloud provider.
+pub const PROVIDED_NODE_IP_ANNOTATION: &str = "alpha.kubernetes.io/provided-node-ip";
+
+/// How often an initialised, Ready Node is looked at again (no cloud call).
+pub const RESYNC: Duration = Duration::from_secs(600);
+/// How often a Node that is not Ready has its server checked.
+pub const NOT_READY_RECHECK: Duration = Duration::from_secs(30);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------------------------
+// Pure part.
+
+/// What the controller reads off a Node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Name.
+    pub name: String,
+    /// `spec.providerID`.
+    pub provider_id: Option<String>,
+    /// `spec.taints[*].key`.
+    pub taints: Vec<String>,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+    /// kubelet's `--node-ip` (annotation).
+    pub provided_node_ip: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeFacts {
+    /// Whether the Node waits for a cloud controller.
+    pub fn uninitialized(&self) -> bool {
+        self.taints.iter().any(|t| t == UNINITIALIZED_TAINT)
+    }
+
+    /// Whether the shut-down taint is set.
+    pub fn shutdown_tainted(&self) -> bool {
+        self.taints.iter().any(|t| t == SHUTDOWN_TAINT)
+    }
+}
+
+/// What the controller needs of a server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerFacts {
+    /// Server id.
+    pub id: u64,
+    /// Hostname.
+    pub hostname: String,
+    /// `active`, `inactive`, ...
+    pub state: String,
+    /// `plan.slug`.
+    pub plan: Option<String>,
+    /// `region.slug`.
+    pub region: Option<String>,
+    /// Public IPv4 addresses (`primary-ip`).
+    pub public: Vec<IpAddr>,
+    /// Private IPv4 addresses (`private-ip`).
+    pub private: Vec<IpAddr>,
+}
+
+impl ServerFacts {
+    /// From the API's server object.
+    pub fn of(server: &Server) -> Self {
+        let v4 = |kind: IpType| -> Vec<IpAddr> {
+            server
+                .ip_addresses
+                .iter()
+                .filter(|ip| ip.ip_type == kind && ip.address.is_ipv4())
+                .map(|ip| ip.address)
+                .collect()
+        };
+        Self {
+            id: server.id.0,
+            hostname: server.hostname.clone(),
+            state: server.state.clone(),
+            plan: server
+                .plan
+                .as_ref()
+                .map(|p| p.slug.clone())
+                .filter(|s| !s.is_empty()),
+            region: server
+                .region
+                .as_ref()
+                .map(|r| r.slug.clone())
+                .filter(|s| !s.is_empty()),
+            public: v4(IpType::PrimaryIp),
+            private: v4(IpType::PrivateIp),
+        }
+    }
+
+    /// Whether the server is shut down (the CCM's `InstanceShutdown`).
+    pub fn is_shut_down(&self) -> bool {
+        self.state == "inactive"
+    }
+}
+
+fn address(type_: &str, address: String) -> NodeAddress {
+    NodeAddress {
+        type_: type_.to_owned(),
+        address,
+    }
+}
+
+/// The Node's addresses from the cloud: Hostname, then every public IPv4 as ExternalIP, every
+/// private IPv4 as InternalIP (the Cherry CCM's `NodeAddresses`).
+pub fn cloud_addresses(node_name: &str, server: &ServerFacts) -> Vec<NodeAddress> {
+    let hostname = if server.hostname.is_empty() {
+        node_name
+    } else {
+        &server.hostname
+    };
+    std::iter::once(address("Hostname", hostname.to_owned()))
+        .chain(
+            server
+                .public
+                .iter()
+                .map(|ip| address("ExternalIP", ip.to_string())),
+        )
+        .chain(
+            server
+                .private
+                .iter()
+                .map(|ip| address("InternalIP", ip.to_string())),
+        )
+        .collect()
+}
+
+/// Why kubelet's `--node-ip` cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeIpError {
+    /// The annotation is not a (comma-separated list of) IP address(es).
+    #[error("annotation {PROVIDED_NODE_IP_ANNOTATION}={0:?} is not an IP address")]
+    Invalid(String),
+    /// The cloud does not know that address for this server.
+    #[error(
+        "--node-ip {ip} (annotation {PROVIDED_NODE_IP_ANNOTATION}) is none of the server's addresses {known:?}"
+    )]
+    Unknown {
+        /// The address kubelet was given.
+        ip: String,
+        /// The server's addresses.
+        known: Vec<String>,
+    },
+}
+
+/// Honours kubelet's `--node-ip` as the cloud-provider library does
+/// (`GetNodeAddressesFromNodeIP`): each given IP must be one of the cloud's addresses; matching
+/// addresses come first, and they are the only addresses of their type; the rest follow.
+pub fn honour_node_ip(provided: &str, cloud: Vec<NodeAddress>) -> Result<Vec<NodeAddress>, NodeIpError> {
+    let mut node_ips = Vec::new();
+    for part in provided.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        node_ips.push(
+            part.parse::<IpAddr>()
+                .map_err(|_| NodeIpError::Invalid(provided.to_owned()))?,
+        );
+    }
+    if node_ips.is_empty() {
+        return Err(NodeIpError::Invalid(provided.to_owned()));
+    }
+    let same = |a: &NodeAddress, ip: &IpAddr| a.address.parse::<IpAddr>().ok().as_ref() == Some(ip);
+    let mut first = Vec::new();
+    for ip in &node_ips {
+        let Some(found) = cloud.iter().find(|a| a.type_ != "Hostname" && same(a, ip)) else {
+            return Err(NodeIpError::Unknown {
+                ip: ip.to_string(),
+                known: cloud
+                    .iter()
+                    .filter(|a| a.type_ != "Hostname")
+                    .map(|a| a.address.clone())
+                    .collect(),
+            });
+        };
+        first.push(found.clone());
+    }
+    let claimed: Vec<String> = first.iter().map(|a| a.type_.clone()).collect();
+    let rest = cloud.into_iter().filter(|a| !claimed.contains(&a.type_));
+    Ok(first.into_iter().chain(rest).collect())
+}
+
+/// The labels a cloud controller sets.
+pub fn cloud_labels(server: &ServerFacts) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    if let Some(plan) = &server.plan {
+        labels.insert(INSTANCE_TYPE_LABEL.to_owned(), plan.clone());
+        labels.insert(LEGACY_INSTANCE_TYPE_LABEL.to_owned(), plan.clone());
+    }
+    if let Some(region) = &server.region {
+        labels.insert(REGION_LABEL.to_owned(), region.clone());
+        labels.insert(LEGACY_REGION_LABEL.to_owned(), region.clone());
+    }
+    labels
+}
+
+/// How the Node names its server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerRef {
+    /// By provider ID.
+    Id(ProviderId),
+    /// No provider ID: by hostname (= the Node's name).
+    Hostname(String),
+}
+
+/// The server reference of a Node, or why it is not a Cherry Servers Node.
+pub fn server_ref(node: &NodeFacts) -> Result<ServerRef, ProviderIdError> {
+    match node.provider_id.as_deref().map(str::trim) {
+        None | Some("") => Ok(ServerRef::Hostname(node.name.clone())),
+        Some(p) => p.parse().map(ServerRef::Id),
+    }
+}
+
+/// What to do with an initialised Node, given its server as the cloud shows it (`None`: 404).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Nothing.
+    Keep,
+    /// The server no longer exists: delete the Node.
+    Delete,
+    /// The server is shut down: taint the Node.
+    MarkShutdown,
+    /// The server runs again: remove the shut-down taint.
+    ClearShutdown,
+}
+
+/// The lifecycle decision (the CCM's node lifecycle controller): a Node whose server is gone is
+/// deleted; a shut-down server taints its Node, and the taint goes when it runs again.
+pub fn lifecycle(node: &NodeFacts, server: Option<&ServerFacts>) -> Lifecycle {
+    match server {
+        None => Lifecycle::Delete,
+        Some(s) if s.is_shut_down() && !node.shutdown_tainted() => Lifecycle::MarkShutdown,
+        Some(s) if !s.is_shut_down() && node.shutdown_tainted() => Lifecycle::ClearShutdown,
+        Some(_) => Lifecycle::Keep,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I/O shell.
+
+/// Errors of the node controller, each naming the Node and the failed step.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// No server for this Node (yet).
+    #[error("Node {node}: no server with {what}")]
+    ServerNotFound { node: String, what: String },
+    /// kubelet's `--node-ip` is not one of the server's addresses.
+    #[error("Node {node}: {source}")]
+    NodeIp {
+        node: String,
+        #[source]
+        source: NodeIpError,
+    },
+    /// The server has no IPv4 address.
+    #[error("Node {node}: server {server} has no IPv4 address")]
+    NoAddress { node: String, server: u64 },
+    /// A cloud call failed.
+    #[error("Node {node}: {step}: {source}")]
+    Cloud {
+        node: String,
+        step: &'static str,
+        #[source]
+        source: Box<CloudError>,
+    },
+    /// A Kubernetes call failed.
+    #[error("Node {node}: {step}: {source}")]
+    Kube {
+        node: String,
+        step: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A Kubernetes write did not finish in time.
+    #[error("Node {node}: {step} timed out")]
+    Timeout { node: String, step: &'static str },
+    /// Not the leader.
+    #[error("Node {node}: not the leader, {step} deferred")]
+    NotLeader { node: String, step: &'static str },
+}
+
+impl NodeError {
+    /// A stable category (metric label, Event reason source).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::ServerNotFound { .. } => "server_not_found",
+            Self::NodeIp { .. } => "node_ip",
+            Self::NoAddress { .. } => "no_address",
+            Self::Cloud { source, .. } => source.category(),
+            Self::Kube { .. } => "kube",
+            Self::Timeout { .. } => "timeout",
+            Self::NotLeader { .. } => "not_leader",
+        }
+    }
+}
+
+/// The node controller's context.
+pub struct NodeContext {
+    /// What every reconciler shares.
+    pub base: Arc<Context>,
+    failures: Mutex<BTreeMap<String, u32>>,
+}
+
+impl std::fmt::Debug for NodeContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeContext")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeContext {
+    /// Wraps the shared context.
+    pub fn new(base: Arc<Context>) -> Self {
+        Self {
+            base,
+            failures: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u32>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn ensure_leader(&self, node: &str, step: &'static str) -> Result<(), NodeError> {
+        if self.base.leader.is_leader() {
+            Ok(())
+        } else {
+            Err(NodeError::NotLeader {
+                node: node.to_owned(),
+                step,
+            })
+        }
+    }
+}
+
+/// Reads the facts off a Node.
+pub fn facts_of(node: &Node) -> NodeFacts {
+    let spec = node.spec.as_ref();
+    NodeFacts {
+        name: node.name_any(),
+        provider_id: spec.and_then(|s| s.provider_id.clone()),
+        taints: spec
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| ts.iter().map(|t| t.key.clone()).collect())
+            .unwrap_or_default(),
+        ready: node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        provided_node_ip: node.annotations().get(PROVIDED_NODE_IP_ANNOTATION).cloned(),
+        labels: node.labels().clone(),
+    }
+}
+
+/// Runs the node controller until `shutdown` resolves.
+pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
+    let api = Api::<Node>::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(8))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, node_ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(node = %obj.name, "reconciled"),
+                Err(controller::Error::ReconcilerFailed(error, obj)) => {
+                    debug!(node = %obj.name, category = error.category(), "reconcile failed");
+                }
+                Err(error) => warn!(%error, "node controller"),
+            }
+        })
+        .await;
+}
+
+/// Retries with exponential backoff (2 s … 5 min) per Node.
+#[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
+pub fn error_policy(node: Arc<Node>, error: &NodeError, ctx: Arc<NodeContext>) -> Action {
+    let name = node.name_any();
+    let attempt = {
+        let mut failures = ctx.failures();
+        let n = failures.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = error
+        .retry_after()
+        .unwrap_or_else(|| {
+            Duration::from_secs(2).saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        })
+        .min(Duration::from_secs(300));
+    warn!(node = %name, %error, category = error.category(), attempt, "node reconcile failed");
+    Action::requeue(delay)
+}
+
+impl NodeError {
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Cloud { source, .. } => source.retry_after(),
+            _ => None,
+        }
+    }
+}
+
+/// Reconciles one Node: initialisation while it carries the uninitialized taint, lifecycle after.
+#[instrument(skip(node, ctx), fields(node = %node.name_any()))]
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action, NodeError> {
+    let facts = facts_of(&node);
+    let server_ref = match server_ref(&facts) {
+        Ok(r) => r,
+        Err(e) => {
+            // Another provider's Node (or a malformed ID): not ours.
+            debug!(error = %e, "not a Cherry Servers Node");
+            return Ok(Action::await_change());
+        }
+    };
+    let result = if facts.uninitialized() {
+        initialise(&node, &ctx, &facts, &server_ref).await
+    } else {
+        match server_ref {
+            ServerRef::Id(id) => check_lifecycle(&node, &ctx, &facts, id).await,
+            // Initialised by someone else without a provider ID: nothing to check against.
+            ServerRef::Hostname(_) => Ok(Action::await_change()),
+        }
+    };
+    if result.is_ok() {
+        ctx.failures().remove(&facts.name);
+    }
+    result
+}
+
+async fn timed<T>(
+    node: &str,
+    step: &'static str,
+    f: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, NodeError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(NodeError::Kube {
+            node: node.to_owned(),
+            step,
+            source: Box::new(source),
+        }),
+        Err(_) => Err(NodeError::Timeout {
+            node: node.to_owned(),
+            step,
+        }),
+    }
+}
+
+/// The server by id (`None` on 404), or by hostname in the project's servers.
+async fn find_server(
+    ctx: &NodeContext,
+    node: &str,
+    server_ref: &ServerRef,
+) -> Result<Option<Server>, NodeError> {
+    let cloud_err = |step| {
+        move |source| NodeError::Cloud {
+            node: node.to_owned(),
+            step,
+            source: Box::new(source),
+        }
+    };
+    match server_ref {
+        ServerRef::Id(id) => match ctx.base.cloud.server(ServerId(id.server_id())).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(cloud_err("reading the server")(e)),
+        },
+        ServerRef::Hostname(name) => {
+            let servers = ctx
+                .base
+                .cloud
+                .servers()
+                .await
+                .map_err(cloud_err("listing servers"))?;
+            let Some(found) = servers.into_iter().find(|s| &s.hostname == name) else {
+                return Ok(None);
+            };
+            if found.ip_addresses.is_empty() {
+                // A list may leave out the addresses; read the server itself.
+                return ctx
+                    .base
+                    .cloud
+                    .server(found.id)
+                    .await
+                    .map(Some)
+                    .map_err(cloud_err("reading the server"));
+            }
+            Ok(Some(found))
+        }
+    }
+}
+
+async fn initialise(
+    node: &Node,
+    ctx: &NodeContext,
+    facts: &NodeFacts,
+    server_ref: &ServerRef,
+) -> Result<Action, NodeError> {
+    let name = facts.name.as_str();
+    let Some(server) = find_server(ctx, name, server_ref).await? else {
+        let what = match server_ref {
+            ServerRef::Id(id) => format!("provider ID {id}"),
+            ServerRef::Hostname(h) => format!("hostname {h}"),
+        };
+        let err = NodeError::ServerNotFound {
+            node: name.to_owned(),
+            what,
+        };
+        ctx.base
+            .event(
+                node,
+                EventType::Warning,
+                "ServerNotFound",
+                "InitializeNode",
+                err.to_string(),
+            )
+            .await;
+        return Err(err);
+    };
+    let server = ServerFacts::of(&server);
+    if server.public.is_empty() && server.private.is_empty() {
+        return Err(NodeError::NoAddress {
+            node: name.to_owned(),
+            server: server.id,
+        });
+    }
+    let mut addresses = cloud_addresses(name, &server);
+    if let Some(provided) = facts.provided_node_ip.as_deref() {
+        addresses = match honour_node_ip(provided, addresses) {
+            Ok(a) => a,
+            Err(source) => {
+                let err = NodeError::NodeIp {
+                    node: name.to_owned(),
+                    source,
+                };
+                ctx.base
+                    .event(
+                        node,
+                        EventType::Warning,
+                        "NodeIPNotFound",
+                        "InitializeNode",
+                        err.to_string(),
+                    )
+                    .await;
+                return Err(err);
+            }
+        };
+    }
+    let api: Api<Node> = Api::all(ctx.base.client.clone());
+    ctx.ensure_leader(name, "initialising the Node")?;
+    // Addresses first: once the taint is gone, the Node is taken as initialised.
+    let status = json!({"status": {"addresses": addresses}});
+    let updated = timed(
+        name,
+        "setting the Node's addresses",
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)),
+    )
+    .await?;
+    // The taints and resourceVersion of the Node as the status write left it.
+    let taints: Vec<Taint> = updated
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != UNINITIALIZED_TAINT)
+        .collect();
+    let provider_id = ProviderId::from(server.id).to_string();
+    // resourceVersion: the taint list is replaced whole, so only on the version it was read from.
+    let patch = json!({
+        "metadata": {"labels": cloud_labels(&server), "resourceVersion": updated.resource_version()},
+        "spec": {"providerID": provider_id, "taints": taints},
+    });
+    timed(
+        name,
+        "initialising the Node",
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    info!(server = server.id, %provider_id, "Node initialised");
+    ctx.base
+        .event(
+            node,
+            EventType::Normal,
+            "NodeInitialized",
+            "InitializeNode",
+            format!(
+                "initialised from server {} ({}, {})",
+                server.id,
+                server.plan.as_deref().unwrap_or("no plan"),
+                server.region.as_deref().unwrap_or("no region")
+            ),
+        )
+        .await;
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn check_lifecycle(
+    node: &Node,
+    ctx: &NodeContext,
+    facts: &NodeFacts,
+    id: ProviderId,
+) -> Result<Action, NodeError> {
+    let name = facts.name.as_str();
+    // A Ready Node's server exists and runs: no cloud call, unless a shut-down taint may go.
+    if facts.ready && !facts.shutdown_tainted() {
+        return Ok(Action::requeue(RESYNC));
+    }
+    let server = find_server(ctx, name, &ServerRef::Id(id))
+        .await?
+        .map(|s| ServerFacts::of(&s));
+    let api: Api<Node> = Api::all(ctx.base.client.clone());
+    match lifecycle(facts, server.as_ref()) {
+        Lifecycle::Keep => {}
+        Lifecycle::Delete => {
+            let message = format!("server {} no longer exists; deleting the Node", id.server_id());
+            ctx.base
+                .event(node, EventType::Warning, "DeletingNode", "DeleteNode", message)
+                .await;
+            ctx.ensure_leader(name, "deleting the Node")?;
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => info!(server = id.server_id(), "Node deleted: its server is gone"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => {
+                    return Err(NodeError::Kube {
+                        node: name.to_owned(),
+                        step: "deleting the Node",
+                        source: Box::new(source),
+                    });
+                }
+            }
+            return Ok(Action::await_change());
+        }
+        Lifecycle::MarkShutdown => {
+            ctx.base
+                .event(
+                    node,
+                    EventType::Warning,
+                    "ServerShutdown",
+                    "CheckNode",
+                    format!("server {} is shut down (state inactive)", id.server_id()),
+                )
+                .await;
+            ctx.ensure_leader(name, "tainting the Node")?;
+            let mut taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            taints.push(Taint {
+                key: SHUTDOWN_TAINT.to_owned(),
+                effect: "NoSchedule".to_owned(),
+                ..Taint::default()
+            });
+            set_taints(&api, node, name, &taints).await?;
+        }
+        Lifecycle::ClearShutdown => {
+            ctx.ensure_leader(name, "untainting the Node")?;
+            let taints: Vec<Taint> = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key != SHUTDOWN_TAINT)
+                .collect();
+            set_taints(&api, node, name, &taints).await?;
+            info!(
+                server = id.server_id(),
+                "server runs again; shut-down taint removed"
+            );
+        }
+    }
+    Ok(Action::requeue(if facts.ready {
+        RESYNC
+    } else {
+        NOT_READY_RECHECK
+    }))
+}
+
+async fn set_taints(api: &Api<Node>, node: &Node, name: &str, taints: &[Taint]) -> Result<(), NodeError> {
+    let patch = json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "spec": {"taints": taints},
+    });
+    timed(
+        name,
+        "updating the Node's taints",
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

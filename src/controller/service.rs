@@ -1,0 +1,886 @@
+//! Service Floating IPs: a FIP for every Service of type LoadBalancer (seed 000 "Service
+//! LoadBalancer", "Floating IP Configuration"; reference/cherry-api.md §6).
+//!
+//! ```text
+//!  watch Services ──► reconcile(svc) ── scope()? ──► ignored: release a FIP baton made, drop finalizer
+//!                          │ managed
+//!                          ▼
+//!                 kube::runtime::finalizer("baton.dev/service-fip")
+//!                   Apply:   FIP by tags in ctx.cloud.ips() (cached, coalesced)
+//!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
+//!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
+//!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
+//!                   Cleanup: DELETE every FIP carrying the Service's three tags, then the finalizer goes
+//! ```
+//!
+//! Crash safety: the finalizer is in place before any FIP is reserved; a FIP is found again by
+//! its three tags (`usage`, `service`, `cluster`) whatever baton recorded, so a kill between the
+//! create and the record, or a lost record, neither leaks nor duplicates (the Kuryr seed's
+//! "rediscover, else recreate"). Kubernetes can delete a Service whose finalizer was added
+//! concurrently with the delete (kubernetes/kubernetes#77988, found by the crash test): a publish
+//! that finds the Service gone releases the FIP at once, and a sweep at start and every
+//! [`RESYNC`] releases FIPs of this cluster whose Service is gone ([`orphans`]). Only FIPs carrying all three tags, never targeted to a server and
+//! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
+//! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) are never touched.
+//!
+//! Economy: reads come from the client's shared IP-list cache (writes patch it), so a created
+//! Service costs one cloud write (the `POST`) and no read of its own; a steady-state resync every
+//! [`RESYNC`] reads the cached list only.
+
+mod plan;
+
+pub use plan::*;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_cloud::CloudError;
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
+use baton_cloud::tags::{
+    CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
+};
+use baton_core::LoadBalancerMode;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt as _};
+use rand::Rng as _;
+use serde_json::json;
+use tracing::{debug, info, instrument, warn};
+
+use super::{Context, FIELD_MANAGER};
+
+/// How often a settled Service is looked at again (reads the cached IP list only).
+pub const RESYNC: Duration = Duration::from_secs(600);
+/// Reconciles running at once. Cloud calls queue in the client's shared rate limiter anyway;
+/// this bounds the load on the API server.
+pub const CONCURRENCY: u16 = 64;
+const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+const REJECTED_RETRY: Duration = Duration::from_secs(300);
+
+/// Errors of the Service FIP controller. Each names the Service and the failed step.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// An IP annotation (or `spec.loadBalancerIP`) cannot be used.
+    #[error("Service {svc}: {source}")]
+    InvalidField {
+        svc: String,
+        #[source]
+        source: InvalidField,
+    },
+    /// No usable region for a new FIP.
+    #[error("Service {svc}: {source}")]
+    Region {
+        svc: String,
+        #[source]
+        source: RegionError,
+    },
+    /// The cloud refused to reserve the FIP (400/422: an unknown region, or none left there).
+    #[error("Service {svc}: the cloud refused a Floating IP in region {region:?} (from {from}): {source}")]
+    CreateRejected {
+        svc: String,
+        region: String,
+        from: RegionSource,
+        #[source]
+        source: Box<CloudError>,
+    },
+    /// A cloud call failed.
+    #[error("Service {svc}: {step}: {source}")]
+    Cloud {
+        svc: String,
+        step: &'static str,
+        #[source]
+        source: Box<CloudError>,
+    },
+    /// A Kubernetes call failed.
+    #[error("Service {svc}: {step}: {source}")]
+    Kube {
+        svc: String,
+        step: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A Kubernetes write did not finish in time.
+    #[error("Service {svc}: {step} timed out")]
+    Timeout { svc: String, step: &'static str },
+    /// This replica does not lead; the write waits.
+    #[error("Service {svc}: not the leader, {step} deferred")]
+    NotLeader { svc: String, step: &'static str },
+    /// The finalizer helper failed (adding/removing the finalizer, or Apply/Cleanup).
+    #[error(transparent)]
+    Finalizer(#[from] Box<finalizer::Error<Self>>),
+}
+
+impl ServiceError {
+    /// A stable category: the failure metric label and the Event reason's source.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::InvalidField { .. } => "invalid_annotation",
+            Self::Region { .. } => "no_region",
+            Self::CreateRejected { .. } => "create_rejected",
+            Self::Cloud { source, .. } => source.category(),
+            Self::Kube { .. } => "kube",
+            Self::Timeout { .. } => "timeout",
+            Self::NotLeader { .. } => "not_leader",
+            Self::Finalizer(e) => match &**e {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
+                _ => "finalizer",
+            },
+        }
+    }
+
+    /// Whether only a change of the Service (or the configuration) can fix it: no retry.
+    pub fn is_invalid_spec(&self) -> bool {
+        match self {
+            Self::InvalidField { .. } | Self::Region { .. } => true,
+            Self::Finalizer(e) => match &**e {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.is_invalid_spec(),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Cloud { source, .. } => source.retry_after(),
+            // A typo in the region will not fix itself, but "no address left" may: try again
+            // now and then (one request per Service per interval).
+            Self::CreateRejected { .. } => Some(REJECTED_RETRY),
+            Self::Finalizer(e) => match &**e {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.retry_after(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// The Service controller's context: the shared [`Context`] plus per-Service failure counts
+/// (exponential backoff in [`error_policy`]).
+pub struct ServiceContext {
+    /// What every reconciler shares.
+    pub base: Arc<Context>,
+    failures: Mutex<HashMap<String, u32>>,
+    mirror: (String, String),
+}
+
+impl std::fmt::Debug for ServiceContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceContext")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceContext {
+    /// Wraps the shared context.
+    pub fn new(base: Arc<Context>) -> Self {
+        let mirror = (
+            "kube-system".to_owned(),
+            format!("{}-kubernetes-external", base.config.prefix),
+        );
+        Self {
+            base,
+            failures: Mutex::new(HashMap::new()),
+            mirror,
+        }
+    }
+
+    fn mode(&self) -> Option<&LoadBalancerMode> {
+        self.base.config.load_balancer.as_ref()
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn ensure_leader(&self, svc: &str, step: &'static str) -> Result<(), ServiceError> {
+        if self.base.leader.is_leader() {
+            Ok(())
+        } else {
+            Err(ServiceError::NotLeader {
+                svc: svc.to_owned(),
+                step,
+            })
+        }
+    }
+}
+
+/// Reads the facts the planner needs off a Service.
+pub fn facts_of(svc: &Service) -> ServiceFacts {
+    let spec = svc.spec.as_ref();
+    ServiceFacts {
+        namespace: svc.namespace().unwrap_or_default(),
+        name: svc.name_any(),
+        type_: spec.and_then(|s| s.type_.clone()),
+        class: spec.and_then(|s| s.load_balancer_class.clone()),
+        load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.clone()),
+        annotations: svc.annotations().clone(),
+        deleting: svc.metadata.deletion_timestamp.is_some(),
+        has_finalizer: svc.finalizers().iter().any(|f| f == FINALIZER),
+        ingress_ips: svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|ing| ing.iter().filter_map(|i| i.ip.clone()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// Runs the Service FIP controller until `shutdown` resolves.
+///
+/// With no `loadbalancer` configured, live Services are left as they are; the controller still
+/// runs so that a Service carrying baton's finalizer (from when it was configured) can be
+/// deleted: its FIP is released and the finalizer removed.
+pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    if ctx.config.load_balancer.is_none() {
+        info!("no loadbalancer configured: Service Floating IPs are off (only deletions are finished)");
+    }
+    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone()));
+    let api = Api::<Service>::all(ctx.client.clone());
+    let controller = Controller::new(api, watcher::Config::default());
+    let store = controller.store();
+    let run = controller
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, svc_ctx.clone())
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(service = %obj, "reconciled"),
+                Err(controller::Error::ReconcilerFailed(error, obj)) => {
+                    debug!(service = %obj, category = error.category(), "reconcile failed");
+                }
+                Err(error) => warn!(%error, "Service controller"),
+            }
+        });
+    let sweeper = async {
+        if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
+            return futures::future::pending().await;
+        }
+        loop {
+            if let Err(error) = sweep_orphans(&svc_ctx, &store).await {
+                warn!(%error, "sweeping orphaned Floating IPs failed");
+            }
+            tokio::time::sleep(RESYNC).await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = sweeper => {}
+    }
+}
+
+/// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
+/// [`orphans`]). Reads the cached FIP list first, then the Services.
+async fn sweep_orphans(ctx: &ServiceContext, store: &Store<Service>) -> Result<(), CloudError> {
+    let ips = ctx.base.cloud.ips().await?;
+    let cluster = &ctx.base.cluster_id;
+    let tagged: Vec<TaggedFip> = ips
+        .iter()
+        .filter(|ip| {
+            ip.ip_type == IpType::FloatingIp
+                && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
+                && ip.tags.get(CLUSTER_KEY) == Some(cluster)
+        })
+        .filter_map(|ip| {
+            Some(TaggedFip {
+                id: ip.id.to_string(),
+                service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
+            })
+        })
+        .collect();
+    if tagged.is_empty() {
+        return Ok(());
+    }
+    let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
+    let owners: BTreeMap<String, bool> = store
+        .state()
+        .iter()
+        .map(|svc| {
+            let facts = facts_of(svc);
+            let may_own = matches!(
+                scope(&facts, mirror),
+                Scope::Managed | Scope::Ignored(Ignored::ControlPlaneEndpoint)
+            ) || facts.has_finalizer;
+            (service_tag(&facts.namespace, &facts.name), may_own)
+        })
+        .collect();
+    for id in orphans(&tagged, &owners) {
+        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
+            continue;
+        };
+        if ip.target().is_some() || is_control_plane_fip(ctx, ip) {
+            continue;
+        }
+        if !ctx.base.leader.is_leader() {
+            return Ok(());
+        }
+        match ctx.base.cloud.delete_ip(&ip.id).await {
+            Ok(()) => {
+                warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone");
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
+    ctx.base
+        .config
+        .fip_tag
+        .as_ref()
+        .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+}
+
+/// Reconciles one Service. The finalizer helper is the top-level action for managed Services
+/// (and for any Service being deleted with baton's finalizer); a Service that stops being
+/// managed has its FIP released and the finalizer removed here.
+#[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
+    let facts = facts_of(&svc);
+    debug!(
+        deleting = facts.deleting,
+        finalizer = facts.has_finalizer,
+        resource_version = svc.resource_version().unwrap_or_default(),
+        "reconcile"
+    );
+    let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
+    let result = match (scope(&facts, mirror), ctx.mode()) {
+        (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => Ok(Action::await_change()),
+        (Scope::Managed, Some(mode)) => {
+            match requested_ip(&facts, mode) {
+                Err(source) if !facts.deleting => {
+                    let err = ServiceError::InvalidField {
+                        svc: facts.key(),
+                        source,
+                    };
+                    warn_event(&ctx, &svc, "InvalidAnnotation", &err).await;
+                    return Err(err);
+                }
+                // Bring-your-own IP, never managed by baton: left alone, no finalizer.
+                Ok(Some(ip)) if !facts.has_finalizer && !facts.deleting && Record::read(&facts).is_none() => {
+                    debug!(%ip, "bring-your-own IP; left alone");
+                    return Ok(Action::await_change());
+                }
+                _ => {}
+            }
+            run_finalizer(&svc, &ctx).await
+        }
+        _ if facts.deleting && facts.has_finalizer => run_finalizer(&svc, &ctx).await,
+        (Scope::Ignored(reason), _) if facts.has_finalizer => {
+            info!(
+                ?reason,
+                "no longer a baton-managed LoadBalancer; releasing its Floating IP"
+            );
+            release_and_forget(&svc, &ctx, &facts).await
+        }
+        _ => Ok(Action::await_change()),
+    };
+    if result.is_ok() {
+        ctx.failures().remove(&facts.key());
+    }
+    result
+}
+
+async fn run_finalizer(svc: &Arc<Service>, ctx: &Arc<ServiceContext>) -> Result<Action, ServiceError> {
+    let ns = svc.namespace().unwrap_or_default();
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &ns);
+    finalizer(&api, FINALIZER, svc.clone(), |event| async {
+        match event {
+            FinalizerEvent::Apply(svc) => apply(&svc, ctx).await,
+            FinalizerEvent::Cleanup(svc) => cleanup(&svc, ctx).await.map(|_| Action::await_change()),
+        }
+    })
+    .await
+    .map_err(|e| ServiceError::Finalizer(Box::new(e)))
+}
+
+/// Retries: spec errors wait for a change; a 429 waits its `Retry-After`; a refused create is
+/// tried again after 5 minutes; other failures back off exponentially (1 s … 5 min, jittered) per
+/// Service.
+#[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
+pub fn error_policy(svc: Arc<Service>, error: &ServiceError, ctx: Arc<ServiceContext>) -> Action {
+    let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
+    if error.is_invalid_spec() {
+        info!(service = %key, %error, "waiting for the Service or the configuration to change");
+        return Action::await_change();
+    }
+    let attempt = {
+        let mut failures = ctx.failures();
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = error
+        .retry_after()
+        .unwrap_or_else(|| backoff(attempt))
+        .min(BACKOFF_CAP);
+    warn!(service = %key, %error, category = error.category(), attempt, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let full = BACKOFF_BASE
+        .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        .min(BACKOFF_CAP);
+    let half = full / 2;
+    half + rand::rng().random_range(Duration::ZERO..=full.saturating_sub(half))
+}
+
+async fn warn_event(ctx: &ServiceContext, svc: &Service, reason: &str, err: &ServiceError) {
+    ctx.base
+        .event(
+            svc,
+            EventType::Warning,
+            reason,
+            "EnsureFloatingIP",
+            err.to_string(),
+        )
+        .await;
+}
+
+/// The Service's three FIP tags.
+fn tags_of(ctx: &ServiceContext, facts: &ServiceFacts) -> Tags {
+    service_fip_tags(&facts.namespace, &facts.name, &ctx.base.cluster_id)
+}
+
+fn is_ours(ip: &IpAddress, tags: &Tags) -> bool {
+    ip.ip_type == IpType::FloatingIp && matches_all(&ip.tags, tags)
+}
+
+/// Every FIP carrying the Service's tags, from the cached list. A recorded id the cached list
+/// does not show is asked of the API once (the list may predate the FIP).
+async fn find_ours(
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    record: Option<&Record>,
+) -> Result<Vec<IpAddress>, ServiceError> {
+    let tags = tags_of(ctx, facts);
+    let cloud_err = |step| {
+        let svc = facts.key();
+        move |source| ServiceError::Cloud {
+            svc,
+            step,
+            source: Box::new(source),
+        }
+    };
+    let ips = ctx
+        .base
+        .cloud
+        .ips()
+        .await
+        .map_err(cloud_err("listing Floating IPs"))?;
+    let mut found: Vec<IpAddress> = ips.iter().filter(|ip| is_ours(ip, &tags)).cloned().collect();
+    if let Some(record) = record
+        && !ips.iter().any(|ip| ip.id.as_str() == record.id)
+    {
+        match ctx.base.cloud.ip(&IpId::from(record.id.as_str())).await {
+            Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
+            Ok(_) => debug!(fip = %record.id, "the recorded FIP does not carry the Service's tags"),
+            Err(e) if e.is_not_found() => debug!(fip = %record.id, "the recorded FIP is gone"),
+            Err(e) => return Err(cloud_err("reading the recorded Floating IP")(e)),
+        }
+    }
+    Ok(found)
+}
+
+fn owned(ip: &IpAddress) -> OwnedFip {
+    OwnedFip {
+        id: ip.id.to_string(),
+        address: ip.address,
+    }
+}
+
+/// Releases one FIP, after checking it is one baton may delete. Returns whether it was deleted.
+async fn release(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: &IpAddress,
+) -> Result<bool, ServiceError> {
+    let tags = tags_of(ctx, facts);
+    if !is_ours(ip, &tags) || ip.target().is_some() || is_control_plane_fip(ctx, ip) {
+        warn!(fip = %ip.id, address = %ip.address, "not releasing a Floating IP that is routed to a server or is not baton's");
+        ctx.base
+            .event(
+                svc,
+                EventType::Warning,
+                "FloatingIPKept",
+                "ReleaseFloatingIP",
+                format!(
+                    "Floating IP {} ({}) carries this Service's tags but is routed to a server or is the control-plane FIP; it is not released",
+                    ip.address, ip.id
+                ),
+            )
+            .await;
+        return Ok(false);
+    }
+    ctx.ensure_leader(&facts.key(), "releasing a Floating IP")?;
+    match ctx.base.cloud.delete_ip(&ip.id).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => return Ok(false),
+        Err(source) => {
+            return Err(ServiceError::Cloud {
+                svc: facts.key(),
+                step: "releasing the Floating IP",
+                source: Box::new(source),
+            });
+        }
+    }
+    info!(fip = %ip.id, address = %ip.address, "Floating IP released");
+    Ok(true)
+}
+
+/// Apply: make sure the Service has its FIP and shows it.
+async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceError> {
+    let facts = facts_of(svc);
+    let Some(mode) = ctx.mode() else {
+        return Ok(Action::await_change());
+    };
+    let requested = requested_ip(&facts, mode).map_err(|source| ServiceError::InvalidField {
+        svc: facts.key(),
+        source,
+    })?;
+    let record = Record::read(&facts);
+    let found = find_ours(ctx, &facts, record.as_ref()).await?;
+    let (chosen, extras) = pick(found.iter().map(owned).collect(), record.as_ref(), requested);
+    for extra in &extras {
+        if let Some(ip) = found.iter().find(|f| f.id.as_str() == extra.id)
+            && release(ctx, svc, &facts, ip).await?
+        {
+            ctx.base
+                .event(
+                    svc,
+                    EventType::Warning,
+                    "DuplicateFloatingIP",
+                    "ReleaseFloatingIP",
+                    format!("released duplicate Floating IP {} ({})", extra.address, extra.id),
+                )
+                .await;
+        }
+    }
+    match decide(requested, record.as_ref(), chosen) {
+        Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip).await?,
+        Decision::Create => {
+            let fip = create(ctx, svc, &facts).await?;
+            publish_or_release(ctx, svc, &facts, mode, &fip).await?;
+        }
+        Decision::ByoIp(ip) => {
+            debug!(%ip, "bring-your-own IP");
+            forget(ctx, &facts, false).await?;
+        }
+        Decision::ReleaseForByoIp { requested, ours } => {
+            if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id)
+                && release(ctx, svc, &facts, ip).await?
+            {
+                ctx.base
+                    .event(
+                        svc,
+                        EventType::Normal,
+                        "FloatingIPReleased",
+                        "ReleaseFloatingIP",
+                        format!(
+                            "released Floating IP {} ({}): the Service asks for {requested}",
+                            ours.address, ours.id
+                        ),
+                    )
+                    .await;
+            }
+            forget(ctx, &facts, true).await?;
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Publishes the FIP; if the Service is gone (Kubernetes can delete it despite the finalizer,
+/// kubernetes/kubernetes#77988), releases the FIP at once instead of leaking it.
+async fn publish_or_release(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    mode: &LoadBalancerMode,
+    fip: &OwnedFip,
+) -> Result<(), ServiceError> {
+    match publish(ctx, facts, mode, fip).await {
+        Err(ServiceError::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 404) =>
+        {
+            warn!(fip = %fip.id, "the Service is gone (despite the finalizer); releasing its Floating IP");
+            let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
+                svc: facts.key(),
+                step: "listing Floating IPs",
+                source: Box::new(source),
+            })?;
+            let ip = match ips.iter().find(|ip| ip.id.as_str() == fip.id) {
+                Some(ip) => Some(ip.clone()),
+                None => match ctx.base.cloud.ip(&IpId::from(fip.id.as_str())).await {
+                    Ok(ip) => Some(ip),
+                    Err(e) if e.is_not_found() => None,
+                    Err(source) => {
+                        return Err(ServiceError::Cloud {
+                            svc: facts.key(),
+                            step: "reading the Floating IP",
+                            source: Box::new(source),
+                        });
+                    }
+                },
+            };
+            if let Some(ip) = ip {
+                release(ctx, svc, facts, &ip).await?;
+            }
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Reserves the Service's FIP (idempotent by its tags) in the chosen region.
+async fn create(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts) -> Result<OwnedFip, ServiceError> {
+    let choice = match choose_region(
+        ctx.base.config.region.as_deref(),
+        &ctx.base.config.annotations.fip_region,
+        facts,
+    ) {
+        Ok(c) => c,
+        Err(source) => {
+            let reason = match source {
+                RegionError::Missing { .. } => "NoRegion",
+                RegionError::Invalid { .. } => "InvalidRegion",
+            };
+            let err = ServiceError::Region {
+                svc: facts.key(),
+                source,
+            };
+            warn_event(ctx, svc, reason, &err).await;
+            return Err(err);
+        }
+    };
+    ctx.ensure_leader(&facts.key(), "reserving a Floating IP")?;
+    let request = CreateIpRequest {
+        region: choice.region.clone(),
+        tags: tags_of(ctx, facts),
+        ..CreateIpRequest::default()
+    };
+    match ctx.base.cloud.create_ip(request).await {
+        Ok(ip) => {
+            info!(fip = %ip.id, address = %ip.address, region = %choice.region, "Floating IP reserved");
+            ctx.base
+                .event(
+                    svc,
+                    EventType::Normal,
+                    "FloatingIPReserved",
+                    "EnsureFloatingIP",
+                    format!(
+                        "reserved Floating IP {} ({}) in region {}",
+                        ip.address, ip.id, choice.region
+                    ),
+                )
+                .await;
+            Ok(owned(&ip))
+        }
+        // The request carries only baton's tags and the region: a 400/422 is about the region
+        // (unknown, or no address left in it); the API's message says which.
+        Err(source) if matches!(source.status(), Some(400 | 422)) => {
+            let err = ServiceError::CreateRejected {
+                svc: facts.key(),
+                region: choice.region,
+                from: choice.source,
+                source: Box::new(source),
+            };
+            warn_event(ctx, svc, "FloatingIPRejected", &err).await;
+            Err(err)
+        }
+        Err(source) => Err(ServiceError::Cloud {
+            svc: facts.key(),
+            step: "reserving a Floating IP",
+            source: Box::new(source),
+        }),
+    }
+}
+
+async fn timed<T>(
+    facts: &ServiceFacts,
+    step: &'static str,
+    f: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ServiceError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(ServiceError::Kube {
+            svc: facts.key(),
+            step,
+            source: Box::new(source),
+        }),
+        Err(_) => Err(ServiceError::Timeout {
+            svc: facts.key(),
+            step,
+        }),
+    }
+}
+
+/// Writes what differs: the annotations (merge patch) and the status ingress (server-side apply).
+async fn publish(
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    mode: &LoadBalancerMode,
+    fip: &OwnedFip,
+) -> Result<(), ServiceError> {
+    let changes = publish_changes(facts, mode, fip);
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    if !changes.annotations.is_empty() {
+        ctx.ensure_leader(&facts.key(), "annotating the Service")?;
+        let patch = json!({"metadata": {"annotations": changes.annotations}});
+        timed(
+            facts,
+            "annotating the Service",
+            api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+    }
+    if changes.status {
+        ctx.ensure_leader(&facts.key(), "setting the Service's ingress")?;
+        let status = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": facts.name, "namespace": facts.namespace},
+            "status": {"loadBalancer": {"ingress": [{"ip": fip.address.to_string()}]}},
+        });
+        timed(
+            facts,
+            "setting the Service's ingress",
+            api.patch_status(
+                &facts.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&status),
+            ),
+        )
+        .await?;
+    }
+    if !changes.annotations.is_empty() || changes.status {
+        debug!(address = %fip.address, "Service shows its Floating IP");
+    }
+    Ok(())
+}
+
+fn annotation_nulls(
+    facts: &ServiceFacts,
+    mode: Option<&LoadBalancerMode>,
+) -> serde_json::Map<String, serde_json::Value> {
+    record_removals(facts, mode)
+        .into_iter()
+        .map(|k| (k, serde_json::Value::Null))
+        .collect()
+}
+
+/// Drops baton's record (and its IP annotation, if it still holds baton's address), and with
+/// `clear_status` baton's status ingress.
+async fn forget(ctx: &ServiceContext, facts: &ServiceFacts, clear_status: bool) -> Result<(), ServiceError> {
+    let nulls = annotation_nulls(facts, ctx.mode());
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    if !nulls.is_empty() {
+        ctx.ensure_leader(&facts.key(), "removing baton's annotations")?;
+        let patch = json!({"metadata": {"annotations": nulls}});
+        timed(
+            facts,
+            "removing baton's annotations",
+            api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+    }
+    if clear_status {
+        clear_ingress(ctx, facts).await?;
+    }
+    Ok(())
+}
+
+/// Gives up baton's status fields (applying no status): the ingress baton set goes.
+async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(), ServiceError> {
+    if facts.ingress_ips.is_empty() || facts.deleting {
+        return Ok(());
+    }
+    ctx.ensure_leader(&facts.key(), "clearing the Service's ingress")?;
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    let status = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": facts.name, "namespace": facts.namespace},
+    });
+    timed(
+        facts,
+        "clearing the Service's ingress",
+        api.patch_status(
+            &facts.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&status),
+        ),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Cleanup: release every FIP carrying the Service's tags (tolerates an Apply that never ran:
+/// then there is nothing to release). Returns how many were released.
+async fn cleanup(svc: &Service, ctx: &ServiceContext) -> Result<usize, ServiceError> {
+    let facts = facts_of(svc);
+    let record = Record::read(&facts);
+    let found = find_ours(ctx, &facts, record.as_ref()).await?;
+    let mut released = 0;
+    for ip in &found {
+        if release(ctx, svc, &facts, ip).await? {
+            released += 1;
+            ctx.base
+                .event(
+                    svc,
+                    EventType::Normal,
+                    "FloatingIPReleased",
+                    "ReleaseFloatingIP",
+                    format!("released Floating IP {} ({})", ip.address, ip.id),
+                )
+                .await;
+        }
+    }
+    debug!(found = found.len(), released, "cleanup done");
+    Ok(released)
+}
+
+/// A Service that is no longer baton's (type, class or opt-out changed) but carries baton's
+/// finalizer: release its FIP, then drop baton's annotations and the finalizer in one patch, then
+/// baton's ingress.
+async fn release_and_forget(
+    svc: &Arc<Service>,
+    ctx: &Arc<ServiceContext>,
+    facts: &ServiceFacts,
+) -> Result<Action, ServiceError> {
+    cleanup(svc, ctx).await?;
+    let finalizers: Vec<&String> = svc.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+    // resourceVersion makes the patch conditional: a concurrent change of the finalizer list
+    // fails it (409) and the next reconcile sees the new list.
+    let patch = json!({"metadata": {
+        "annotations": annotation_nulls(facts, ctx.mode()),
+        "finalizers": finalizers,
+        "resourceVersion": svc.resource_version(),
+    }});
+    ctx.ensure_leader(&facts.key(), "removing the finalizer")?;
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    timed(
+        facts,
+        "removing the finalizer",
+        api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    clear_ingress(ctx, facts).await?;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,450 @@
+//! The pure part of the Service FIP controller: which Services baton manages, what IP a Service
+//! asks for, which region a new FIP goes to, and what to do given what the cloud holds.
+//!
+//! ```text
+//!  Service ──► ServiceFacts ──► scope()          Managed | Ignored(reason)
+//!                    │
+//!                    ├──────────► requested_ip() bring-your-own IP (annotations, spec)
+//!                    ├──────────► Record          what baton wrote last time (id, address)
+//!  cloud FIPs ─► matching ──► pick()            ours (+ duplicates to release)
+//!                    └──────────► decide()        Publish | Create(region) | ByoIp | ReleaseForByoIp
+//! ```
+//!
+//! No I/O here: everything is a function of plain values, unit-tested in `tests.rs`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use baton_core::LoadBalancerMode;
+
+/// The finalizer that keeps a Service until its FIP is released.
+pub const FINALIZER: &str = "baton.dev/service-fip";
+/// Records the id of the FIP baton reserved for the Service.
+pub const FIP_ID_ANNOTATION: &str = "baton.dev/fip-id";
+/// Records the address of that FIP (tells baton's own IP annotation from a bring-your-own one).
+pub const FIP_ADDRESS_ANNOTATION: &str = "baton.dev/fip-address";
+/// Opt-out: `"false"` leaves the Service to someone else (Cherry CCM PR #272).
+pub const MANAGED_ANNOTATION: &str = "cherryservers.com/loadbalancer-managed";
+/// baton's `spec.loadBalancerClass`; Services without a class are managed too.
+pub const LOAD_BALANCER_CLASS: &str = "baton.dev/cherryservers";
+/// MetalLB's IP annotation (written in MetalLB mode, read for bring-your-own IP).
+pub const METALLB_IPS_ANNOTATION: &str = "metallb.io/loadBalancerIPs";
+/// MetalLB's legacy IP annotation (read only).
+pub const METALLB_LEGACY_IPS_ANNOTATION: &str = "metallb.universe.tf/loadBalancerIPs";
+/// kube-vip's IP annotation.
+pub const KUBE_VIP_IPS_ANNOTATION: &str = "kube-vip.io/loadbalancerIPs";
+
+/// What the controller reads off a Service: plain data, built by the I/O shell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceFacts {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.type`.
+    pub type_: Option<String>,
+    /// `spec.loadBalancerClass`.
+    pub class: Option<String>,
+    /// `spec.loadBalancerIP`.
+    pub load_balancer_ip: Option<String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// baton's finalizer is present.
+    pub has_finalizer: bool,
+    /// `status.loadBalancer.ingress[*].ip`.
+    pub ingress_ips: Vec<String>,
+}
+
+impl ServiceFacts {
+    /// `ns/name`, for messages.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+}
+
+/// Why a Service is not baton's to manage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ignored {
+    /// Not `type: LoadBalancer`.
+    NotLoadBalancer,
+    /// Another `loadBalancerClass`.
+    OtherClass(String),
+    /// A control-plane endpoint (`baton.dev/control-plane-endpoint: "true"`, or the mirror
+    /// Service itself): never touched by this controller.
+    ControlPlaneEndpoint,
+    /// `cherryservers.com/loadbalancer-managed: "false"`.
+    OptedOut,
+}
+
+/// Whether baton manages a Service's FIP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// baton gives it a FIP (unless it brings its own IP).
+    Managed,
+    /// baton leaves it alone (and releases a FIP it reserved earlier, except for control-plane
+    /// endpoints, which it never touches).
+    Ignored(Ignored),
+}
+
+/// Decides whether baton manages `svc`. `mirror` is `(namespace, name)` of the control-plane
+/// mirror Service, skipped even if its annotation were lost.
+pub fn scope(svc: &ServiceFacts, mirror: (&str, &str)) -> Scope {
+    let control_plane = svc
+        .annotation(crate::controller::mirror::CONTROL_PLANE_ENDPOINT_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || (svc.namespace == mirror.0 && svc.name == mirror.1);
+    if control_plane {
+        return Scope::Ignored(Ignored::ControlPlaneEndpoint);
+    }
+    if svc.type_.as_deref() != Some("LoadBalancer") {
+        return Scope::Ignored(Ignored::NotLoadBalancer);
+    }
+    if let Some(class) = &svc.class
+        && class != LOAD_BALANCER_CLASS
+    {
+        return Scope::Ignored(Ignored::OtherClass(class.clone()));
+    }
+    if svc
+        .annotation(MANAGED_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+    {
+        return Scope::Ignored(Ignored::OptedOut);
+    }
+    Scope::Managed
+}
+
+/// The Service annotation baton writes the FIP's address to, per implementation (reference §6).
+pub fn ip_annotation(mode: &LoadBalancerMode) -> &str {
+    match mode {
+        LoadBalancerMode::KubeVip => KUBE_VIP_IPS_ANNOTATION,
+        LoadBalancerMode::MetalLb { .. } => METALLB_IPS_ANNOTATION,
+        LoadBalancerMode::Empty { ip_annotation } => ip_annotation,
+    }
+}
+
+/// A Service annotation (or field) whose value baton cannot use. Named in the Warning Event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}={value:?}: {reason}")]
+pub struct InvalidField {
+    /// The annotation key, or `spec.loadBalancerIP`.
+    pub field: String,
+    /// The value found.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The IP the Service asks for, if any: the implementation's annotation (MetalLB: also the legacy
+/// one), else `spec.loadBalancerIP` — the order the implementations read them in (reference §6).
+/// An annotation may list several comma-separated addresses (dual stack); the first IPv4 one is
+/// the Service's Floating IP.
+pub fn requested_ip(svc: &ServiceFacts, mode: &LoadBalancerMode) -> Result<Option<IpAddr>, InvalidField> {
+    let mut fields: Vec<&str> = vec![ip_annotation(mode)];
+    if matches!(mode, LoadBalancerMode::MetalLb { .. }) {
+        fields.push(METALLB_LEGACY_IPS_ANNOTATION);
+    }
+    for field in fields {
+        if let Some(value) = svc.annotation(field) {
+            return parse_ip_list(field, value);
+        }
+    }
+    match svc.load_balancer_ip.as_deref() {
+        Some(v) if !v.trim().is_empty() => parse_ip_list("spec.loadBalancerIP", v),
+        _ => Ok(None),
+    }
+}
+
+fn parse_ip_list(field: &str, value: &str) -> Result<Option<IpAddr>, InvalidField> {
+    let invalid = |reason: &str| InvalidField {
+        field: field.to_owned(),
+        value: value.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let mut ips = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        ips.push(
+            part.parse::<IpAddr>()
+                .map_err(|_| invalid("not an IP address (or a comma-separated list of them)"))?,
+        );
+    }
+    if ips.is_empty() {
+        return Err(invalid("empty"));
+    }
+    Ok(Some(
+        ips.iter().find(|ip| ip.is_ipv4()).copied().unwrap_or(ips[0]),
+    ))
+}
+
+/// What baton recorded on the Service about its FIP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The FIP's id.
+    pub id: String,
+    /// Its address, if recorded and valid.
+    pub address: Option<IpAddr>,
+}
+
+impl Record {
+    /// Reads baton's record annotations; `None` when there is no (non-empty) id.
+    pub fn read(svc: &ServiceFacts) -> Option<Self> {
+        let id = svc.annotation(FIP_ID_ANNOTATION)?.trim();
+        if id.is_empty() {
+            return None;
+        }
+        Some(Self {
+            id: id.to_owned(),
+            address: svc
+                .annotation(FIP_ADDRESS_ANNOTATION)
+                .and_then(|a| a.trim().parse().ok()),
+        })
+    }
+}
+
+/// A FIP that carries the Service's three tags (a cloud fact, already verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedFip {
+    /// The FIP's id.
+    pub id: String,
+    /// Its address.
+    pub address: IpAddr,
+}
+
+/// Among the FIPs carrying the Service's tags, the one the Service uses, and the others (there
+/// should be none: duplicates are released). Preference: the recorded id, then the address the
+/// Service asks for, then the lowest id (stable across runs).
+pub fn pick(
+    mut candidates: Vec<OwnedFip>,
+    record: Option<&Record>,
+    requested: Option<IpAddr>,
+) -> (Option<OwnedFip>, Vec<OwnedFip>) {
+    candidates.sort_by(|a, b| a.id.cmp(&b.id));
+    let index = record
+        .and_then(|r| candidates.iter().position(|c| c.id == r.id))
+        .or_else(|| requested.and_then(|ip| candidates.iter().position(|c| c.address == ip)))
+        .or((!candidates.is_empty()).then_some(0));
+    match index {
+        Some(i) => {
+            let chosen = candidates.remove(i);
+            (Some(chosen), candidates)
+        }
+        None => (None, candidates),
+    }
+}
+
+/// Where a new FIP's region came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionSource {
+    /// The global `region` setting (`CHERRY_REGION_NAME`).
+    Global,
+    /// The Service annotation (its key).
+    Annotation(String),
+}
+
+impl std::fmt::Display for RegionSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Global => f.write_str("setting region (CHERRY_REGION_NAME)"),
+            Self::Annotation(key) => write!(f, "annotation {key}"),
+        }
+    }
+}
+
+/// The region a new FIP is reserved in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionChoice {
+    /// The value sent to the API.
+    pub region: String,
+    /// Where it came from (named when the API rejects it).
+    pub source: RegionSource,
+}
+
+/// Why no region could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegionError {
+    /// Neither the global setting nor the annotation is set.
+    #[error(
+        "no region for its Floating IP: set the global region (CHERRY_REGION_NAME / region) or annotate the Service with {annotation}"
+    )]
+    Missing {
+        /// The annotation key to use.
+        annotation: String,
+    },
+    /// The annotation is set to something that cannot be a region.
+    #[error("annotation {annotation}={value:?} is not a region: {reason}")]
+    Invalid {
+        /// The annotation key.
+        annotation: String,
+        /// Its value.
+        value: String,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// The documented precedence (seed 000 "Cherry Servers FIP"): the global setting first, else the
+/// Service annotation, else an error. (The Cherry CCM's code checks the annotation first; its
+/// README, which baton follows, says global first.)
+pub fn choose_region(
+    global: Option<&str>,
+    annotation_key: &str,
+    svc: &ServiceFacts,
+) -> Result<RegionChoice, RegionError> {
+    if let Some(g) = global.map(str::trim).filter(|g| !g.is_empty()) {
+        return Ok(RegionChoice {
+            region: g.to_owned(),
+            source: RegionSource::Global,
+        });
+    }
+    let Some(value) = svc.annotation(annotation_key) else {
+        return Err(RegionError::Missing {
+            annotation: annotation_key.to_owned(),
+        });
+    };
+    let invalid = |reason| RegionError::Invalid {
+        annotation: annotation_key.to_owned(),
+        value: value.to_owned(),
+        reason,
+    };
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Err(invalid("empty"));
+    }
+    if trimmed.len() > 64 {
+        return Err(invalid("longer than 64 characters"));
+    }
+    if !trimmed
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ' '))
+    {
+        return Err(invalid(
+            "only letters, digits, '-', '_', '.' and spaces are allowed (e.g. LT-Siauliai)",
+        ));
+    }
+    Ok(RegionChoice {
+        region: trimmed.to_owned(),
+        source: RegionSource::Annotation(annotation_key.to_owned()),
+    })
+}
+
+/// What to do for a managed Service that is not being deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The Service's FIP exists: make sure the Service shows it (annotations + status).
+    Publish(OwnedFip),
+    /// Reserve a FIP (none carries the Service's tags).
+    Create,
+    /// The Service brings its own IP and no FIP of baton's exists: nothing to do.
+    ByoIp(IpAddr),
+    /// The Service now asks for another IP than baton's FIP: release baton's, drop the record.
+    ReleaseForByoIp {
+        /// The IP the Service asks for.
+        requested: IpAddr,
+        /// baton's FIP, to release.
+        ours: OwnedFip,
+    },
+}
+
+/// The decision for a managed Service, from the IP it asks for, baton's record on it, and the
+/// FIP carrying its tags (if any).
+///
+/// - Our FIP exists and the Service asks for nothing or for its address: publish it.
+/// - Our FIP exists and the Service asks for another address (not one baton recorded): the user
+///   brought their own IP.
+/// - No FIP of ours: if the Service asks for an address that is not the one baton recorded, it is
+///   bring-your-own; otherwise (nothing asked, or our own recorded address — the FIP was deleted
+///   behind baton's back) reserve one.
+pub fn decide(requested: Option<IpAddr>, record: Option<&Record>, ours: Option<OwnedFip>) -> Decision {
+    match (ours, requested) {
+        (Some(ours), None) => Decision::Publish(ours),
+        (Some(ours), Some(ip)) if ip == ours.address => Decision::Publish(ours),
+        // The annotation holds the address baton recorded earlier (a FIP since replaced): ours.
+        (Some(ours), Some(ip)) if record.is_some_and(|r| r.address == Some(ip)) => Decision::Publish(ours),
+        (Some(ours), Some(ip)) => Decision::ReleaseForByoIp { requested: ip, ours },
+        (None, None) => Decision::Create,
+        (None, Some(ip)) => {
+            if record.is_some_and(|r| r.address == Some(ip)) {
+                Decision::Create
+            } else {
+                Decision::ByoIp(ip)
+            }
+        }
+    }
+}
+
+/// The writes needed for the Service to show `fip`: annotations to set (the implementation's IP
+/// annotation and baton's record), and whether the status ingress must be applied.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PublishChanges {
+    /// Annotations to set (empty: none changes).
+    pub annotations: BTreeMap<String, String>,
+    /// `status.loadBalancer.ingress` is not exactly `[fip]`.
+    pub status: bool,
+}
+
+/// What differs between the Service and a Service showing `fip`.
+pub fn publish_changes(svc: &ServiceFacts, mode: &LoadBalancerMode, fip: &OwnedFip) -> PublishChanges {
+    let address = fip.address.to_string();
+    let wanted = [
+        (ip_annotation(mode), address.as_str()),
+        (FIP_ID_ANNOTATION, fip.id.as_str()),
+        (FIP_ADDRESS_ANNOTATION, address.as_str()),
+    ];
+    let annotations = wanted
+        .iter()
+        .filter(|(k, v)| svc.annotation(k) != Some(*v))
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    PublishChanges {
+        annotations,
+        status: svc.ingress_ips != [address],
+    }
+}
+
+/// The annotations baton removes when it stops managing a Service's FIP: its record, and the
+/// implementation's IP annotation if it still holds baton's address.
+pub fn record_removals(svc: &ServiceFacts, mode: Option<&LoadBalancerMode>) -> Vec<String> {
+    let recorded = Record::read(svc).and_then(|r| r.address).map(|a| a.to_string());
+    let mut keys = Vec::new();
+    for key in [FIP_ID_ANNOTATION, FIP_ADDRESS_ANNOTATION] {
+        if svc.annotations.contains_key(key) {
+            keys.push(key.to_owned());
+        }
+    }
+    if let (Some(mode), Some(recorded)) = (mode, recorded) {
+        let key = ip_annotation(mode);
+        if svc.annotation(key) == Some(recorded.as_str()) {
+            keys.push(key.to_owned());
+        }
+    }
+    keys
+}
+
+/// A FIP baton made for a Service of this cluster (its `usage`, `cluster` and `service` tags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaggedFip {
+    /// The FIP's id.
+    pub id: String,
+    /// Its `service` tag (base64 of sha256 of `ns/name`).
+    pub service_tag: String,
+}
+
+/// The FIPs whose Service is gone (or no longer a managed LoadBalancer): `owners` maps the
+/// `service` tag of every Service baton knows to whether that Service still may own a FIP.
+///
+/// Kubernetes can delete an object whose finalizer was added concurrently with the delete request
+/// (kubernetes/kubernetes#77988), so a FIP can outlive its Service without a Cleanup ever running;
+/// this sweep releases it. Call it with the FIP list read *before* the Services were listed: a
+/// FIP is only created for a Service already seen, so a FIP on the list has its owner on the later
+/// list unless the owner is really gone.
+pub fn orphans(fips: &[TaggedFip], owners: &BTreeMap<String, bool>) -> Vec<String> {
+    fips.iter()
+        .filter(|f| !owners.get(&f.service_tag).copied().unwrap_or(false))
+        .map(|f| f.id.clone())
+        .collect()
+}

@@ -1,0 +1,361 @@
+//! Table tests of the Service FIP planner (no I/O).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use baton_core::LoadBalancerMode;
+use rstest::rstest;
+
+use super::*;
+
+const MIRROR: (&str, &str) = ("kube-system", "baton-kubernetes-external");
+
+fn lb(ns: &str, name: &str) -> ServiceFacts {
+    ServiceFacts {
+        namespace: ns.into(),
+        name: name.into(),
+        type_: Some("LoadBalancer".into()),
+        ..ServiceFacts::default()
+    }
+}
+
+fn with(mut svc: ServiceFacts, annotations: &[(&str, &str)]) -> ServiceFacts {
+    for (k, v) in annotations {
+        svc.annotations.insert((*k).into(), (*v).into());
+    }
+    svc
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn fip(id: &str, address: &str) -> OwnedFip {
+    OwnedFip {
+        id: id.into(),
+        address: ip(address),
+    }
+}
+
+fn metallb() -> LoadBalancerMode {
+    "metallb:///".parse().unwrap()
+}
+
+fn kube_vip() -> LoadBalancerMode {
+    "kube-vip://".parse().unwrap()
+}
+
+fn empty() -> LoadBalancerMode {
+    "empty://".parse().unwrap()
+}
+
+#[rstest]
+#[case::plain(lb("default", "web"), Scope::Managed)]
+#[case::our_class(
+    ServiceFacts { class: Some(LOAD_BALANCER_CLASS.into()), ..lb("default", "web") },
+    Scope::Managed
+)]
+#[case::other_class(
+    ServiceFacts { class: Some("example.com/other".into()), ..lb("default", "web") },
+    Scope::Ignored(Ignored::OtherClass("example.com/other".into()))
+)]
+#[case::cluster_ip(
+    ServiceFacts { type_: Some("ClusterIP".into()), ..lb("default", "web") },
+    Scope::Ignored(Ignored::NotLoadBalancer)
+)]
+#[case::no_type(
+    ServiceFacts { type_: None, ..lb("default", "web") },
+    Scope::Ignored(Ignored::NotLoadBalancer)
+)]
+#[case::opted_out(
+    with(lb("default", "web"), &[(MANAGED_ANNOTATION, "false")]),
+    Scope::Ignored(Ignored::OptedOut)
+)]
+#[case::opted_out_case(
+    with(lb("default", "web"), &[(MANAGED_ANNOTATION, " False ")]),
+    Scope::Ignored(Ignored::OptedOut)
+)]
+#[case::managed_true(with(lb("default", "web"), &[(MANAGED_ANNOTATION, "true")]), Scope::Managed)]
+#[case::control_plane(
+    with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", "true")]),
+    Scope::Ignored(Ignored::ControlPlaneEndpoint)
+)]
+#[case::control_plane_not_true(
+    with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", "false")]),
+    Scope::Managed
+)]
+#[case::mirror_without_annotation(
+    lb("kube-system", "baton-kubernetes-external"),
+    Scope::Ignored(Ignored::ControlPlaneEndpoint)
+)]
+#[case::mirror_name_elsewhere(lb("default", "baton-kubernetes-external"), Scope::Managed)]
+fn scope_table(#[case] svc: ServiceFacts, #[case] want: Scope) {
+    assert_eq!(scope(&svc, MIRROR), want);
+}
+
+#[rstest]
+#[case::nothing(metallb(), lb("d", "s"), Ok(None))]
+#[case::metallb_new(metallb(), with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "192.0.2.7")]), Ok(Some("192.0.2.7")))]
+#[case::metallb_legacy(
+    metallb(),
+    with(lb("d", "s"), &[(METALLB_LEGACY_IPS_ANNOTATION, "192.0.2.8")]),
+    Ok(Some("192.0.2.8"))
+)]
+#[case::metallb_new_wins(
+    metallb(),
+    with(lb("d", "s"), &[(METALLB_LEGACY_IPS_ANNOTATION, "192.0.2.8"), (METALLB_IPS_ANNOTATION, "192.0.2.7")]),
+    Ok(Some("192.0.2.7"))
+)]
+#[case::dual_stack_first_v4(
+    metallb(),
+    with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "2001:db8::1, 192.0.2.9")]),
+    Ok(Some("192.0.2.9"))
+)]
+#[case::kube_vip(kube_vip(), with(lb("d", "s"), &[(KUBE_VIP_IPS_ANNOTATION, "192.0.2.7")]), Ok(Some("192.0.2.7")))]
+#[case::kube_vip_ignores_metallb(kube_vip(), with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "192.0.2.7")]), Ok(None))]
+#[case::empty_default_annotation(
+    empty(),
+    with(lb("d", "s"), &[("cherryservers.com/loadBalancerIPs", "192.0.2.7")]),
+    Ok(Some("192.0.2.7"))
+)]
+#[case::spec_ip(metallb(), ServiceFacts { load_balancer_ip: Some("192.0.2.5".into()), ..lb("d", "s") }, Ok(Some("192.0.2.5")))]
+#[case::spec_blank(metallb(), ServiceFacts { load_balancer_ip: Some(" ".into()), ..lb("d", "s") }, Ok(None))]
+#[case::annotation_wins_over_spec(
+    metallb(),
+    ServiceFacts { load_balancer_ip: Some("192.0.2.5".into()), ..with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "192.0.2.7")]) },
+    Ok(Some("192.0.2.7"))
+)]
+#[case::bad_annotation(metallb(), with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "not-an-ip")]), Err(METALLB_IPS_ANNOTATION))]
+#[case::empty_annotation(metallb(), with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, " , ")]), Err(METALLB_IPS_ANNOTATION))]
+#[case::bad_spec(metallb(), ServiceFacts { load_balancer_ip: Some("1.2.3".into()), ..lb("d", "s") }, Err("spec.loadBalancerIP"))]
+fn requested_ip_table(
+    #[case] mode: LoadBalancerMode,
+    #[case] svc: ServiceFacts,
+    #[case] want: Result<Option<&str>, &str>,
+) {
+    match (requested_ip(&svc, &mode), want) {
+        (Ok(got), Ok(want)) => assert_eq!(got, want.map(ip)),
+        (Err(got), Err(field)) => {
+            assert_eq!(got.field, field);
+            // The Event names the annotation and its value.
+            let text = got.to_string();
+            assert!(text.contains(field), "{text}");
+        }
+        (got, want) => panic!("got {got:?}, want {want:?}"),
+    }
+}
+
+#[rstest]
+#[case::global_wins(Some("LT-Siauliai"), &[("cherryservers.com/fip-region", "NL-Amsterdam")], Ok(("LT-Siauliai", true)))]
+#[case::global_blank_falls_back(Some(" "), &[("cherryservers.com/fip-region", "NL-Amsterdam")], Ok(("NL-Amsterdam", false)))]
+#[case::annotation(None, &[("cherryservers.com/fip-region", " LT-Siauliai ")], Ok(("LT-Siauliai", false)))]
+#[case::missing(None, &[], Err("cherryservers.com/fip-region"))]
+#[case::empty_annotation(None, &[("cherryservers.com/fip-region", "")], Err("cherryservers.com/fip-region=\"\""))]
+#[case::bad_chars(None, &[("cherryservers.com/fip-region", "LT/../x")], Err("cherryservers.com/fip-region=\"LT/../x\""))]
+fn region_table(
+    #[case] global: Option<&str>,
+    #[case] annotations: &[(&str, &str)],
+    #[case] want: Result<(&str, bool), &str>,
+) {
+    let svc = with(lb("d", "s"), annotations);
+    match (choose_region(global, "cherryservers.com/fip-region", &svc), want) {
+        (Ok(got), Ok((region, global))) => {
+            assert_eq!(got.region, region);
+            assert_eq!(got.source == RegionSource::Global, global);
+        }
+        (Err(got), Err(needle)) => {
+            let text = got.to_string();
+            assert!(text.contains(needle), "{text:?} should name {needle:?}");
+        }
+        (got, want) => panic!("got {got:?}, want {want:?}"),
+    }
+}
+
+fn record(id: &str, address: Option<&str>) -> Record {
+    Record {
+        id: id.into(),
+        address: address.map(ip),
+    }
+}
+
+#[rstest]
+#[case::fresh(None, None, None, Decision::Create)]
+#[case::found(
+    None,
+    None,
+    Some(fip("a", "203.0.113.1")),
+    Decision::Publish(fip("a", "203.0.113.1"))
+)]
+#[case::found_and_shown(
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    Some(fip("a", "203.0.113.1")),
+    Decision::Publish(fip("a", "203.0.113.1"))
+)]
+#[case::record_lost_found_by_tags(
+    Some("203.0.113.1"),
+    None,
+    Some(fip("a", "203.0.113.1")),
+    Decision::Publish(fip("a", "203.0.113.1"))
+)]
+#[case::byo(Some("192.0.2.50"), None, None, Decision::ByoIp(ip("192.0.2.50")))]
+#[case::byo_after_ours(
+    Some("192.0.2.50"), Some(record("a", Some("203.0.113.1"))), Some(fip("a", "203.0.113.1")),
+    Decision::ReleaseForByoIp { requested: ip("192.0.2.50"), ours: fip("a", "203.0.113.1") }
+)]
+#[case::ours_vanished_recreate(
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    None,
+    Decision::Create
+)]
+#[case::ours_vanished_but_user_ip(
+    Some("192.0.2.50"),
+    Some(record("a", Some("203.0.113.1"))),
+    None,
+    Decision::ByoIp(ip("192.0.2.50"))
+)]
+#[case::replaced_fip_is_ours(
+    Some("203.0.113.1"),
+    Some(record("a", Some("203.0.113.1"))),
+    Some(fip("b", "203.0.113.2")),
+    Decision::Publish(fip("b", "203.0.113.2"))
+)]
+fn decide_table(
+    #[case] requested: Option<&str>,
+    #[case] record: Option<Record>,
+    #[case] ours: Option<OwnedFip>,
+    #[case] want: Decision,
+) {
+    assert_eq!(decide(requested.map(ip), record.as_ref(), ours), want);
+}
+
+#[rstest]
+#[case::none(vec![], None, None, None, vec![])]
+#[case::one(vec![fip("a", "203.0.113.1")], None, None, Some("a"), vec![])]
+#[case::lowest_id(vec![fip("b", "203.0.113.2"), fip("a", "203.0.113.1")], None, None, Some("a"), vec!["b"])]
+#[case::recorded(
+    vec![fip("a", "203.0.113.1"), fip("b", "203.0.113.2")], Some(record("b", None)), None, Some("b"), vec!["a"]
+)]
+#[case::requested(
+    vec![fip("a", "203.0.113.1"), fip("b", "203.0.113.2")], None, Some("203.0.113.2"), Some("b"), vec!["a"]
+)]
+#[case::record_beats_requested(
+    vec![fip("a", "203.0.113.1"), fip("b", "203.0.113.2")], Some(record("a", None)), Some("203.0.113.2"), Some("a"), vec!["b"]
+)]
+fn pick_table(
+    #[case] candidates: Vec<OwnedFip>,
+    #[case] record: Option<Record>,
+    #[case] requested: Option<&str>,
+    #[case] chosen: Option<&str>,
+    #[case] extras: Vec<&str>,
+) {
+    let (got, rest) = pick(candidates, record.as_ref(), requested.map(ip));
+    assert_eq!(got.map(|f| f.id), chosen.map(str::to_owned));
+    assert_eq!(rest.into_iter().map(|f| f.id).collect::<Vec<_>>(), extras);
+}
+
+#[test]
+fn record_reads_id_and_address() {
+    assert_eq!(Record::read(&lb("d", "s")), None);
+    assert_eq!(
+        Record::read(&with(lb("d", "s"), &[(FIP_ID_ANNOTATION, " ")])),
+        None
+    );
+    assert_eq!(
+        Record::read(&with(
+            lb("d", "s"),
+            &[
+                (FIP_ID_ANNOTATION, "u-1"),
+                (FIP_ADDRESS_ANNOTATION, "203.0.113.4")
+            ]
+        )),
+        Some(record("u-1", Some("203.0.113.4")))
+    );
+    assert_eq!(
+        Record::read(&with(
+            lb("d", "s"),
+            &[(FIP_ID_ANNOTATION, "u-1"), (FIP_ADDRESS_ANNOTATION, "junk")]
+        )),
+        Some(record("u-1", None))
+    );
+}
+
+#[rstest]
+#[case::metallb(metallb(), METALLB_IPS_ANNOTATION)]
+#[case::kube_vip(kube_vip(), KUBE_VIP_IPS_ANNOTATION)]
+#[case::empty_default(empty(), "cherryservers.com/loadBalancerIPs")]
+#[case::empty_custom("empty://?ip-annotation=x.io/ip".parse().unwrap(), "x.io/ip")]
+fn publish_writes_the_implementations_annotation(#[case] mode: LoadBalancerMode, #[case] key: &str) {
+    let f = fip("u-1", "203.0.113.4");
+    let changes = publish_changes(&lb("d", "s"), &mode, &f);
+    let want: BTreeMap<String, String> = [
+        (key, "203.0.113.4"),
+        (FIP_ID_ANNOTATION, "u-1"),
+        (FIP_ADDRESS_ANNOTATION, "203.0.113.4"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    assert_eq!(changes.annotations, want);
+    assert!(changes.status);
+}
+
+#[test]
+fn publish_is_a_no_op_when_shown() {
+    let f = fip("u-1", "203.0.113.4");
+    let mut svc = with(
+        lb("d", "s"),
+        &[
+            (METALLB_IPS_ANNOTATION, "203.0.113.4"),
+            (FIP_ID_ANNOTATION, "u-1"),
+            (FIP_ADDRESS_ANNOTATION, "203.0.113.4"),
+        ],
+    );
+    svc.ingress_ips = vec!["203.0.113.4".into()];
+    assert_eq!(publish_changes(&svc, &metallb(), &f), PublishChanges::default());
+    // A second ingress entry (someone else's) is corrected.
+    svc.ingress_ips.push("192.0.2.1".into());
+    assert!(publish_changes(&svc, &metallb(), &f).status);
+}
+
+#[test]
+fn removals_keep_a_user_ip() {
+    let ours = with(
+        lb("d", "s"),
+        &[
+            (METALLB_IPS_ANNOTATION, "203.0.113.4"),
+            (FIP_ID_ANNOTATION, "u-1"),
+            (FIP_ADDRESS_ANNOTATION, "203.0.113.4"),
+        ],
+    );
+    assert_eq!(
+        record_removals(&ours, Some(&metallb())),
+        vec![FIP_ID_ANNOTATION, FIP_ADDRESS_ANNOTATION, METALLB_IPS_ANNOTATION]
+    );
+    let user = with(ours, &[(METALLB_IPS_ANNOTATION, "192.0.2.50")]);
+    assert_eq!(
+        record_removals(&user, Some(&metallb())),
+        vec![FIP_ID_ANNOTATION, FIP_ADDRESS_ANNOTATION]
+    );
+    assert!(record_removals(&lb("d", "s"), Some(&metallb())).is_empty());
+}
+
+#[test]
+fn orphans_are_fips_without_a_managing_service() {
+    let fip = |id: &str, tag: &str| TaggedFip {
+        id: id.into(),
+        service_tag: tag.into(),
+    };
+    let fips = [
+        fip("a", "live"),
+        fip("b", "gone"),
+        fip("c", "cluster-ip"),
+        fip("d", "live"),
+    ];
+    let owners: BTreeMap<String, bool> = [("live".to_owned(), true), ("cluster-ip".to_owned(), false)]
+        .into_iter()
+        .collect();
+    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned(), "c".to_owned()]);
+    assert!(orphans(&[], &owners).is_empty());
+}

@@ -1,0 +1,90 @@
+//! `baton controller-services` (hidden): runs only the cloud-controller duties of issue 7 — the
+//! Service FIP controller and, with `--nodes`, the node controller — against the cluster in
+//! `KUBECONFIG` (or in-cluster) and the configured cloud, with no leader election (one replica).
+//!
+//! It exists for the crash test and the benchmark, which need a process they can kill; in
+//! production these controllers run inside `baton controller`.
+
+use std::sync::Arc;
+
+use baton_cloud::CherryClient;
+use clap::Args;
+use tokio::sync::watch;
+use tracing::info;
+
+use super::{Context, LeaderGate, node, service};
+use crate::config::{Config, ConfigArgs, ProcessEnv};
+use crate::subcommand_error;
+
+/// Arguments of `baton controller-services`.
+#[derive(Debug, Args)]
+pub struct StandaloneArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Also run the node controller (initialisation, deletion of Nodes whose server is gone).
+    #[arg(long)]
+    pub nodes: bool,
+    /// Do not run the Service FIP controller.
+    #[arg(long)]
+    pub no_services: bool,
+}
+
+/// Runs the selected controllers until SIGINT or SIGTERM.
+pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
+    let StandaloneArgs {
+        config,
+        nodes,
+        no_services,
+    } = args;
+    let config = Config::resolve(&config, &ProcessEnv)?;
+    let cloud = CherryClient::new(config.cloud_client_config()?).map_err(subcommand_error)?;
+    let client = kube::Client::try_default().await.map_err(subcommand_error)?;
+    let ctx = Arc::new(
+        Context::new(
+            client,
+            Arc::new(cloud),
+            Arc::new(config),
+            LeaderGate::always(),
+            None,
+        )
+        .await
+        .map_err(subcommand_error)?,
+    );
+    info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("signal received; stopping");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let services = async {
+        if !no_services {
+            service::run_services(ctx.clone(), stopped(stop_rx.clone())).await;
+        }
+    };
+    let nodes = async {
+        if nodes {
+            node::run_nodes(ctx.clone(), stopped(stop_rx.clone())).await;
+        }
+    };
+    tokio::join!(services, nodes);
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

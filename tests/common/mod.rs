@@ -1,0 +1,156 @@
+//! Shared by the Service / node controller tests and the Service benchmark: a simulator, a
+//! configuration pointing at it, Services, and waits.
+#![allow(dead_code, unreachable_pub)] // each test binary uses a subset
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::config::{Config, ConfigArgs};
+use baton::controller::{Context, LeaderGate};
+use baton_cloud::model::{IpAddress, IpType};
+use baton_cloud::sim::{Faults, Sim, SimHandle, Topology};
+use baton_cloud::{CherryClient, Cloud as _};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+
+/// The configuration environment for a controller talking to `sim`.
+pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = [
+        ("CHERRY_API_KEY", sim.api_key().to_owned()),
+        ("CHERRY_PROJECT_ID", sim.project_id().to_string()),
+        ("CHERRY_BASE_URL", sim.base_url().to_string()),
+        ("CHERRY_LOAD_BALANCER", "metallb:///".to_owned()),
+        ("BATON_API_RATE_LIMIT", "0".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in extra {
+        env.insert((*k).to_owned(), (*v).to_owned());
+    }
+    env
+}
+
+/// A simulator on loopback.
+pub async fn sim(faults: Faults, topology: Topology) -> SimHandle {
+    Sim::builder()
+        .topology(topology)
+        .faults(faults)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("simulator")
+}
+
+/// A controller context for `client` and `env`.
+pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Arc<Context> {
+    let config = Config::resolve(&ConfigArgs::default(), env).expect("config");
+    let cloud = CherryClient::new(config.cloud_client_config().unwrap()).unwrap();
+    Arc::new(
+        Context::new(
+            client,
+            Arc::new(cloud),
+            Arc::new(config),
+            LeaderGate::always(),
+            None,
+        )
+        .await
+        .expect("context"),
+    )
+}
+
+/// A client with no cache shared with the controller: the simulator's truth.
+pub async fn cloud_ips(sim: &SimHandle) -> Vec<IpAddress> {
+    let mut cfg = baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
+        .with_base_url(sim.base_url());
+    cfg.requests_per_second = None;
+    let client = CherryClient::new(cfg).unwrap();
+    client.ips().await.unwrap().as_ref().clone()
+}
+
+/// The FIPs baton made for Services (usage tag).
+pub async fn service_fips(sim: &SimHandle) -> Vec<IpAddress> {
+    cloud_ips(sim)
+        .await
+        .into_iter()
+        .filter(|ip| {
+            ip.ip_type == IpType::FloatingIp
+                && ip.tags.get("usage").map(String::as_str) == Some("cloud-provider-cherry-auto")
+        })
+        .collect()
+}
+
+/// A Service of type LoadBalancer.
+pub fn lb_service(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            annotations: (!annotations.is_empty()).then(|| {
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            }),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![ServicePort {
+                port: 80,
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Creates a namespace.
+pub async fn namespace(client: &kube::Client, name: &str) {
+    let ns = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Default::default()
+    };
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+}
+
+/// The first ingress IP of a Service.
+pub fn ingress(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
