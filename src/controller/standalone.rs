@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use baton_cloud::CherryClient;
 use clap::Args;
-use tokio::sync::watch;
 use tracing::info;
 
 use super::{Context, LeaderGate, node, service};
@@ -51,40 +50,23 @@ pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
         .map_err(subcommand_error)?,
     );
     info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let on_signal = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        crate::signal::shutdown().await;
         info!("signal received; stopping");
-        let _ = stop_tx.send(true);
+        on_signal.cancel();
     });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
     let services = async {
         if !no_services {
-            service::run_services(ctx.clone(), stopped(stop_rx.clone())).await;
+            service::run_services(ctx.clone(), shutdown.clone().cancelled_owned()).await;
         }
     };
     let nodes = async {
         if nodes {
-            node::run_nodes(ctx.clone(), stopped(stop_rx.clone())).await;
+            node::run_nodes(ctx.clone(), shutdown.clone().cancelled_owned()).await;
         }
     };
     tokio::join!(services, nodes);
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
