@@ -740,14 +740,8 @@ async fn publish(
     let changes = publish_changes(facts, mode, fip);
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     if !changes.annotations.is_empty() {
-        ctx.ensure_leader(&facts.key(), "annotating the Service")?;
         let patch = json!({"metadata": {"annotations": changes.annotations}});
-        timed(
-            facts,
-            "annotating the Service",
-            api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await?;
+        merge_patch(ctx, facts, "annotating the Service", &patch).await?;
     }
     if changes.status {
         ctx.ensure_leader(&facts.key(), "setting the Service's ingress")?;
@@ -787,20 +781,31 @@ fn annotation_nulls(
 /// `clear_status` baton's status ingress.
 async fn forget(ctx: &ServiceContext, facts: &ServiceFacts, clear_status: bool) -> Result<(), ServiceError> {
     let nulls = annotation_nulls(facts, ctx.mode());
-    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     if !nulls.is_empty() {
-        ctx.ensure_leader(&facts.key(), "removing baton's annotations")?;
         let patch = json!({"metadata": {"annotations": nulls}});
-        timed(
-            facts,
-            "removing baton's annotations",
-            api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await?;
+        merge_patch(ctx, facts, "removing baton's annotations", &patch).await?;
     }
     if clear_status {
         clear_ingress(ctx, facts).await?;
     }
+    Ok(())
+}
+
+/// A JSON merge patch of the Service, by the leader only, under the write timeout.
+async fn merge_patch(
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    step: &'static str,
+    patch: &serde_json::Value,
+) -> Result<(), ServiceError> {
+    ctx.ensure_leader(&facts.key(), step)?;
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    timed(
+        facts,
+        step,
+        api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(patch)),
+    )
+    .await?;
     Ok(())
 }
 
@@ -870,14 +875,7 @@ async fn release_and_forget(
         "finalizers": finalizers,
         "resourceVersion": svc.resource_version(),
     }});
-    ctx.ensure_leader(&facts.key(), "removing the finalizer")?;
-    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
-    timed(
-        facts,
-        "removing the finalizer",
-        api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await?;
+    merge_patch(ctx, facts, "removing the finalizer", &patch).await?;
     clear_ingress(ctx, facts).await?;
     Ok(Action::await_change())
 }
