@@ -5,6 +5,12 @@
 //! measures the time until `https://<FIP>:6443/readyz` answers again, then restarts it and lets
 //! the controller see it healthy. Every retarget beyond one per run, and any during a final quiet
 //! period, is a false move.
+//!
+//! `--busy`: the simulator enforces the real API's 4 requests/s, and LoadBalancer Services are
+//! created (and, 40 behind, deleted) at 4/s throughout, so the controller's Service FIP work
+//! always has more queued cloud calls than the limit lets through: the failover's calls must
+//! jump that queue. The holder is read from the simulator's state directly, so the benchmark
+//! itself uses none of the request budget.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // a benchmark harness: a panic is the report
 // Plot arithmetic on small counts (runs, pixels): the casts cannot lose anything that matters.
@@ -33,6 +39,7 @@ struct Args {
     latency_ms: u64,
     svg: Option<String>,
     bin: String,
+    busy: bool,
 }
 
 fn args() -> Args {
@@ -41,6 +48,7 @@ fn args() -> Args {
         latency_ms: 100,
         svg: None,
         bin: std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into()),
+        busy: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -50,7 +58,10 @@ fn args() -> Args {
             "--latency-ms" => a.latency_ms = value().parse().expect("--latency-ms N"),
             "--svg" => a.svg = Some(value()),
             "--bin" => a.bin = value(),
-            other => panic!("unknown flag {other}; flags: --runs N --latency-ms N --svg PATH --bin PATH"),
+            "--busy" => a.busy = true,
+            other => {
+                panic!("unknown flag {other}; flags: --runs N --latency-ms N --svg PATH --bin PATH --busy")
+            }
         }
     }
     a
@@ -64,7 +75,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn main() {
     let a = args();
-    let (times, false_moves) = lab::run(move || run(a.runs, a.latency_ms, a.bin.clone()));
+    let (times, false_moves, busy) = lab::run(move || run(a.runs, a.latency_ms, a.bin.clone(), a.busy));
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&sorted, 50.0), percentile(&sorted, 99.0));
@@ -75,20 +86,22 @@ fn main() {
         std::fs::write(path, svg(&times, p50, p99)).unwrap();
         eprintln!("wrote {path}");
     }
+    let mode = if a.busy { "failover-busy" } else { "failover" };
     println!(
-        "failover p50_ms={:.0} p99_ms={:.0} runs={} false_moves={false_moves}",
+        "{mode} p50_ms={:.0} p99_ms={:.0} runs={} false_moves={false_moves}{busy}",
         p50,
         p99,
         times.len()
     );
 }
 
-async fn run(runs: usize, latency_ms: u64, bin: String) -> (Vec<f64>, usize) {
+async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>, usize, String) {
     let mut cp = ControlPlane::start(Options::servers(3)).await.unwrap();
     let sim = Sim::builder()
         .topology(Topology::default())
         .faults(Faults {
             latency_ms,
+            rate_limit: busy.then_some(4.0),
             ..Faults::none()
         })
         .bind("127.0.0.1:0".parse().unwrap())
@@ -111,7 +124,14 @@ async fn run(runs: usize, latency_ms: u64, bin: String) -> (Vec<f64>, usize) {
     let urls: Vec<String> = (0..3).map(|i| cp.url(i)).collect();
     let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
     let log = std::fs::File::create(cp.dir().join("controller.log")).unwrap();
-    let _controller = tokio::process::Command::new(&bin)
+    let mut controller = tokio::process::Command::new(&bin);
+    if busy {
+        // Service FIPs (in this region) with the default 4 requests/s client limit.
+        controller.env("CHERRY_REGION_NAME", "LT-Siauliai");
+    } else {
+        controller.env("BATON_API_RATE_LIMIT", "0");
+    }
+    let _controller = controller
         .arg("controller")
         .args([
             "--kubeconfig",
@@ -142,23 +162,25 @@ async fn run(runs: usize, latency_ms: u64, bin: String) -> (Vec<f64>, usize) {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    let fip_path = format!("/v1/ips/{}", fip.id.as_str());
     let puts = |sim: &baton_cloud::sim::SimHandle| {
         sim.log(0)
             .into_iter()
-            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
+            .filter(|e| e.method == "PUT" && e.path == fip_path && e.status < 300)
             .count()
     };
+    let target = |sim: &baton_cloud::sim::SimHandle| sim.peek_ip(fip.id.as_str()).and_then(|ip| ip.target());
+    let churn = busy.then(|| tokio::spawn(churn_services((0..3).map(|i| cp.client(i).unwrap()).collect())));
+    if busy {
+        // Let the queue fill before the first kill.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let stats_before = sim.stats();
     let mut times = Vec::with_capacity(runs);
     let mut false_moves = 0;
     for run in 0..runs {
         let before = puts(&sim);
-        let holder = cloud
-            .ip(&fip.id)
-            .await
-            .unwrap()
-            .target()
-            .expect("the FIP is assigned")
-            .0;
+        let holder = target(&sim).expect("the FIP is assigned").0;
         let idx = CP
             .iter()
             .position(|&id| id == holder)
@@ -167,9 +189,7 @@ async fn run(runs: usize, latency_ms: u64, bin: String) -> (Vec<f64>, usize) {
         cp.kill_apiserver(idx).await;
         // The FIP keeps answering for a moment after the kill only if the connection raced it.
         loop {
-            if ok(probe.clone(), url.clone()).await
-                && cloud.ip(&fip.id).await.unwrap().target() != Some(ServerId(holder))
-            {
+            if ok(probe.clone(), url.clone()).await && target(&sim) != Some(ServerId(holder)) {
                 break;
             }
             assert!(
@@ -188,7 +208,60 @@ async fn run(runs: usize, latency_ms: u64, bin: String) -> (Vec<f64>, usize) {
     let before = puts(&sim);
     tokio::time::sleep(Duration::from_secs(10)).await;
     false_moves += puts(&sim) - before;
-    (times, false_moves)
+    let mut busy_report = String::new();
+    if let Some(churn) = churn {
+        churn.abort();
+        let stats = sim.stats();
+        let _ = write!(
+            busy_report,
+            " cloud_requests={} got_429={}",
+            stats.requests.saturating_sub(stats_before.requests),
+            stats.rate_limited.saturating_sub(stats_before.rate_limited)
+        );
+    }
+    (times, false_moves, busy_report)
+}
+
+/// Creates a LoadBalancer Service every 250 ms and deletes the one 40 before it, through
+/// whichever API server answers (one of them is always being killed).
+async fn churn_services(clients: Vec<kube::Client>) {
+    use k8s_openapi::api::core::v1::{Namespace, Service};
+    use kube::api::{Api, DeleteParams, PostParams};
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "busy"}})).unwrap();
+    for c in &clients {
+        if Api::<Namespace>::all(c.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    for i in 0u64.. {
+        tick.tick().await;
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("churn-{i}")},
+            "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
+                     "ports": [{"port": 80, "protocol": "TCP"}]}
+        }))
+        .unwrap();
+        for c in &clients {
+            let api: Api<Service> = Api::namespaced(c.clone(), "busy");
+            let created =
+                tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
+            if matches!(created, Ok(Ok(_))) {
+                if let Some(old) = i.checked_sub(40) {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        api.delete(&format!("churn-{old}"), &DeleteParams::default()),
+                    )
+                    .await;
+                }
+                break;
+            }
+        }
+    }
 }
 
 fn svg(times: &[f64], p50: f64, p99: f64) -> String {

@@ -2,8 +2,8 @@
 //! simulator's `bootstrap` server) and three control-plane API servers (198.51.100.11–13, the
 //! simulator's cp-0..2) on one etcd, the Cherry Servers simulator, and the `baton` binary.
 //!
-//! The in-cluster `baton controller` (issue 6) does not exist yet; [`route_like_the_controller`]
-//! stands in for it until it lands (see its doc comment).
+//! The in-cluster `baton controller` runs as a process next to it and routes the FIPs of the
+//! API Services the bootstrap creates.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a scenario reads best as one story
 
@@ -12,11 +12,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use baton::controller::mirror::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
-use baton_cloud::model::{IpAddress, IpType, ServerId, Tags};
+use baton_cloud::model::{IpAddress, IpType, Tags};
 use baton_cloud::sim::{Faults, Sim, SimHandle, TopoFip, Topology};
 use baton_cloud::{CherryClient, ClientConfig, Cloud};
 use baton_core::Secret;
@@ -25,10 +23,9 @@ use hickory_net::client::{Client, ClientHandle as _};
 use hickory_net::runtime::TokioRuntimeProvider;
 use hickory_net::udp::UdpClientStream;
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -39,6 +36,8 @@ const API_KEY: &str = "sim-secret-key-0b4c7a19e2";
 const BOOTSTRAP: &str = "198.51.100.10";
 /// The FIP the "installer" reserved for `api` (tagged `cluster=<infraId>-api`).
 const API_FIP: &str = "203.0.113.50";
+/// The simulator's control-plane servers cp-0..2 (198.51.100.11–13).
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
 
 /// The heavy lab tests share the 2-core machine badly; run them one at a time.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -225,126 +224,59 @@ async fn run_to_end(mut child: Child, limit: Duration) -> (Vec<serde_json::Value
     (events, status.code())
 }
 
-/// Stand-in for the in-cluster `baton controller` (issue 6) until it lands; the lead swaps in
-/// the real controller then. For every Service of `namespace` annotated
-/// `baton.dev/control-plane-endpoint: "true"` it does exactly what the controller will do:
-/// routes (retargets) the Service's FIP (`loadBalancerIP`) through the cloud API to a
-/// control-plane server whose API server answers `/readyz`, sets
-/// `status.loadBalancer.ingress = [{ip: FIP, ipMode: Proxy}]`, and writes an EndpointSlice
-/// (`kubernetes.io/service-name=<svc>`) mirroring the endpoints of `default/kubernetes`.
-/// `routed` is set once a FIP has been routed.
-async fn route_like_the_controller(
-    client: kube::Client,
-    cloud: CherryClient,
-    namespace: String,
-    ca_der: Vec<u8>,
-    routed: Arc<AtomicBool>,
-    stop: CancellationToken,
-) {
-    let http = baton_testbed::http_client(Some(&ca_der)).unwrap();
-    let servers: Vec<(ServerId, IpAddr)> = cloud
-        .servers()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|s| s.tags.get("role").map(String::as_str) == Some("control-plane"))
-        .filter_map(|s| Some((s.id, s.first_ipv4(&IpType::PrimaryIp)?)))
-        .collect();
-    while !stop.is_cancelled() {
-        if let Err(e) = route_once(&client, &cloud, &namespace, &http, &servers, &routed).await {
-            tracing::debug!(error = %e, "route_like_the_controller: retrying");
+/// Registers the three control-plane Nodes cp-0..2 as their kubelets (`--cloud-provider=external`)
+/// would: no provider ID yet, tainted uninitialized; the controller initialises them. The
+/// bootstrap host is not a Node.
+async fn register_control_plane_nodes(client: &kube::Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for i in 0..CP.len() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": format!("cp-{i}"),
+                         "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                                 "value": "true", "effect": "NoSchedule"}]}
+        }))
+        .unwrap();
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating Node cp-{i}: {e}"),
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn route_once(
-    client: &kube::Client,
-    cloud: &CherryClient,
-    namespace: &str,
-    http: &reqwest::Client,
-    servers: &[(ServerId, IpAddr)],
-    routed: &AtomicBool,
-) -> anyhow::Result<()> {
-    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let pp = PatchParams::apply("baton-test-controller").force();
-    for svc in services.list(&ListParams::default()).await?.items {
-        let name = svc.metadata.name.clone().unwrap_or_default();
-        let annotated = svc
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CONTROL_PLANE_ENDPOINT_ANNOTATION))
-            .is_some_and(|v| v == "true");
-        let Some(lb_ip) = svc.spec.as_ref().and_then(|s| s.load_balancer_ip.clone()) else {
-            continue;
-        };
-        if !annotated {
-            continue;
-        }
-        let addr: IpAddr = lb_ip.parse()?;
-        let find = |ips: &[IpAddress]| ips.iter().find(|i| i.address == addr).cloned();
-        let fip = if let Some(f) = find(&cloud.ips().await?) {
-            f
-        } else {
-            cloud.invalidate_ips();
-            let Some(f) = find(&cloud.ips().await?) else {
-                continue;
-            };
-            f
-        };
-        let mut healthy = Vec::new();
-        for (id, server_ip) in servers {
-            let ok = http
-                .get(format!("https://{server_ip}:6443/readyz"))
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                healthy.push(*id);
-            }
-        }
-        if !fip.target().is_some_and(|t| healthy.contains(&t))
-            && let Some(target) = healthy.first()
-        {
-            cloud.retarget_ip(&fip.id, *target).await?;
-            routed.store(true, Ordering::SeqCst);
-        }
-        services
-            .patch_status(
-                &name,
-                &pp,
-                &Patch::Apply(json!({
-                    "apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "status": {"loadBalancer": {"ingress": [{"ip": lb_ip, "ipMode": "Proxy"}]}},
-                })),
-            )
-            .await?;
-        let source = Api::<EndpointSlice>::namespaced(client.clone(), "default")
-            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")))
-            .await?
-            .items;
-        let endpoints: Vec<_> = source.iter().flat_map(|s| s.endpoints.clone()).collect();
-        let ports = source.first().and_then(|s| s.ports.clone()).unwrap_or_default();
-        Api::<EndpointSlice>::namespaced(client.clone(), namespace)
-            .patch(
-                &format!("{name}-mirror"),
-                &pp,
-                &Patch::Apply(json!({
-                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {"name": format!("{name}-mirror"), "namespace": namespace,
-                                 "labels": {SERVICE_NAME_LABEL: name,
-                                            "endpointslice.kubernetes.io/managed-by": "controller.baton.dev"}},
-                    "addressType": "IPv4",
-                    "endpoints": endpoints.iter().map(|e| json!({"addresses": e.addresses, "conditions": e.conditions})).collect::<Vec<_>>(),
-                    "ports": ports,
-                })),
-            )
-            .await?;
-    }
-    Ok(())
+/// The in-cluster `baton controller` (one replica) for `sim`, talking to cp-0's API server. It
+/// routes the FIPs of the annotated API Services the bootstrap creates.
+fn baton_controller(cp: &ControlPlane, sim: &SimHandle, log: &Path) -> Child {
+    let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["controller", "--no-leader-election", "--admin-listen", "off"])
+        .args(["--identity", "in-cluster", "--kubeconfig"])
+        .arg(kubeconfig)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("CHERRY_API_KEY", API_KEY)
+        .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+        .env("CHERRY_BASE_URL", sim.base_url().as_str())
+        .env("BATON_API_RATE_LIMIT", "0")
+        .env("BATON_LOG", "info,baton=debug,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn baton controller")
+}
+
+/// True once the simulator has retargeted a FIP (the controller routed it).
+fn routed(sim: &SimHandle) -> bool {
+    sim.log(0)
+        .iter()
+        .any(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/") && e.status < 300)
 }
 
 fn dns_client(addr: SocketAddr) -> Client<TokioRuntimeProvider> {
@@ -431,27 +363,21 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
     lab::run(|| async {
         let _heavy = HEAVY.lock().await;
         let infra = "e2e";
-        let cp = start_control_plane().await;
+        let mut cp = start_control_plane().await;
         let sim = start_sim(infra).await;
+        let sim = Arc::new(sim);
         let s = scenario(&cp, &sim, infra, "e2e-api", 5353);
         let log = s.dir.path().join("baton.log");
 
-        let routed = Arc::new(AtomicBool::new(false));
-        let stop = CancellationToken::new();
-        let controller = tokio::spawn(route_like_the_controller(
-            cp.client(1).unwrap(),
-            cloud_client(&sim),
-            s.namespace.clone(),
-            cp.ca_der().to_vec(),
-            routed.clone(),
-            stop.clone(),
-        ));
+        register_control_plane_nodes(&cp.client(1).unwrap()).await;
+        let controller_log = s.dir.path().join("controller.log");
+        let mut controller = baton_controller(&cp, &sim, &controller_log);
 
         let child = baton_bootstrap(&s, &log);
         // Watch what DNS answers for api while the bootstrap runs.
         let watching = CancellationToken::new();
         let watcher = {
-            let (watching, routed, addr) = (watching.clone(), routed.clone(), s.dns);
+            let (watching, sim, addr) = (watching.clone(), Arc::clone(&sim), s.dns);
             tokio::spawn(async move {
                 let mut client = dns_client(addr);
                 let mut seen: Vec<(BTreeSet<IpAddr>, bool)> = Vec::new();
@@ -460,7 +386,7 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
                         && !a.is_empty()
                         && seen.last().map(|(l, _)| l) != Some(&a)
                     {
-                        seen.push((a, routed.load(Ordering::SeqCst)));
+                        seen.push((a, routed(&sim)));
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -524,6 +450,23 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
             .await
             .unwrap();
         assert_eq!(body, "ok");
+        // The controller routed every endpoint FIP to a control-plane Node, never to the
+        // bootstrap host, so stopping the bootstrap API server loses nothing.
+        for fip in floating_ips(&sim).await {
+            let target = fip.target().map(|t| t.0);
+            assert!(
+                target.is_some_and(|t| CP.contains(&t)),
+                "{} targets {target:?}, not a control-plane server",
+                fip.address
+            );
+        }
+        cp.kill_apiserver(0).await;
+        let readyz = http
+            .get(format!("https://{API_FIP}:6443/readyz"))
+            .send()
+            .await
+            .expect("/readyz through the FIP with the bootstrap API server stopped");
+        assert!(readyz.status().is_success());
 
         // Exactly one FIP per endpoint; the objects exist once.
         let client = cp.client(1).unwrap();
@@ -567,8 +510,9 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
         assert_eq!(code, Some(0), "{events:#?}");
         assert_no_duplicates(&sim, &client, &s, infra).await;
 
-        stop.cancel();
-        controller.await.unwrap();
+        controller.kill().await.unwrap();
+        let controller_log = std::fs::read_to_string(&controller_log).unwrap();
+        assert!(!controller_log.contains(API_KEY), "the API key leaked");
     });
 }
 
@@ -587,6 +531,7 @@ fn a_killed_bootstrap_continues_without_duplicates() {
         let _heavy = HEAVY.lock().await;
         let cp = start_control_plane().await;
         let client = cp.client(1).unwrap();
+        register_control_plane_nodes(&client).await;
         let seed: u64 = std::env::var("BATON_CRASH_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -629,15 +574,7 @@ fn a_killed_bootstrap_continues_without_duplicates() {
                 5400 + u16::try_from(i).unwrap(),
             );
             let log = s.dir.path().join("baton.log");
-            let stop = CancellationToken::new();
-            let controller = tokio::spawn(route_like_the_controller(
-                client.clone(),
-                cloud_client(&sim),
-                s.namespace.clone(),
-                cp.ca_der().to_vec(),
-                Arc::new(AtomicBool::new(false)),
-                stop.clone(),
-            ));
+            let mut controller = baton_controller(&cp, &sim, &s.dir.path().join("controller.log"));
 
             // First run: killed (SIGKILL) at the kill point.
             let mut child = baton_bootstrap(&s, &log);
@@ -686,8 +623,14 @@ fn a_killed_bootstrap_continues_without_duplicates() {
             );
             assert_eq!(events.last().unwrap()["result"], "complete");
             assert_no_duplicates(&sim, &client, &s, &infra).await;
-            stop.cancel();
-            controller.await.unwrap();
+            controller.kill().await.unwrap();
+            // Every run's simulator hands out the same addresses: remove this run's Services
+            // so the next run's controller does not route them too.
+            let services: Api<Service> = Api::namespaced(client.clone(), &s.namespace);
+            services
+                .delete_collection(&Default::default(), &ListParams::default())
+                .await
+                .unwrap();
         }
         eprintln!("killed at: {killed_at:#?}");
         assert!(killed_at.len() >= 20);
@@ -915,15 +858,8 @@ fn in_rfc2136_mode_the_same_changes_are_pushed_to_the_sites_dns_server() {
             ),
         );
         let log = s.dir.path().join("baton.log");
-        let stop = CancellationToken::new();
-        let controller = tokio::spawn(route_like_the_controller(
-            cp.client(1).unwrap(),
-            cloud_client(&sim),
-            s.namespace.clone(),
-            cp.ca_der().to_vec(),
-            Arc::new(AtomicBool::new(false)),
-            stop.clone(),
-        ));
+        register_control_plane_nodes(&cp.client(1).unwrap()).await;
+        let _controller = baton_controller(&cp, &sim, &s.dir.path().join("controller.log"));
         let watching = CancellationToken::new();
         let watcher = {
             let watching = watching.clone();
@@ -959,7 +895,5 @@ fn in_rfc2136_mode_the_same_changes_are_pushed_to_the_sites_dns_server() {
         );
         let summary = events.last().unwrap();
         assert_eq!(summary["dns"]["mode"], "rfc2136");
-        stop.cancel();
-        controller.await.unwrap();
     });
 }

@@ -124,6 +124,7 @@ pub async fn run(
     let mut states: BTreeMap<String, EndpointState> = BTreeMap::new();
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leading = false;
 
     loop {
         tokio::select! {
@@ -131,6 +132,14 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = health_rx.changed() => {}
         }
+        // A follower's cached IP list may predate the previous leader's last move: a new
+        // leader reads the cloud afresh before deciding anything.
+        let now_leading = ctx.leader.is_leader();
+        if now_leading && !leading {
+            ctx.cloud.invalidate_ips();
+            servers_at = None;
+        }
+        leading = now_leading;
         let api_servers = api_server_addresses(&slices.state());
         if api_servers.is_empty() {
             tracing::debug!("default/kubernetes lists no API server yet");
@@ -143,13 +152,14 @@ pub async fn run(
         if servers_at.is_none_or(|t| {
             t.elapsed() > opts.servers_refresh || (unknown && t.elapsed() > Duration::from_secs(5))
         }) {
-            match ctx.cloud.servers().await {
+            // Urgent, like the move itself: a queue of Service FIP work must not delay failover.
+            match opts.urgent_cloud.servers().await {
                 Ok(s) => servers = s,
                 Err(error) => tracing::warn!(%error, "listing servers failed"),
             }
             servers_at = Some(Instant::now());
         }
-        let ips = match ctx.cloud.ips().await {
+        let ips = match opts.urgent_cloud.ips().await {
             Ok(ips) => ips,
             Err(error) => {
                 tracing::warn!(%error, "listing IPs failed");
@@ -303,7 +313,7 @@ impl Step<'_> {
         let since = *state.down_since.get_or_insert_with(Instant::now);
         let from = ep.fip.target();
         tracing::info!(fip = %ep.fip.address, ?from, to, reason = reason.as_str(), "moving the control-plane FIP");
-        match opts.urgent_cloud.retarget_ip(&ep.fip.id, ServerId(to)).await {
+        let moved = match opts.urgent_cloud.retarget_ip(&ep.fip.id, ServerId(to)).await {
             Ok(ip) => {
                 let recovered = since.elapsed();
                 metrics.failover(reason.as_str(), recovered);
@@ -312,40 +322,49 @@ impl Step<'_> {
                 // The FIP's probe history belongs to the old holder: start afresh.
                 prober.reset(&fip_target)?;
                 let confirmed = ip.target() == Some(ServerId(to));
-                let to_name = candidates
-                    .iter()
-                    .find(|(c, _)| c.server_id == to)
-                    .map_or("?", |(c, _)| c.node.as_str());
                 tracing::info!(fip = %ep.fip.address, to, confirmed, recovered_ms = recovered.as_millis(), "control-plane FIP moved");
-                if let Some(svc) = service_of(self.services, &ep.service) {
-                    ctx.event(
-                        &*svc,
-                        EventType::Normal,
-                        "FloatingIPMoved",
-                        "Failover",
-                        format!(
-                            "moved FIP {} from server {} to {to_name} (server {to}): {}",
-                            ep.fip.address,
-                            from.map_or_else(|| "none".to_owned(), |s| s.to_string()),
-                            reason.as_str()
-                        ),
-                    )
-                    .await;
-                }
+                true
             }
             Err(error) => {
                 metrics.failover_error();
                 tracing::warn!(%error, fip = %ep.fip.address, to, "retargeting the FIP failed");
+                false
             }
-        }
-        // Read back what the cloud now says (the write's own response already did once).
-        match opts.urgent_cloud.ip(&ep.fip.id).await {
-            Ok(ip) if ip.target() == Some(ServerId(to)) => {}
-            Ok(ip) => {
-                tracing::warn!(fip = %ep.fip.address, to, now = ?ip.target(), "the FIP is not where it was moved");
+        };
+        // The Event and the read-back run aside, the read-back at normal priority: another FIP
+        // on the same failed holder must not wait for them (the Event may go through a
+        // failing-over API client; the read-back would take the next urgent slot).
+        let to_name = candidates
+            .iter()
+            .find(|(c, _)| c.server_id == to)
+            .map_or_else(|| "?".to_owned(), |(c, _)| c.node.clone());
+        let service = service_of(self.services, &ep.service);
+        let (ctx, cloud, fip) = (ctx.clone(), Arc::clone(&ctx.cloud), ep.fip.clone());
+        tokio::spawn(async move {
+            if moved && let Some(svc) = service {
+                ctx.event(
+                    &*svc,
+                    EventType::Normal,
+                    "FloatingIPMoved",
+                    "Failover",
+                    format!(
+                        "moved FIP {} from server {} to {to_name} (server {to}): {}",
+                        fip.address,
+                        from.map_or_else(|| "none".to_owned(), |s| s.to_string()),
+                        reason.as_str()
+                    ),
+                )
+                .await;
             }
-            Err(error) => tracing::debug!(%error, "reading the FIP back failed"),
-        }
+            // Read back what the cloud now says (the write's own response already did once).
+            match cloud.ip(&fip.id).await {
+                Ok(ip) if ip.target() == Some(ServerId(to)) => {}
+                Ok(ip) => {
+                    tracing::warn!(fip = %fip.address, to, now = ?ip.target(), "the FIP is not where it was moved");
+                }
+                Err(error) => tracing::debug!(%error, "reading the FIP back failed"),
+            }
+        });
         Ok(())
     }
 }
@@ -433,33 +452,61 @@ fn probe_addresses(
 }
 
 /// The candidates behind the probed API server addresses: their server (by IP) and Node (by
-/// provider ID), with current health.
+/// provider ID, or hostname before it is initialised), with current health.
+///
+/// Once any of these servers is a registered Node, only servers that are Nodes stay candidates:
+/// an API server without a Node is the bootstrap host (it serves only until the handoff), so the
+/// FIP is never moved there, and a FIP that is there is moved to a Node ([`Reason::HolderGone`]).
+/// Before any kubelet has registered, every listed API server is a candidate.
+///
+/// [`Reason::HolderGone`]: baton_core::failover::Reason::HolderGone
 fn candidates(
     addrs: &[SocketAddr],
     servers: &[Server],
     nodes: &[Arc<Node>],
     prober: &Prober,
 ) -> Vec<(Candidate, SocketAddr)> {
-    addrs
+    let backed: Vec<(SocketAddr, &Server, Option<&Arc<Node>>)> = addrs
         .iter()
         .filter_map(|addr| {
             let server = server_by_ip(servers, addr.ip())?;
-            let node = nodes.iter().find(|n| {
-                n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(&server.provider_id())
-            });
+            Some((*addr, server, node_of(nodes, server)))
+        })
+        .collect();
+    let any_node = backed.iter().any(|(_, _, node)| node.is_some());
+    backed
+        .into_iter()
+        .filter(|(_, _, node)| node.is_some() || !any_node)
+        .map(|(addr, server, node)| {
             let candidate = Candidate {
                 server_id: server.id.0,
                 node: node.map_or_else(|| server.hostname.clone(), |n| n.name_any()),
-                health: prober.health(addr),
+                health: prober.health(&addr),
                 schedulable: !node
                     .and_then(|n| n.spec.as_ref())
                     .and_then(|s| s.unschedulable)
                     .unwrap_or(false),
                 deleting: node.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
             };
-            Some((candidate, *addr))
+            (candidate, addr)
         })
         .collect()
+}
+
+/// The Node of `server`: by provider ID, or (not yet initialised) by name = hostname, as the
+/// node controller matches them.
+fn node_of<'a>(nodes: &'a [Arc<Node>], server: &Server) -> Option<&'a Arc<Node>> {
+    let provider_id = server.provider_id();
+    nodes
+        .iter()
+        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(&provider_id))
+        .or_else(|| {
+            nodes.iter().find(|n| {
+                n.spec.as_ref().and_then(|s| s.provider_id.as_ref()).is_none()
+                    && !server.hostname.is_empty()
+                    && n.metadata.name.as_deref() == Some(server.hostname.as_str())
+            })
+        })
 }
 
 fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {

@@ -245,6 +245,12 @@ impl SimHandle {
         lock(&self.shared.limiter).reset();
     }
 
+    /// An IP address as the world holds it now, read directly: no latency, no rate limit, not
+    /// logged (for harnesses that watch the cloud without using its request budget).
+    pub fn peek_ip(&self, id: &str) -> Option<crate::model::IpAddress> {
+        lock(&self.shared.world).get_ip(id).ok()
+    }
+
     /// The current faults.
     pub fn faults(&self) -> Faults {
         lock(&self.shared.faults).clone()

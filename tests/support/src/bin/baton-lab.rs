@@ -1,8 +1,15 @@
 //! `baton-lab`: start a real control plane in a fresh lab and run a command inside that lab.
 //!
 //! ```text
-//! baton-lab [--servers N] [--controller-manager] -- CMD [ARGS…]
+//! baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] -- CMD [ARGS…]
 //! ```
+//!
+//! - `--servers N`: control-plane API servers on 198.51.100.11, .12, … (the simulator's cp-0…).
+//! - `--bootstrap`: one more API server first, on 198.51.100.10 (the simulator's `bootstrap`
+//!   host); `KUBECONFIG` then points at it, as on a bootstrap host.
+//! - `--nodes N`: registers Nodes cp-0…cp-(N-1) as kubelets started with
+//!   `--cloud-provider=external` do: no provider ID, tainted
+//!   `node.cloudprovider.kubernetes.io/uninitialized` until a cloud controller initialises them.
 //!
 //! CMD runs in the lab's network namespace with `KUBECONFIG` (admin, API server 0),
 //! `BATON_LAB_DIR` (PKI, kubeconfigs, logs), `BATON_LAB_APISERVERS` (comma-separated addresses)
@@ -12,12 +19,15 @@
 use std::process::ExitCode;
 
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: baton-lab [--servers N] [--controller-manager] -- CMD [ARGS...]");
+    eprintln!(
+        "usage: baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] -- CMD [ARGS...]"
+    );
     ExitCode::from(2)
 }
 
@@ -25,6 +35,8 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut servers = 3u8;
     let mut kcm = false;
+    let mut bootstrap = false;
+    let mut nodes = 0u8;
     let mut cmd = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -33,6 +45,11 @@ fn main() -> ExitCode {
                 _ => return usage(),
             },
             "--controller-manager" => kcm = true,
+            "--bootstrap" => bootstrap = true,
+            "--nodes" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if n <= 9 => nodes = n,
+                _ => return usage(),
+            },
             "--" => {
                 cmd.extend(args.by_ref());
                 break;
@@ -44,10 +61,13 @@ fn main() -> ExitCode {
         return usage();
     }
     lab::run(move || async move {
-        let opts = Options {
+        let mut opts = Options {
             controller_manager: kcm,
             ..Options::servers(servers)
         };
+        if bootstrap {
+            opts.servers.insert(0, lab::public_ip(10));
+        }
         let started = tokio::time::Instant::now();
         let cp = match ControlPlane::start(opts).await {
             Ok(cp) => cp,
@@ -78,6 +98,10 @@ fn main() -> ExitCode {
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
+        if let Err(e) = register_nodes(&cp, nodes).await {
+            eprintln!("baton-lab: registering Nodes failed: {e}");
+            return ExitCode::FAILURE;
+        }
         let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).expect("kubeconfig");
         let ca = cp.dir().join("ca.crt");
         let status = tokio::process::Command::new(&cmd[0])
@@ -98,4 +122,23 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Registers Nodes cp-0…cp-(n-1) the way kubelets with `--cloud-provider=external` do.
+async fn register_nodes(cp: &ControlPlane, n: u8) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(cp.client(0).expect("client"));
+    for i in 0..n {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cp-{i}"),
+                         "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                                 "value": "true", "effect": "NoSchedule"}]}
+        }))
+        .expect("a Node");
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    if n > 0 {
+        eprintln!("baton-lab: registered Nodes cp-0..cp-{} (uninitialized)", n - 1);
+    }
+    Ok(())
 }
