@@ -621,7 +621,11 @@ fn a_killed_bootstrap_continues_without_duplicates() {
                 "run {i} ({point:?}): rerun failed; events:\n{events:#?}\nlog:\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
             );
-            assert_eq!(events.last().unwrap()["result"], "complete");
+            assert_eq!(
+                events.last().unwrap()["result"],
+                "complete",
+                "run {i} ({point:?}): events:\n{events:#?}"
+            );
             assert_no_duplicates(&sim, &client, &s, &infra).await;
             controller.kill().await.unwrap();
             // Every run's simulator hands out the same addresses: remove this run's Services

@@ -245,6 +245,14 @@ pub async fn run(args: BootstrapArgs, env: &dyn Env) -> Result<(), BootstrapErro
         }
     }
     .await;
+    if let Some(r) = runner.as_ref() {
+        // Every DNS change so far is reported before the summary (the reporter task may lag);
+        // when the process ends with the summary, none after it.
+        r.report_dns();
+        if args.exit_when_complete || result.is_err() {
+            reporter.mute_dns();
+        }
+    }
     let summary = summary(runner.as_ref(), &reporter, &result, args.check_config);
     reporter.finish(&summary);
     if result.is_ok() && !args.exit_when_complete && !args.check_config && runner.is_some() {
@@ -626,6 +634,16 @@ impl Runner {
         self.health = Some(health);
         self.publisher = Some(publisher);
         Ok(())
+    }
+
+    /// Reports the records being served now (changes only).
+    fn report_dns(&self) {
+        if self.publisher.is_none() {
+            return;
+        }
+        for (name, recs) in self.store.snapshot().names() {
+            self.reporter.dns(name.as_str(), recs.served());
+        }
     }
 
     fn spawn_dns_reporter(&self) {

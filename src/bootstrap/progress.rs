@@ -58,6 +58,8 @@ struct Inner {
     step_started: Instant,
     services: Vec<ServiceProgress>,
     dns: BTreeMap<String, Vec<IpAddr>>,
+    /// No more `dns` events (the summary is out and nothing may follow it).
+    dns_muted: bool,
     notified_ready: bool,
     multi: Option<MultiProgress>,
     step_bar: Option<ProgressBar>,
@@ -102,6 +104,7 @@ impl Reporter {
                 step_started: Instant::now(),
                 services: Vec::new(),
                 dns: BTreeMap::new(),
+                dns_muted: false,
                 notified_ready: false,
                 multi,
                 step_bar: None,
@@ -242,7 +245,7 @@ impl Reporter {
     /// The API names' served addresses changed.
     pub fn dns(&self, name: &str, served: Vec<IpAddr>) {
         let mut inner = self.lock();
-        if inner.dns.get(name) == Some(&served) {
+        if inner.dns_muted || inner.dns.get(name) == Some(&served) {
             return;
         }
         let list: Vec<String> = served.iter().map(ToString::to_string).collect();
@@ -254,6 +257,11 @@ impl Reporter {
         );
         inner.dns.insert(name.to_owned(), served);
         self.write_status(&inner, None);
+    }
+
+    /// Reports no more DNS changes: the summary comes next and is the last line.
+    pub fn mute_dns(&self) {
+        self.lock().dns_muted = true;
     }
 
     /// The API Services' readiness (called on every poll; reports changes).
