@@ -125,11 +125,12 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
     let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
     let log = std::fs::File::create(cp.dir().join("controller.log")).unwrap();
     let mut controller = tokio::process::Command::new(&bin);
+    // The default client limit (4 requests/s) in both modes.
     if busy {
-        // Service FIPs (in this region) with the default 4 requests/s client limit.
-        controller.env("CHERRY_REGION_NAME", "LT-Siauliai");
-    } else {
-        controller.env("BATON_API_RATE_LIMIT", "0");
+        // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
+        controller
+            .env("CHERRY_REGION_NAME", "LT-Siauliai")
+            .env("CHERRY_LOAD_BALANCER", "kube-vip://");
     }
     let _controller = controller
         .arg("controller")
@@ -170,7 +171,13 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
             .count()
     };
     let target = |sim: &baton_cloud::sim::SimHandle| sim.peek_ip(fip.id.as_str()).and_then(|ip| ip.target());
-    let churn = busy.then(|| tokio::spawn(churn_services((0..3).map(|i| cp.client(i).unwrap()).collect())));
+    let created = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let churn = busy.then(|| {
+        tokio::spawn(churn_services(
+            (0..3).map(|i| cp.client(i).unwrap()).collect(),
+            std::sync::Arc::clone(&created),
+        ))
+    });
     if busy {
         // Let the queue fill before the first kill.
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -212,9 +219,15 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
     if let Some(churn) = churn {
         churn.abort();
         let stats = sim.stats();
+        let fips_created = sim
+            .log(0)
+            .iter()
+            .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
+            .count();
         let _ = write!(
             busy_report,
-            " cloud_requests={} got_429={}",
+            " services_created={} service_fips_created={fips_created} cloud_requests={} got_429={}",
+            created.load(std::sync::atomic::Ordering::Relaxed),
             stats.requests.saturating_sub(stats_before.requests),
             stats.rate_limited.saturating_sub(stats_before.rate_limited)
         );
@@ -224,7 +237,7 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
 
 /// Creates a LoadBalancer Service every 250 ms and deletes the one 40 before it, through
 /// whichever API server answers (one of them is always being killed).
-async fn churn_services(clients: Vec<kube::Client>) {
+async fn churn_services(clients: Vec<kube::Client>, created: std::sync::Arc<std::sync::atomic::AtomicU64>) {
     use k8s_openapi::api::core::v1::{Namespace, Service};
     use kube::api::{Api, DeleteParams, PostParams};
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "busy"}})).unwrap();
@@ -248,9 +261,10 @@ async fn churn_services(clients: Vec<kube::Client>) {
         .unwrap();
         for c in &clients {
             let api: Api<Service> = Api::namespaced(c.clone(), "busy");
-            let created =
+            let done =
                 tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
-            if matches!(created, Ok(Ok(_))) {
+            if matches!(done, Ok(Ok(_))) {
+                created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(old) = i.checked_sub(40) {
                     let _ = tokio::time::timeout(
                         Duration::from_secs(2),

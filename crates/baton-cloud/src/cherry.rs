@@ -560,7 +560,15 @@ impl Cloud for CherryClient {
     }
 
     async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError> {
-        self.inner.cache.get(|| self.list_ips_uncached()).await
+        // The shared list is fetched once for every waiter (coalesced), and a failover may be
+        // one of them: fetching it at normal priority would make the failover wait behind all
+        // queued normal work (priority inversion). It is fetched rarely (TTL, or after a write
+        // of unknown outcome), so the urgent lane costs little.
+        let urgent = self.with_priority(Priority::Urgent);
+        self.inner
+            .cache
+            .get(|| async move { urgent.list_ips_uncached().await })
+            .await
     }
 
     async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
