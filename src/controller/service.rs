@@ -206,11 +206,18 @@ impl ServiceContext {
 
     /// Whether the BGP prefix budget refuses the Service its hand-off to the load balancer
     /// (`controller::bgp::admitted`: the oldest Services within `bgpPrefixLimit` are announced).
-    fn refused_by_budget(&self, facts: &ServiceFacts) -> bool {
-        self.base.config.bgp_prefix_limit.is_some()
-            && self.store.get().is_some_and(|store| {
-                super::bgp::refused_by_budget(&store.state(), &self.base.config, &facts.key())
-            })
+    /// Waits for the reflector's first full list, so that no Service is judged on a partial one.
+    async fn refused_by_budget(&self, facts: &ServiceFacts) -> bool {
+        if self.base.config.bgp_prefix_limit.is_none() {
+            return false;
+        }
+        let Some(store) = self.store.get() else {
+            return false;
+        };
+        if store.wait_until_ready().await.is_err() {
+            return false;
+        }
+        super::bgp::refused_by_budget(&store.state(), &self.base.config, &facts.key())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -588,7 +595,7 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
                 .await;
         }
     }
-    let handoff = !ctx.refused_by_budget(&facts);
+    let handoff = !ctx.refused_by_budget(&facts).await;
     match decide(requested, record.as_ref(), chosen) {
         Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?,
         Decision::Create => {
