@@ -504,6 +504,24 @@ fn kube_vip_gets_the_service_annotation_and_node_annotations() {
         assert_eq!(annotations[&format!("{PREFIX}0-src-ip")], "198.51.100.21");
         assert_eq!(annotations[&format!("{PREFIX}1-peer-multi-hop")], "true");
         assert!(!annotations.contains_key(&format!("{PREFIX}0-peer-ip")));
+
+        // The region's route servers shrink to one: index 0 is renumbered, index 1 removed
+        // (peers are read again at start and every bgp::RESYNC).
+        stop.send(true).unwrap();
+        assert!(sim.set_region_bgp_hosts("LT-Siauliai", &["198.51.100.3"]));
+        let ctx = common::context(client.clone(), &env).await;
+        let stop = start(&ctx);
+        let annotations = eventually(WAIT, "worker-0's annotations for one peer", || async {
+            let n = nodes.get("worker-0").await.unwrap();
+            (!n.annotations().contains_key("example.com/peer-1-address")).then(|| n.annotations().clone())
+        })
+        .await;
+        assert_eq!(annotations["example.com/peer-0-address"], "198.51.100.3");
+        let ours: Vec<&String> = annotations
+            .keys()
+            .filter(|k| k.starts_with(PREFIX) || k.starts_with("example.com/peer-"))
+            .collect();
+        assert_eq!(ours.len(), 5, "one peer, five annotations: {ours:?}");
         stop.send(true).unwrap();
     });
 }
