@@ -284,6 +284,10 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
 
         // Services come: a pool each (/32, autoAssign false), one advertisement naming them.
         let services: Api<Service> = Api::namespaced(admin.clone(), "apps");
+        // A control-plane endpoint's FIP is never handed to MetalLB (CPEM #258): no pool.
+        let mut api_svc = lb_service("apps", "api", &[("baton.dev/control-plane-endpoint", "true")]);
+        api_svc.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.250".into());
+        services.create(&pp, &api_svc).await.unwrap();
         services
             .create(&pp, &lb_service("apps", "web", &[]))
             .await

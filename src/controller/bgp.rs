@@ -175,7 +175,12 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
                 Ok(()) => RESYNC,
                 Err(error) => {
                     warn!(%error, category = error.category(), "BGP pass failed; retrying");
-                    RETRY
+                    // Installing MetalLB takes a person: do not spin on it.
+                    if matches!(error, BgpError::NoCrds(_)) {
+                        Duration::from_secs(60)
+                    } else {
+                        RETRY
+                    }
                 }
             };
             let _ = tokio::time::timeout(next, changed.notified()).await;
