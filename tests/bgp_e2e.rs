@@ -1,4 +1,4 @@
-//! End to end over real BGP: baton (Service + BGP controllers) writes MetalLB's objects into a
+//! End to end over real BGP: `baton controller` (the binary) writes MetalLB's objects into a
 //! real API server; MetalLB's speaker, built from its Go module by `scripts/metallb-env`, runs as
 //! a process against that API server as node `worker-0`; it peers with a real BGP router from
 //! Debian's packages (gobgpd) listening on the region's route-server address inside the lab; the
@@ -10,10 +10,8 @@ mod common;
 mod metallb;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use baton::controller::{bgp, service};
 use baton_cloud::sim::{Faults, Topology};
 use baton_testbed::control_plane::Proc;
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
@@ -24,7 +22,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 use tokio::process::Command;
-use tokio::sync::watch;
 
 /// The region's first route server in the simulator's topology (`bgp.hosts[0]`), its ASN, the
 /// project's ASN, and worker-0's public IP (server 600111).
@@ -202,7 +199,15 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
             .create(&pp, &node("worker-0", 600_111))
             .await
             .unwrap();
-        let env = common::env_for(
+        // `baton controller` itself (the binary: Service FIPs, BGP, MetalLB objects).
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
+        cmd.arg("controller")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--identity", "e2e", "--admin-listen", "off"])
+            .env("BATON_LOG", "info,baton=debug");
+        for (k, v) in common::env_for(
             &sim,
             &[
                 ("CHERRY_REGION_NAME", "LT-Siauliai"),
@@ -211,14 +216,10 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
                     "metallb:///metallb-system/?bgp-peer-mode=native",
                 ),
             ],
-        );
-        let ctx = common::context(admin.clone(), &env).await;
-        let (stop, rx) = watch::channel(false);
-        let until = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        tokio::spawn(service::run_services(Arc::clone(&ctx), until(rx.clone())));
-        tokio::spawn(bgp::run_bgp(Arc::clone(&ctx), until(rx)));
+        ) {
+            cmd.env(k, v);
+        }
+        let baton = Proc::spawn("baton", logs.path(), &mut cmd).unwrap();
 
         // MetalLB's speaker for worker-0, against the test API server (memberlist off: no
         // --ml-labels), metrics on loopback. It reads its own Pod at start (the owner of its
@@ -227,7 +228,6 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
             .create(&pp, &speaker_pod())
             .await
             .unwrap();
-        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
         let speaker = Proc::spawn(
             "speaker",
             logs.path(),
@@ -276,11 +276,13 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
                 .get(&prefix)
                 .is_some_and(|hops| hops.iter().any(|h| h == NODE_IP))
             {
+                println!("gobgpd learned {prefix} via {:?}", rib[&prefix]);
                 break;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the router did not learn {prefix} via {NODE_IP}; RIB {rib:?}\n--- speaker ---\n{}\n--- gobgpd ---\n{}\n--- apiserver ---\n{}",
+                "the router did not learn {prefix} via {NODE_IP}; RIB {rib:?}\n--- baton ---\n{}\n--- speaker ---\n{}\n--- gobgpd ---\n{}\n--- apiserver ---\n{}",
+                baton.log_tail(30),
                 speaker.log_tail(40),
                 router.log_tail(20),
                 tail(&cp.dir().join("apiserver-0.log"), 20),
@@ -302,7 +304,7 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        stop.send(true).unwrap();
+        baton.terminate(Duration::from_secs(5)).await;
         speaker.terminate(Duration::from_secs(2)).await;
         router.terminate(Duration::from_secs(2)).await;
     });
