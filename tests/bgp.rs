@@ -2,7 +2,8 @@
 //! `scripts/metallb-env` from MetalLB's Go API types) and the simulator: project and server BGP,
 //! node annotations (stale indexes removed), IPAddressPools / BGPAdvertisement / BGPPeers as
 //! Services and Nodes come and go, peer-mode switches, user-owned objects untouched, the prefix
-//! budget, kube-vip mode; the controllers run with exactly the shipped RBAC.
+//! budget, kube-vip and empty modes; the MetalLB scenario runs the controllers with exactly the
+//! shipped RBAC.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
@@ -526,6 +527,53 @@ fn kube_vip_gets_the_service_annotation_and_node_annotations() {
             .filter(|k| k.starts_with(PREFIX) || k.starts_with("example.com/peer-"))
             .collect();
         assert_eq!(ours.len(), 5, "one peer, five annotations: {ours:?}");
+        stop.send(true).unwrap();
+    });
+}
+
+#[test]
+fn empty_mode_writes_the_configured_ip_annotation_and_node_annotations() {
+    lab::run(|| async {
+        baton_testbed::init_tracing();
+        let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
+        let client = cp.client(0).unwrap();
+        namespace(&client, "apps").await;
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let pp = PostParams::default();
+        let nodes: Api<Node> = Api::all(client.clone());
+        nodes
+            .create(&pp, &node("worker-1", 600_112, &[], &[]))
+            .await
+            .unwrap();
+        let env = common::env_for(
+            &sim,
+            &[
+                ("CHERRY_REGION_NAME", "LT-Siauliai"),
+                (
+                    "CHERRY_LOAD_BALANCER",
+                    "empty://?ip-annotation=example.com/lb-ips",
+                ),
+            ],
+        );
+        let ctx = common::context(client.clone(), &env).await;
+        let stop = start(&ctx);
+        let services: Api<Service> = Api::namespaced(client.clone(), "apps");
+        services
+            .create(&pp, &lb_service("apps", "web", &[]))
+            .await
+            .unwrap();
+        let ip = eventually(WAIT, "web's ingress", || async {
+            services.get("web").await.ok().as_ref().and_then(ingress)
+        })
+        .await;
+        let web = services.get("web").await.unwrap();
+        assert_eq!(web.annotations()["example.com/lb-ips"], ip);
+        assert!(!web.annotations().contains_key("kube-vip.io/loadbalancerIPs"));
+        let want = expected_annotations("198.51.100.22", &["198.51.100.2", "198.51.100.3"]);
+        eventually(WAIT, "worker-1's BGP annotations", || async {
+            (peer_annotations(&client, "worker-1").await == want).then_some(())
+        })
+        .await;
         stop.send(true).unwrap();
     });
 }
