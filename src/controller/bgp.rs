@@ -209,7 +209,11 @@ impl Bgp {
         let local_asn = self.local_asn().await?;
         let mut peered = Vec::new();
         let mut failed = None;
-        for node in self.selected_nodes() {
+        let selected = self.selected_nodes();
+        // Forget the servers of Nodes that are gone or no longer selected.
+        self.cache
+            .retain(|name, _| selected.iter().any(|n| n.metadata.name.as_deref() == Some(name)));
+        for node in selected {
             match self.node(&node, local_asn).await {
                 Ok(Some(bgp)) => peered.push(bgp),
                 Ok(None) => {}
