@@ -167,6 +167,8 @@ settings! {
         doc: "API server port on the Floating IP; 0 = the kube-apiserver's own port" },
     bgp_node_selector { flag: "bgp-node-selector", env: "CHERRY_BGP_NODE_SELECTOR", file: "bgpNodeSelector", default: None, secret: false,
         doc: "Label selector of the nodes on which to enable BGP (e.g. key1=value1,key2=value2); unset = all nodes" },
+    bgp_prefix_limit { flag: "bgp-prefix-limit", env: "BATON_BGP_PREFIX_LIMIT", file: "bgpPrefixLimit", default: Some("0"), secret: false,
+        doc: "Most Service prefixes handed to the load balancer per BGP session; Services past it get a Warning Event instead; 0 = no limit" },
     fip_health_check_use_host_ip { flag: "fip-health-check-use-host-ip", env: "CHERRY_FIP_HEALTH_CHECK_USE_HOST_IP",
         file: "fipHealthCheckUseHostIP", default: Some("false"), secret: false,
         doc: "Probe the FIP holder on its host IP instead of the FIP (needed when the FIP is bound on loopback)" },
@@ -298,6 +300,8 @@ pub struct Config {
     pub api_server_port: u16,
     #[serde(serialize_with = "display_opt")]
     pub bgp_node_selector: Option<LabelSelector>,
+    /// Most Service prefixes announced per BGP session; `None` = no limit.
+    pub bgp_prefix_limit: Option<u32>,
     /// Requests per second; `None` = unlimited.
     pub api_rate_limit: Option<f64>,
     pub api_timeout: Duration,
@@ -409,6 +413,7 @@ impl Config {
             "fip_tag" => self.fip_tag.as_ref().map(ToString::to_string),
             "api_server_port" => Some(self.api_server_port.to_string()),
             "bgp_node_selector" => self.bgp_node_selector.as_ref().map(ToString::to_string),
+            "bgp_prefix_limit" => Some(self.bgp_prefix_limit.unwrap_or(0).to_string()),
             "fip_health_check_use_host_ip" => Some(self.health_check.use_host_ip.to_string()),
             "api_rate_limit" => Some(
                 self.api_rate_limit
@@ -488,6 +493,13 @@ impl Config {
                 })
                 .unwrap_or(0),
             bgp_node_selector: p.value("bgp_node_selector", |v| v.parse().map_err(|e| format!("{e}"))),
+            bgp_prefix_limit: p
+                .value("bgp_prefix_limit", |v| {
+                    v.parse::<u32>()
+                        .map(|n| (n > 0).then_some(n))
+                        .map_err(|_| "must be a whole number of prefixes, or 0 for no limit".to_owned())
+                })
+                .flatten(),
             api_rate_limit: p
                 .value("api_rate_limit", |v| match v.parse::<f64>() {
                     Ok(0.0) => Ok(None),

@@ -64,6 +64,7 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
         "fip_tag" => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
         "api_server_port" => (["6443", "443", "8443"], Some("70000")),
         "bgp_node_selector" => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
+        "bgp_prefix_limit" => (["10", "1", "250"], Some("-3")),
         "fip_health_check_use_host_ip" => (["true", "1", "True"], Some("yes")),
         "api_rate_limit" => (["10", "2.5", "0"], Some("-1")),
         "api_timeout" => (["5s", "250ms", "1m"], Some("soon")),
@@ -78,7 +79,7 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
 fn file_json(s: &Setting, value: &str) -> serde_json::Value {
     // Numbers and booleans go in as JSON numbers/booleans, as in real cloud-sa.json files.
     let v = match s.id {
-        "project_id" | "api_server_port" | "health_check_rise" | "health_check_fall" => {
+        "project_id" | "api_server_port" | "health_check_rise" | "health_check_fall" | "bgp_prefix_limit" => {
             serde_json::Value::from(value.parse::<u64>().unwrap())
         }
         "fip_health_check_use_host_ip" if value == "True" => serde_json::Value::Bool(true),

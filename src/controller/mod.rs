@@ -10,11 +10,13 @@
 //!
 //!  Services type=LoadBalancer ── service::reconcile ──► FIP per Service (tags), annotations, ingress
 //!  Nodes (uninitialized taint) ── node::reconcile ────► providerID, addresses, labels; lifecycle
+//!  Nodes + Services ── bgp::run_bgp ──► project/server BGP, node BGP annotations, MetalLB objects
 //! ```
 //!
 //! `service::run_services` and `node::run_nodes` run those controllers until a shutdown future
 //! resolves; `standalone` runs them alone (hidden `baton controller-services`).
 
+pub mod bgp;
 pub mod context;
 pub mod endpoint;
 pub mod lease;

@@ -241,6 +241,10 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("services")),
     );
+    let bgp = tokio::spawn(
+        super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("bgp")),
+    );
     let nodes = tokio::spawn(
         super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("nodes")),
@@ -252,6 +256,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = services.await;
         let _ = nodes.await;
+        let _ = bgp.await;
     })
     .await;
     if let Some(task) = lease_task {

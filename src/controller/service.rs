@@ -32,7 +32,7 @@ mod plan;
 pub use plan::*;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use baton_cloud::CloudError;
@@ -65,6 +65,8 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 const REJECTED_RETRY: Duration = Duration::from_secs(300);
+/// How often a Service refused by the BGP prefix budget is looked at again.
+const BUDGET_RETRY: Duration = Duration::from_secs(30);
 
 /// Errors of the Service FIP controller. Each names the Service and the failed step.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +173,8 @@ pub struct ServiceContext {
     pub base: Arc<Context>,
     failures: Mutex<HashMap<String, u32>>,
     mirror: (String, String),
+    /// Every Service (the controller's reflector), for the BGP prefix budget.
+    store: OnceLock<Store<Service>>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -192,11 +196,28 @@ impl ServiceContext {
             base,
             failures: Mutex::new(HashMap::new()),
             mirror,
+            store: OnceLock::new(),
         }
     }
 
     fn mode(&self) -> Option<&LoadBalancerMode> {
         self.base.config.load_balancer.as_ref()
+    }
+
+    /// Whether the BGP prefix budget refuses the Service its hand-off to the load balancer
+    /// (`controller::bgp::admitted`: the oldest Services within `bgpPrefixLimit` are announced).
+    /// Waits for the reflector's first full list, so that no Service is judged on a partial one.
+    async fn refused_by_budget(&self, facts: &ServiceFacts) -> bool {
+        if self.base.config.bgp_prefix_limit.is_none() {
+            return false;
+        }
+        let Some(store) = self.store.get() else {
+            return false;
+        };
+        if store.wait_until_ready().await.is_err() {
+            return false;
+        }
+        super::bgp::refused_by_budget(&store.state(), &self.base.config, &facts.key())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -252,6 +273,7 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
     let api = Api::<Service>::all(ctx.client.clone());
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
+    let _ = svc_ctx.store.set(store.clone());
     let run = controller
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .graceful_shutdown_on(shutdown)
@@ -573,11 +595,12 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
                 .await;
         }
     }
+    let handoff = !ctx.refused_by_budget(&facts).await;
     match decide(requested, record.as_ref(), chosen) {
-        Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip).await?,
+        Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?,
         Decision::Create => {
             let fip = create(ctx, svc, &facts).await?;
-            publish_or_release(ctx, svc, &facts, mode, &fip).await?;
+            publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?;
         }
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
@@ -603,6 +626,21 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
             forget(ctx, &facts, true).await?;
         }
     }
+    if !handoff && requested.is_none() {
+        let limit = ctx.base.config.bgp_prefix_limit.unwrap_or_default();
+        ctx.base
+            .event(
+                svc,
+                EventType::Warning,
+                "BGPPrefixBudgetExceeded",
+                "HandOffToLoadBalancer",
+                format!(
+                    "the BGP prefix budget (bgpPrefixLimit={limit} per session) is used by older Services: its Floating IP is reserved but not handed to the load balancer until a slot frees"
+                ),
+            )
+            .await;
+        return Ok(Action::requeue(BUDGET_RETRY));
+    }
     Ok(Action::requeue(RESYNC))
 }
 
@@ -614,8 +652,9 @@ async fn publish_or_release(
     facts: &ServiceFacts,
     mode: &LoadBalancerMode,
     fip: &OwnedFip,
+    handoff: bool,
 ) -> Result<(), ServiceError> {
-    match publish(ctx, facts, mode, fip).await {
+    match publish(ctx, facts, mode, fip, handoff).await {
         Err(ServiceError::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 404) =>
         {
             warn!(fip = %fip.id, "the Service is gone (despite the finalizer); releasing its Floating IP");
@@ -731,13 +770,18 @@ async fn timed<T>(
 }
 
 /// Writes what differs: the annotations (merge patch) and the status ingress (server-side apply).
+/// Without `handoff` (refused by the prefix budget) only baton's record is written.
 async fn publish(
     ctx: &ServiceContext,
     facts: &ServiceFacts,
     mode: &LoadBalancerMode,
     fip: &OwnedFip,
+    handoff: bool,
 ) -> Result<(), ServiceError> {
-    let changes = publish_changes(facts, mode, fip);
+    let mut changes = publish_changes(facts, mode, fip);
+    if !handoff {
+        changes = withhold_handoff(changes, mode);
+    }
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     if !changes.annotations.is_empty() {
         let patch = json!({"metadata": {"annotations": changes.annotations}});

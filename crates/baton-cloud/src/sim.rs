@@ -261,6 +261,12 @@ impl SimHandle {
         http::apply_faults(&self.shared, faults).map_err(SimError::Faults)
     }
 
+    /// Replaces the BGP route servers of the region `slug` (as when Cherry renumbers them);
+    /// returns whether the region exists.
+    pub fn set_region_bgp_hosts(&self, slug: &str, hosts: &[&str]) -> bool {
+        lock(&self.shared.world).set_region_bgp_hosts(slug, hosts.iter().map(|h| (*h).to_owned()).collect())
+    }
+
     /// A token that stops the simulator when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()

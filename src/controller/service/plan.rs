@@ -406,6 +406,14 @@ pub fn publish_changes(svc: &ServiceFacts, mode: &LoadBalancerMode, fip: &OwnedF
     }
 }
 
+/// The changes without the hand-off to the load balancer (the implementation's IP annotation and
+/// the status ingress): what a Service refused by the BGP prefix budget gets.
+pub fn withhold_handoff(mut changes: PublishChanges, mode: &LoadBalancerMode) -> PublishChanges {
+    changes.annotations.remove(ip_annotation(mode));
+    changes.status = false;
+    changes
+}
+
 /// The annotations baton removes when it stops managing a Service's FIP: its record, and the
 /// implementation's IP annotation if it still holds baton's address.
 pub fn record_removals(svc: &ServiceFacts, mode: Option<&LoadBalancerMode>) -> Vec<String> {

@@ -359,3 +359,17 @@ fn orphans_are_fips_without_a_managing_service() {
     assert_eq!(orphans(&fips, &owners), vec!["b".to_owned(), "c".to_owned()]);
     assert!(orphans(&[], &owners).is_empty());
 }
+
+#[test]
+fn a_service_refused_by_the_prefix_budget_gets_only_the_record() {
+    let svc = lb("apps", "web");
+    let changes = withhold_handoff(
+        publish_changes(&svc, &metallb(), &fip("f1", "203.0.113.5")),
+        &metallb(),
+    );
+    assert!(!changes.status);
+    assert_eq!(
+        changes.annotations.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec![FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION]
+    );
+}

@@ -624,6 +624,17 @@ impl World {
         Ok(())
     }
 
+    /// Replaces a region's BGP route servers (Cherry renumbering them); false if no such region.
+    pub(crate) fn set_region_bgp_hosts(&mut self, slug: &str, hosts: Vec<String>) -> bool {
+        match self.regions.iter_mut().find(|r| r.region.slug == slug) {
+            Some(r) => {
+                r.region.bgp.hosts = hosts;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub(crate) fn regions(&self) -> Vec<Region> {
         self.regions.iter().map(|r| r.region.clone()).collect()
     }

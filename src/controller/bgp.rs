@@ -1,0 +1,537 @@
+//! BGP and the load-balancer hand-off (seed 000 "BGP Configuration", "Node Annotations",
+//! "kube-vip", "MetalLB", "empty"; reference/cherry-api.md §4, §6).
+//!
+//! ```text
+//!  watch Nodes, Services ──► (debounced) pass()          leader only; level-triggered
+//!     1. project: enable Local BGP once, read the local ASN
+//!     2. nodes matching bgpNodeSelector with a provider ID:
+//!          server BGP on (GET, PUT if off) ─► NodeBgp (cached, refreshed every RESYNC)
+//!          node annotations <prefix>/bgp-peers-{{n}}-…   (merge patch; stale indexes nulled)
+//!     3. metallb:///<ns>/?bgp-peer-mode=… only:
+//!          Services (managed, within the prefix budget, with an IP) ─► desired objects
+//!          list IPAddressPools / BGPAdvertisements / BGPPeers in <ns>
+//!          metallb_actions(): server-side apply (manager "baton") | delete ours | leave others'
+//! ```
+//!
+//! kube-vip and empty need nothing more than the node annotations and the Service IP annotation
+//! (written by the Service controller, which also enforces the prefix budget on the Service).
+//! Everything baton writes to MetalLB carries `app.kubernetes.io/managed-by: baton`; an object
+//! without that label is never modified or deleted, even when its name is one baton wants.
+
+mod plan;
+
+pub use plan::*;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_cloud::CloudError;
+use baton_cloud::model::ServerId;
+use baton_core::{LoadBalancerMode, ProviderId};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, ResourceExt as _};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::service::{self, Scope};
+use super::{Context, FIELD_MANAGER};
+
+/// How often everything is recomputed without a change, and how long a server's BGP facts are
+/// trusted before they are read again.
+pub const RESYNC: Duration = Duration::from_secs(600);
+/// Changes arriving within this window are handled in one pass.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Retry delay after a failed pass.
+const RETRY: Duration = Duration::from_secs(5);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Errors of one BGP pass; each names the failed step and the object.
+#[derive(Debug, thiserror::Error)]
+pub enum BgpError {
+    /// A cloud call failed.
+    #[error("{step}: {source}")]
+    Cloud {
+        step: String,
+        #[source]
+        source: Box<CloudError>,
+    },
+    /// A Kubernetes call failed.
+    #[error("{step}: {source}")]
+    Kube {
+        step: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A Kubernetes write did not finish in time.
+    #[error("{0} timed out")]
+    Timeout(String),
+    /// The MetalLB CRDs are not installed.
+    #[error("MetalLB's CRDs ({0}.metallb.io) are not installed: install MetalLB v0.13.2 or later")]
+    NoCrds(&'static str),
+    /// This replica lost the lease mid-pass.
+    #[error("not the leader")]
+    NotLeader,
+}
+
+impl BgpError {
+    /// A stable category (log field and metric label).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Cloud { source, .. } => source.category(),
+            Self::Kube { .. } => "kube",
+            Self::Timeout(_) => "timeout",
+            Self::NoCrds(_) => "no_crds",
+            Self::NotLeader => "not_leader",
+        }
+    }
+}
+
+/// The `ApiResource` of a MetalLB kind.
+pub fn api_resource(kind: Kind) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(METALLB_GROUP, kind.version(), kind.kind()),
+        kind.plural(),
+    )
+}
+
+struct Cached {
+    provider_id: String,
+    fetched: Instant,
+    bgp: NodeBgp,
+}
+
+/// The BGP controller's state between passes.
+struct Bgp {
+    ctx: Arc<Context>,
+    mode: LoadBalancerMode,
+    nodes: Store<Node>,
+    services: Store<Service>,
+    local_asn: Option<u32>,
+    cache: HashMap<String, Cached>,
+    /// Warnings already published (Event + log), so a steady problem is reported once.
+    reported: HashSet<String>,
+}
+
+/// Runs the BGP controller until `shutdown` resolves. Without a `loadbalancer`, BGP is off and
+/// this returns at once.
+pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let Some(mode) = ctx.config.load_balancer.clone() else {
+        info!("no loadbalancer configured: BGP is off");
+        return;
+    };
+    let changed = Arc::new(Notify::new());
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let (services, service_writer) = reflector::store::<Service>();
+    let watch_nodes = {
+        let changed = Arc::clone(&changed);
+        watcher(Api::<Node>::all(ctx.client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(node_writer)
+            .touched_objects()
+            .for_each(move |_| {
+                changed.notify_one();
+                async {}
+            })
+    };
+    let watch_services = {
+        let changed = Arc::clone(&changed);
+        watcher(
+            Api::<Service>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(service_writer)
+        .touched_objects()
+        .for_each(move |_| {
+            changed.notify_one();
+            async {}
+        })
+    };
+    let mut bgp = Bgp {
+        ctx,
+        mode,
+        nodes,
+        services,
+        local_asn: None,
+        cache: HashMap::new(),
+        reported: HashSet::new(),
+    };
+    let work = async move {
+        if bgp.nodes.wait_until_ready().await.is_err() || bgp.services.wait_until_ready().await.is_err() {
+            return;
+        }
+        let mut leader = bgp.ctx.leader.clone();
+        loop {
+            leader.wait().await;
+            let next = match bgp.pass().await {
+                Ok(()) => RESYNC,
+                Err(error) => {
+                    warn!(%error, category = error.category(), "BGP pass failed; retrying");
+                    // Installing MetalLB takes a person: do not spin on it.
+                    if matches!(error, BgpError::NoCrds(_)) {
+                        Duration::from_secs(60)
+                    } else {
+                        RETRY
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(next, changed.notified()).await;
+            tokio::time::sleep(DEBOUNCE).await;
+        }
+    };
+    tokio::select! {
+        () = shutdown => {}
+        () = watch_nodes => {}
+        () = watch_services => {}
+        () = work => {}
+    }
+}
+
+impl Bgp {
+    fn ensure_leader(&self) -> Result<(), BgpError> {
+        if self.ctx.leader.is_leader() {
+            Ok(())
+        } else {
+            Err(BgpError::NotLeader)
+        }
+    }
+
+    /// One level-triggered pass over every selected node and (MetalLB) every Service.
+    async fn pass(&mut self) -> Result<(), BgpError> {
+        let local_asn = self.local_asn().await?;
+        let mut peered = Vec::new();
+        let mut failed = None;
+        let selected = self.selected_nodes();
+        // Forget the servers of Nodes that are gone or no longer selected.
+        self.cache
+            .retain(|name, _| selected.iter().any(|n| n.metadata.name.as_deref() == Some(name)));
+        for node in selected {
+            match self.node(&node, local_asn).await {
+                Ok(Some(bgp)) => peered.push(bgp),
+                Ok(None) => {}
+                Err(e @ BgpError::NotLeader) => return Err(e),
+                Err(e) => {
+                    warn!(node = %node.name_any(), error = %e, "BGP for the node failed");
+                    failed = Some(e);
+                }
+            }
+        }
+        peered.sort_by(|a, b| a.node.cmp(&b.node));
+        if let LoadBalancerMode::MetalLb { namespace, peer_mode } = self.mode.clone() {
+            self.metallb(&namespace, peer_mode, &peered).await?;
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Enables Local BGP on the project (once) and returns its ASN.
+    async fn local_asn(&mut self) -> Result<u32, BgpError> {
+        if let Some(asn) = self.local_asn {
+            return Ok(asn);
+        }
+        self.ensure_leader()?;
+        let project = self
+            .ctx
+            .cloud
+            .enable_project_bgp()
+            .await
+            .map_err(|source| BgpError::Cloud {
+                step: "enabling Local BGP on the project".into(),
+                source: Box::new(source),
+            })?;
+        info!(
+            local_asn = project.bgp.local_asn,
+            "Local BGP is enabled on the project"
+        );
+        self.local_asn = Some(project.bgp.local_asn);
+        Ok(project.bgp.local_asn)
+    }
+
+    fn selected_nodes(&self) -> Vec<Arc<Node>> {
+        let selector = self.ctx.config.bgp_node_selector.as_ref();
+        let mut nodes: Vec<Arc<Node>> = self
+            .nodes
+            .state()
+            .into_iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .filter(|n| selector.is_none_or(|s| s.matches(n.labels())))
+            .collect();
+        nodes.sort_by_key(|n| n.name_any());
+        nodes
+    }
+
+    async fn report(&mut self, node: &Node, key: String, reason: &str, message: String) {
+        if self.reported.insert(key) {
+            warn!(node = %node.name_any(), reason, "{message}");
+            self.ctx
+                .event(node, EventType::Warning, reason, "ConfigureBGP", message)
+                .await;
+        }
+    }
+
+    /// Server BGP on, the node's session facts, and its annotations. `None`: the node cannot
+    /// peer yet (no provider ID, or unusable facts, reported by an Event).
+    async fn node(&mut self, node: &Node, local_asn: u32) -> Result<Option<NodeBgp>, BgpError> {
+        let name = node.name_any();
+        let Some(provider_id) = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .filter(|p| !p.trim().is_empty())
+        else {
+            debug!(node = %name, "no provider ID yet; BGP waits for node initialisation");
+            return Ok(None);
+        };
+        let id = match provider_id.parse::<ProviderId>() {
+            Ok(id) => ServerId(id.server_id()),
+            Err(e) => {
+                self.report(
+                    node,
+                    format!("{name}/provider-id/{provider_id}"),
+                    "InvalidProviderID",
+                    format!("cannot enable BGP: provider ID {provider_id:?}: {e}"),
+                )
+                .await;
+                return Ok(None);
+            }
+        };
+        let fresh = self
+            .cache
+            .get(&name)
+            .filter(|c| c.provider_id == provider_id && c.fetched.elapsed() < RESYNC)
+            .map(|c| c.bgp.clone());
+        let bgp = if let Some(bgp) = fresh {
+            bgp
+        } else {
+            let cloud_err = |step: &str| {
+                let step = format!("node {name}: {step}");
+                move |source| BgpError::Cloud {
+                    step,
+                    source: Box::new(source),
+                }
+            };
+            let mut server = self
+                .ctx
+                .cloud
+                .server(id)
+                .await
+                .map_err(cloud_err("reading its server"))?;
+            if !server.bgp.enabled {
+                self.ensure_leader()?;
+                let ips = std::mem::take(&mut server.ip_addresses);
+                server = self
+                    .ctx
+                    .cloud
+                    .update_server_bgp(id, true)
+                    .await
+                    .map_err(cloud_err("enabling BGP on its server"))?;
+                if server.ip_addresses.is_empty() {
+                    server.ip_addresses = ips;
+                }
+                info!(node = %name, server = %id, "BGP enabled on the server");
+            }
+            match node_bgp(&name, &server, local_asn) {
+                Ok(bgp) => {
+                    self.cache.insert(
+                        name.clone(),
+                        Cached {
+                            provider_id: provider_id.clone(),
+                            fetched: Instant::now(),
+                            bgp: bgp.clone(),
+                        },
+                    );
+                    bgp
+                }
+                Err(e) => {
+                    self.report(node, format!("{name}/facts/{e}"), "BGPUnavailable", e.to_string())
+                        .await;
+                    return Ok(None);
+                }
+            }
+        };
+        let desired = desired_node_annotations(&bgp, &self.ctx.config.annotations);
+        let patch = node_annotation_patch(node.annotations(), &desired, &self.ctx.config.annotations);
+        if !patch.is_empty() {
+            self.ensure_leader()?;
+            let body = json!({"metadata": {"annotations": patch}});
+            let api = Api::<Node>::all(self.ctx.client.clone());
+            let step = format!("annotating node {name}");
+            timed(
+                &step,
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)),
+            )
+            .await?;
+            debug!(node = %name, peers = bgp.peers.len(), "node BGP annotations written");
+        }
+        Ok(Some(bgp))
+    }
+
+    /// The Services MetalLB announces: managed, not being deleted, within the prefix budget,
+    /// with an IP (baton's FIP or the user's own).
+    fn lb_services(&self) -> Vec<LbService> {
+        let services = self.services.state();
+        let admission = admitted(&services, &self.ctx.config);
+        let mut out = Vec::new();
+        for svc in services {
+            let facts = service::facts_of(&svc);
+            if !admission.admitted.contains(&facts.key()) {
+                continue;
+            }
+            if let Ok(Some(ip)) = service::requested_ip(&facts, &self.mode) {
+                out.push(LbService {
+                    namespace: facts.namespace,
+                    name: facts.name,
+                    ip,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
+    }
+
+    async fn metallb(
+        &mut self,
+        namespace: &str,
+        peer_mode: baton_core::BgpPeerMode,
+        nodes: &[NodeBgp],
+    ) -> Result<(), BgpError> {
+        let services = self.lb_services();
+        let desired = desired_metallb_objects(
+            &services,
+            nodes,
+            peer_mode,
+            &self.ctx.config.prefix,
+            self.ctx.config.bgp_node_selector.as_ref(),
+        );
+        let mut existing = Vec::new();
+        for kind in Kind::ALL {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
+            let list = match api.list(&ListParams::default()).await {
+                Ok(list) => list,
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    return Err(BgpError::NoCrds(kind.plural()));
+                }
+                Err(source) => {
+                    return Err(BgpError::Kube {
+                        step: format!("listing {} in {namespace}", kind.plural()),
+                        source: Box::new(source),
+                    });
+                }
+            };
+            for obj in list.items {
+                let labels = obj.labels().clone();
+                existing.push(Existing {
+                    kind,
+                    name: obj.name_any(),
+                    ours: labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY),
+                    labels,
+                    spec: obj.data.get("spec").cloned().unwrap_or_default(),
+                });
+            }
+        }
+        for action in metallb_actions(&desired, &existing) {
+            match action {
+                Action::Apply(obj) => {
+                    self.ensure_leader()?;
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(obj.kind));
+                    let body = json!({
+                        "apiVersion": format!("{METALLB_GROUP}/{}", obj.kind.version()),
+                        "kind": obj.kind.kind(),
+                        "metadata": {"name": obj.name, "namespace": namespace, "labels": obj.labels},
+                        "spec": obj.spec,
+                    });
+                    let step = format!("applying {} {namespace}/{}", obj.kind.kind(), obj.name);
+                    timed(
+                        &step,
+                        api.patch(
+                            &obj.name,
+                            &PatchParams::apply(FIELD_MANAGER).force(),
+                            &Patch::Apply(&body),
+                        ),
+                    )
+                    .await?;
+                    info!(kind = obj.kind.kind(), name = %obj.name, %namespace, "MetalLB object applied");
+                }
+                Action::Delete(kind, name) => {
+                    self.ensure_leader()?;
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
+                    match api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => info!(kind = kind.kind(), %name, %namespace, "MetalLB object deleted"),
+                        Err(kube::Error::Api(status)) if status.code == 404 => {}
+                        Err(source) => {
+                            return Err(BgpError::Kube {
+                                step: format!("deleting {} {namespace}/{name}", kind.kind()),
+                                source: Box::new(source),
+                            });
+                        }
+                    }
+                }
+                Action::Conflict(kind, name) => {
+                    if self.reported.insert(format!("conflict/{kind:?}/{name}")) {
+                        warn!(
+                            kind = kind.kind(),
+                            %name,
+                            %namespace,
+                            "an object of this name exists without label {MANAGED_BY_LABEL}={MANAGED_BY}; it is not baton's and is left alone"
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn timed<T>(step: &str, f: impl Future<Output = Result<T, kube::Error>>) -> Result<T, BgpError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(BgpError::Kube {
+            step: step.to_owned(),
+            source: Box::new(source),
+        }),
+        Err(_) => Err(BgpError::Timeout(step.to_owned())),
+    }
+}
+
+/// The prefix budget over `services`: the managed LoadBalancer Services not being deleted,
+/// oldest first (see [`admit`]). The Service controller and the MetalLB writer both use it, so
+/// a refused Service gets neither its IP annotation nor a pool.
+pub fn admitted(services: &[Arc<Service>], config: &crate::config::Config) -> Admission {
+    let mirror_name = format!("{}-kubernetes-external", config.prefix);
+    let candidates = services
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|s| {
+            let facts = service::facts_of(s);
+            (service::scope(&facts, ("kube-system", &mirror_name)) == Scope::Managed).then(|| Candidate {
+                key: facts.key(),
+                created: s
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+            })
+        })
+        .collect();
+    admit(candidates, config.bgp_prefix_limit)
+}
+
+/// Whether the Service `key` is refused by the prefix budget, given every Service.
+pub fn refused_by_budget(services: &[Arc<Service>], config: &crate::config::Config, key: &str) -> bool {
+    config.load_balancer.is_some()
+        && config.bgp_prefix_limit.is_some()
+        && admitted(services, config).refused.iter().any(|k| k == key)
+}
+
+#[cfg(test)]
+mod tests;
