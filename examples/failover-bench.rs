@@ -121,34 +121,7 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
         .unwrap();
     cloud.retarget_ip(&fip.id, ServerId(CP[0])).await.unwrap();
 
-    let urls: Vec<String> = (0..3).map(|i| cp.url(i)).collect();
-    let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
-    let log = std::fs::File::create(cp.dir().join("controller.log")).unwrap();
-    let mut controller = tokio::process::Command::new(&bin);
-    // The default client limit (4 requests/s) in both modes.
-    if busy {
-        // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
-        controller
-            .env("CHERRY_REGION_NAME", "LT-Siauliai")
-            .env("CHERRY_LOAD_BALANCER", "kube-vip://");
-    }
-    let _controller = controller
-        .arg("controller")
-        .args([
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--identity",
-            "bench",
-        ])
-        .args(["--admin-listen", "off", "--api-servers", &urls.join(",")])
-        .env("CHERRY_API_KEY", "sim-token")
-        .env("CHERRY_PROJECT_ID", "123456")
-        .env("CHERRY_FIP_TAG", "cluster=bench-cp")
-        .env("CHERRY_BASE_URL", sim.base_url().as_str())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+    let _controller = start_controller(&cp, &sim, &bin, busy);
 
     let probe = baton_testbed::http_client(Some(cp.ca_der())).unwrap();
     let url = format!("https://{}/readyz", SocketAddr::new(fip.address, 6443));
@@ -215,24 +188,73 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
     let before = puts(&sim);
     tokio::time::sleep(Duration::from_secs(10)).await;
     false_moves += puts(&sim) - before;
-    let mut busy_report = String::new();
-    if let Some(churn) = churn {
+    let busy_report = if let Some(churn) = churn {
         churn.abort();
-        let stats = sim.stats();
-        let fips_created = sim
-            .log(0)
-            .iter()
-            .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
-            .count();
-        let _ = write!(
-            busy_report,
-            " services_created={} service_fips_created={fips_created} cloud_requests={} got_429={}",
+        busy_report(
+            &sim,
+            &stats_before,
             created.load(std::sync::atomic::Ordering::Relaxed),
-            stats.requests.saturating_sub(stats_before.requests),
-            stats.rate_limited.saturating_sub(stats_before.rate_limited)
-        );
-    }
+        )
+    } else {
+        String::new()
+    };
     (times, false_moves, busy_report)
+}
+
+/// What the busy mode's Service churn made the cloud do.
+fn busy_report(
+    sim: &baton_cloud::sim::SimHandle,
+    before: &baton_cloud::sim::Stats,
+    services_created: u64,
+) -> String {
+    let stats = sim.stats();
+    let fips_created = sim
+        .log(0)
+        .iter()
+        .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
+        .count();
+    format!(
+        " services_created={services_created} service_fips_created={fips_created} cloud_requests={} got_429={}",
+        stats.requests.saturating_sub(before.requests),
+        stats.rate_limited.saturating_sub(before.rate_limited)
+    )
+}
+
+/// `baton controller` (the binary `bin`) against every API server, for the bench FIP; with the
+/// default client limit (4 requests/s) in both modes.
+fn start_controller(
+    cp: &ControlPlane,
+    sim: &baton_cloud::sim::SimHandle,
+    bin: &str,
+    busy: bool,
+) -> tokio::process::Child {
+    let urls: Vec<String> = (0..3).map(|i| cp.url(i)).collect();
+    let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
+    let log = std::fs::File::create(cp.dir().join("controller.log")).unwrap();
+    let mut controller = tokio::process::Command::new(bin);
+    if busy {
+        // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
+        controller
+            .env("CHERRY_REGION_NAME", "LT-Siauliai")
+            .env("CHERRY_LOAD_BALANCER", "kube-vip://");
+    }
+    controller
+        .arg("controller")
+        .args([
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--identity",
+            "bench",
+        ])
+        .args(["--admin-listen", "off", "--api-servers", &urls.join(",")])
+        .env("CHERRY_API_KEY", "sim-token")
+        .env("CHERRY_PROJECT_ID", "123456")
+        .env("CHERRY_FIP_TAG", "cluster=bench-cp")
+        .env("CHERRY_BASE_URL", sim.base_url().as_str())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {bin}: {e}"))
 }
 
 /// Creates a LoadBalancer Service every 250 ms and deletes the one 40 before it, through

@@ -25,7 +25,7 @@ use hickory_net::udp::UdpClientStream;
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -632,7 +632,7 @@ fn a_killed_bootstrap_continues_without_duplicates() {
             // so the next run's controller does not route them too.
             let services: Api<Service> = Api::namespaced(client.clone(), &s.namespace);
             services
-                .delete_collection(&Default::default(), &ListParams::default())
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
                 .await
                 .unwrap();
         }
