@@ -407,12 +407,14 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
             eprintln!("{e}");
         }
 
-        // DNS: bootstrap + FIP, then (once the Services are Ready) the FIP only.
+        // DNS: the bootstrap host, then bootstrap + FIP (once the FIP routes), then (once the
+        // Services are Ready) the FIP only.
         let (b, f) = (ip(BOOTSTRAP), ip(API_FIP));
         let sets: Vec<&BTreeSet<IpAddr>> = seen.iter().map(|(s, _)| s).collect();
-        assert!(
-            sets[0].contains(&b),
-            "the first answer carries the bootstrap host: {sets:?}"
+        assert_eq!(
+            sets[0],
+            &BTreeSet::from([b]),
+            "the first answer is the bootstrap host alone: {sets:?}"
         );
         assert!(
             sets.contains(&&BTreeSet::from([b, f])),
@@ -428,15 +430,12 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
             sets[first_fip_only..].iter().all(|s| !s.contains(&b)),
             "the bootstrap address never comes back: {sets:?}"
         );
-        // Once the bootstrap host was served alone (health known), the FIP is handed out only
-        // after it routes to a healthy API server.
-        if let Some(alone) = sets.iter().position(|s| **s == BTreeSet::from([b])) {
-            for (set, was_routed) in &seen[alone..] {
-                assert!(
-                    !set.contains(&f) || *was_routed,
-                    "FIP served before it routed: {seen:?}"
-                );
-            }
+        // The FIP is never handed out before it routes to a healthy API server.
+        for (set, was_routed) in &seen {
+            assert!(
+                !set.contains(&f) || *was_routed,
+                "FIP served before it routed: {seen:?}"
+            );
         }
 
         // The API answers through the FIP.

@@ -8,7 +8,9 @@
 //!
 //! Each name carries the bootstrap address (until it is dropped) and the FIP, each flagged
 //! healthy only while it answers `/readyz`; the record model serves the healthy ones (or all,
-//! when none is healthy). `Published` tells the run loop when a snapshot is really out: at
+//! when none is healthy). Until the bootstrap address is dropped, the FIP is carried only while
+//! it answers: before the first checks (or when nothing answers) the name carries the bootstrap
+//! address alone, never a FIP that does not route yet. `Published` tells the run loop when a snapshot is really out: at
 //! once for the embedded server, after a verified push for RFC 2136.
 
 use std::net::IpAddr;
@@ -44,10 +46,13 @@ pub fn dns_records(
         .iter()
         .map(|n| {
             let mut addrs = Vec::with_capacity(2);
+            let fip_up = is_up(health, n.fip);
             if !bootstrap_dropped {
                 addrs.push((n.bootstrap, is_up(health, n.bootstrap)));
             }
-            addrs.push((n.fip, is_up(health, n.fip)));
+            if fip_up || bootstrap_dropped {
+                addrs.push((n.fip, fip_up));
+            }
             (n.name.clone(), addrs)
         })
         .collect()
@@ -270,18 +275,23 @@ mod tests {
     fn the_bootstrap_sequence_as_the_records_see_it() {
         let n = names();
         let (b, f) = (ip("198.51.100.10"), ip("203.0.113.1"));
-        // Nothing probed yet: both carried, neither healthy (the model then serves both).
+        // Nothing probed yet: the bootstrap address alone (a FIP that may not route yet is
+        // never handed out).
         let mut h = HealthMap::new();
-        assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, false), (f, false)]);
-        // The bootstrap API server answers: only it is healthy.
+        assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, false)]);
+        // The bootstrap API server answers, the FIP does not route yet: the bootstrap alone.
         h.insert(b, Health::Up);
         h.insert(f, Health::Down);
-        assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, true), (f, false)]);
+        assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, true)]);
         // The FIP routes to a healthy API server: both healthy.
         h.insert(f, Health::Up);
         assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, true), (f, true)]);
         // Dropped: only the FIP is left, whatever the bootstrap host's health.
         assert_eq!(dns_records(&n, true, &h)[0].1, vec![(f, true)]);
+        // The FIP stops answering before the drop: it leaves the records.
+        h.insert(f, Health::Down);
+        assert_eq!(dns_records(&n, false, &h)[0].1, vec![(b, true)]);
+        h.insert(f, Health::Up);
         // The bootstrap API server stops before the drop: it leaves the served set.
         h.insert(b, Health::Down);
         let store = RecordStore::new();
