@@ -23,8 +23,7 @@ use baton_testbed::{ControlPlane, Options, TokenUser, lab};
 use common::{eventually, ingress, lb_service, namespace};
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tokio::sync::watch;
@@ -121,29 +120,6 @@ async fn spec_of(client: &kube::Client, kind: Kind, name: &str) -> serde_json::V
     metallb::spec(&metallb::objects(client, NS, kind).await[name])
 }
 
-/// Applies `manifests/rbac.yaml` and `manifests/rbac-metallb.yaml`.
-async fn apply_rbac(client: &kube::Client) {
-    for file in ["rbac.yaml", "rbac-metallb.yaml"] {
-        let text =
-            std::fs::read_to_string(format!("{}/manifests/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        for doc in text.split("\n---\n") {
-            let value: serde_json::Value = serde_yaml_ng::from_str(doc).unwrap();
-            let obj: DynamicObject = serde_json::from_value(value).unwrap();
-            let tm = obj.types.clone().unwrap();
-            let (group, version) = tm.api_version.rsplit_once('/').unwrap_or(("", &tm.api_version));
-            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &tm.kind));
-            let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                None => Api::all_with(client.clone(), &ar),
-            };
-            let name = obj.metadata.name.clone().unwrap();
-            api.patch(&name, &PatchParams::apply("test").force(), &Patch::Apply(&obj))
-                .await
-                .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
-        }
-    }
-}
-
 fn baton_user() -> TokenUser {
     TokenUser {
         token: SA_TOKEN.into(),
@@ -188,7 +164,7 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
         metallb::install_crds(&admin).await;
         namespace(&admin, NS).await;
         namespace(&admin, "apps").await;
-        apply_rbac(&admin).await;
+        common::apply_shipped_manifests(&admin, &["rbac.yaml", "rbac-metallb.yaml"]).await;
         let sim = common::sim(Faults::none(), Topology::default()).await;
 
         // A user's own MetalLB objects: one unrelated, one with a name baton wants (worker-1-1).

@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a scenario reads best as one story
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -15,17 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::model::{IpAddress, IpType, Tags};
-use baton_cloud::sim::{Faults, Sim, SimHandle, TopoFip, Topology};
-use baton_cloud::{CherryClient, ClientConfig, Cloud};
-use baton_core::Secret;
+use baton_cloud::sim::{Faults, SimHandle, TopoFip, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use hickory_net::client::{Client, ClientHandle as _};
 use hickory_net::runtime::TokioRuntimeProvider;
 use hickory_net::udp::UdpClientStream;
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -58,22 +58,16 @@ async fn start_sim(infra: &str) -> SimHandle {
         }],
         ..Topology::default()
     };
-    Sim::builder()
-        .topology(topology)
-        .faults(Faults::none())
-        .bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
+    common::sim(Faults::none(), topology).await
 }
 
-fn cloud_client(sim: &SimHandle) -> CherryClient {
-    let mut cfg =
-        ClientConfig::new(Secret::new(sim.api_key()), sim.project_id()).with_base_url(sim.base_url());
-    cfg.requests_per_second = None;
-    cfg.backoff_base = Duration::from_millis(10);
-    cfg.backoff_cap = Duration::from_millis(200);
-    cfg.request_timeout = Duration::from_secs(2);
-    CherryClient::new(cfg).unwrap()
+/// `path`, opened for appending (a rerun adds to the same log).
+fn append(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
 }
 
 async fn start_control_plane() -> ControlPlane {
@@ -180,11 +174,7 @@ handoff: {{manifests: [handoff.yaml]}}
 }
 
 fn baton_bootstrap(s: &Scenario, log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
+    let log = append(log);
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .args([
             "bootstrap",
@@ -224,36 +214,11 @@ async fn run_to_end(mut child: Child, limit: Duration) -> (Vec<serde_json::Value
     (events, status.code())
 }
 
-/// Registers the three control-plane Nodes cp-0..2 as their kubelets (`--cloud-provider=external`)
-/// would: no provider ID yet, tainted uninitialized; the controller initialises them. The
-/// bootstrap host is not a Node.
-async fn register_control_plane_nodes(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    for i in 0..CP.len() {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": format!("cp-{i}"),
-                         "labels": {"node-role.kubernetes.io/control-plane": ""}},
-            "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
-                                 "value": "true", "effect": "NoSchedule"}]}
-        }))
-        .unwrap();
-        match nodes.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("creating Node cp-{i}: {e}"),
-        }
-    }
-}
-
 /// The in-cluster `baton controller` (one replica) for `sim`, talking to cp-0's API server. It
 /// routes the FIPs of the annotated API Services the bootstrap creates.
 fn baton_controller(cp: &ControlPlane, sim: &SimHandle, log: &Path) -> Child {
     let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
+    let log = append(log);
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["controller", "--no-leader-election", "--admin-listen", "off"])
         .args(["--identity", "in-cluster", "--kubeconfig"])
@@ -306,14 +271,10 @@ async fn resolve(client: &mut Client<TokioRuntimeProvider>, name: &str) -> Optio
 }
 
 async fn floating_ips(sim: &SimHandle) -> Vec<IpAddress> {
-    let cloud = cloud_client(sim);
-    cloud
-        .ips()
+    common::cloud_ips(sim)
         .await
-        .unwrap()
-        .iter()
+        .into_iter()
         .filter(|i| i.ip_type == IpType::FloatingIp)
-        .cloned()
         .collect()
 }
 
@@ -369,7 +330,7 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
         let s = scenario(&cp, &sim, infra, "e2e-api", 5353);
         let log = s.dir.path().join("baton.log");
 
-        register_control_plane_nodes(&cp.client(1).unwrap()).await;
+        cp.register_nodes(CP.len()).await.unwrap();
         let controller_log = s.dir.path().join("controller.log");
         let mut controller = baton_controller(&cp, &sim, &controller_log);
 
@@ -530,7 +491,7 @@ fn a_killed_bootstrap_continues_without_duplicates() {
         let _heavy = HEAVY.lock().await;
         let cp = start_control_plane().await;
         let client = cp.client(1).unwrap();
-        register_control_plane_nodes(&client).await;
+        cp.register_nodes(CP.len()).await.unwrap();
         let seed: u64 = std::env::var("BATON_CRASH_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -861,7 +822,7 @@ fn in_rfc2136_mode_the_same_changes_are_pushed_to_the_sites_dns_server() {
             ),
         );
         let log = s.dir.path().join("baton.log");
-        register_control_plane_nodes(&cp.client(1).unwrap()).await;
+        cp.register_nodes(CP.len()).await.unwrap();
         let _controller = baton_controller(&cp, &sim, &s.dir.path().join("controller.log"));
         let watching = CancellationToken::new();
         let watcher = {

@@ -2,15 +2,16 @@
 //! control-plane FIP follows a healthy API server.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton_cloud::model::{CreateIpRequest, IpAddress, ServerId, Tags};
-use baton_cloud::sim::{Faults, Sim, SimHandle, Topology};
-use baton_cloud::{CherryClient, ClientConfig, Cloud};
-use baton_core::Secret;
+use baton_cloud::model::IpAddress;
+use baton_cloud::sim::{Faults, SimHandle, Topology};
+use baton_cloud::{CherryClient, Cloud};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::Api;
@@ -33,28 +34,15 @@ async fn bed(latency_ms: u64) -> Bed {
 
 async fn bed_with(latency_ms: u64, opts: Options) -> Bed {
     let cp = ControlPlane::start(opts).await.unwrap();
-    let sim = Sim::builder()
-        .topology(Topology::default())
-        .faults(Faults {
+    let sim = common::sim(
+        Faults {
             latency_ms,
             ..Faults::none()
-        })
-        .bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let mut cfg = ClientConfig::new(Secret::new("sim-token"), 123_456);
-    cfg.base_url = sim.base_url();
-    cfg.requests_per_second = None;
-    let cloud = CherryClient::new(cfg).unwrap();
-    let fip = cloud
-        .create_ip(CreateIpRequest {
-            region: "LT-Siauliai".into(),
-            tags: Tags::from([("cluster".to_owned(), "lab-cp".to_owned())]),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    cloud.retarget_ip(&fip.id, ServerId(CP[0])).await.unwrap();
+        },
+        Topology::default(),
+    )
+    .await;
+    let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
     Bed { cp, sim, cloud, fip }
 }
 
@@ -328,31 +316,6 @@ fn cordoning_the_holder_moves_the_fip_away() {
 
 const SA_TOKEN: &str = "baton-sa-token";
 
-/// Applies every document of `manifests/rbac.yaml` by server-side apply.
-async fn apply_rbac(client: &kube::Client) {
-    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml")).unwrap();
-    for doc in text.split("\n---\n") {
-        let value: serde_json::Value = serde_yaml_ng::from_str(doc).unwrap();
-        let obj: DynamicObject = serde_json::from_value(value).unwrap();
-        let tm = obj.types.clone().unwrap();
-        let (group, version) = tm.api_version.rsplit_once('/').unwrap_or(("", &tm.api_version));
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &tm.kind));
-        let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-            None => Api::all_with(client.clone(), &ar),
-        };
-        let name = obj.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &kube::api::PatchParams::apply("test").force(),
-            &kube::api::Patch::Apply(&obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", tm.kind));
-    }
-}
-
 #[test]
 fn the_shipped_rbac_is_enough_for_a_failover() {
     lab::run(|| async {
@@ -368,7 +331,7 @@ fn the_shipped_rbac_is_enough_for_a_failover() {
             ..Options::servers(3)
         };
         let mut bed = bed_with(0, opts).await;
-        apply_rbac(&bed.cp.client(1).unwrap()).await;
+        common::apply_shipped_manifests(&bed.cp.client(1).unwrap(), &["rbac.yaml"]).await;
         let logs = tempfile::tempdir().unwrap();
         let log = logs.path().join("a.log");
         let _c = controller_as(&bed, 1, "replica-a", &log, SA_TOKEN);

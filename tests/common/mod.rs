@@ -63,11 +63,7 @@ pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Ar
 
 /// A client with no cache shared with the controller: the simulator's truth.
 pub async fn cloud_ips(sim: &SimHandle) -> Vec<IpAddress> {
-    let mut cfg = baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
-        .with_base_url(sim.base_url());
-    cfg.requests_per_second = None;
-    let client = CherryClient::new(cfg).unwrap();
-    client.ips().await.unwrap().as_ref().clone()
+    unlimited_client(sim).ips().await.unwrap().as_ref().clone()
 }
 
 /// The FIPs baton made for Services (usage tag).
@@ -153,4 +149,46 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Applies `manifests/<file>` for each of `files` (every document, in order) the way the
+/// bootstrap's handoff applies manifests: `baton::bootstrap::steps::apply_manifests`.
+pub async fn apply_shipped_manifests(client: &kube::Client, files: &[&str]) {
+    for file in files {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("manifests")
+            .join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let objects = baton::bootstrap::config::parse_manifests(&path, &text).unwrap();
+        baton::bootstrap::steps::apply_manifests(client, &objects)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+}
+
+/// A client of `sim` without a rate limit (the test's view of the cloud).
+pub fn unlimited_client(sim: &SimHandle) -> CherryClient {
+    let mut cfg = baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
+        .with_base_url(sim.base_url());
+    cfg.requests_per_second = None;
+    CherryClient::new(cfg).unwrap()
+}
+
+/// The user's reserved control-plane FIP: created in LT-Siauliai, tagged `key=value` (the
+/// `fipTag`), routed to `server`. Returns it with the client that made it.
+pub async fn control_plane_fip(sim: &SimHandle, tag: (&str, &str), server: u64) -> (CherryClient, IpAddress) {
+    let cloud = unlimited_client(sim);
+    let fip = cloud
+        .create_ip(baton_cloud::model::CreateIpRequest {
+            region: "LT-Siauliai".into(),
+            tags: baton_cloud::model::Tags::from([(tag.0.to_owned(), tag.1.to_owned())]),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    cloud
+        .retarget_ip(&fip.id, baton_cloud::model::ServerId(server))
+        .await
+        .unwrap();
+    (cloud, fip)
 }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use tokio::process::{Child, Command};
 
@@ -198,6 +198,28 @@ impl ControlPlane {
     /// A client of API server `i` as the `system:masters` admin.
     pub fn client(&self, i: usize) -> anyhow::Result<kube::Client> {
         self.client_as(i, ADMIN_TOKEN)
+    }
+
+    /// Registers Nodes cp-0…cp-(n-1) (the simulator's control-plane hostnames) the way kubelets
+    /// started with `--cloud-provider=external` do: labelled control-plane, no provider ID, tainted
+    /// `node.cloudprovider.kubernetes.io/uninitialized` until a cloud controller initialises
+    /// them. A Node that exists already is left alone.
+    pub async fn register_nodes(&self, n: usize) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client(0)?);
+        for i in 0..n {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("cp-{i}"),
+                             "labels": {"node-role.kubernetes.io/control-plane": ""}},
+                "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                                     "value": "true", "effect": "NoSchedule"}]}
+            }))?;
+            match nodes.create(&kube::api::PostParams::default(), &node).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(anyhow!(e).context(format!("registering Node cp-{i}"))),
+            }
+        }
+        Ok(())
     }
 
     /// A client of API server `i` authenticating with `token`.

@@ -19,10 +19,9 @@
 use std::process::ExitCode;
 
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 
 fn usage() -> ExitCode {
     eprintln!(
@@ -98,9 +97,15 @@ fn main() -> ExitCode {
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
-        if let Err(e) = register_nodes(&cp, nodes).await {
-            eprintln!("baton-lab: registering Nodes failed: {e}");
+        if let Err(e) = cp.register_nodes(nodes.into()).await {
+            eprintln!("baton-lab: registering Nodes failed: {e:#}");
             return ExitCode::FAILURE;
+        }
+        if nodes > 0 {
+            eprintln!(
+                "baton-lab: registered Nodes cp-0..cp-{} (uninitialized)",
+                nodes - 1
+            );
         }
         let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).expect("kubeconfig");
         let ca = cp.dir().join("ca.crt");
@@ -122,23 +127,4 @@ fn main() -> ExitCode {
             }
         }
     })
-}
-
-/// Registers Nodes cp-0…cp-(n-1) the way kubelets with `--cloud-provider=external` do.
-async fn register_nodes(cp: &ControlPlane, n: u8) -> Result<(), kube::Error> {
-    let nodes: Api<Node> = Api::all(cp.client(0).expect("client"));
-    for i in 0..n {
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cp-{i}"),
-                         "labels": {"node-role.kubernetes.io/control-plane": ""}},
-            "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
-                                 "value": "true", "effect": "NoSchedule"}]}
-        }))
-        .expect("a Node");
-        nodes.create(&PostParams::default(), &node).await?;
-    }
-    if n > 0 {
-        eprintln!("baton-lab: registered Nodes cp-0..cp-{} (uninitialized)", n - 1);
-    }
-    Ok(())
 }
