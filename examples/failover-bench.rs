@@ -21,14 +21,15 @@
     clippy::many_single_char_names
 )]
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use baton_cloud::model::{CreateIpRequest, ServerId, Tags};
-use baton_cloud::sim::{Faults, Sim, Topology};
-use baton_cloud::{CherryClient, ClientConfig, Cloud};
-use baton_core::Secret;
+use baton_cloud::model::ServerId;
+use baton_cloud::sim::{Faults, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use tokio::time::Instant;
 
@@ -97,29 +98,16 @@ fn main() {
 
 async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>, usize, String) {
     let mut cp = ControlPlane::start(Options::servers(3)).await.unwrap();
-    let sim = Sim::builder()
-        .topology(Topology::default())
-        .faults(Faults {
+    let sim = common::sim(
+        Faults {
             latency_ms,
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
-        })
-        .bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let mut cfg = ClientConfig::new(Secret::new("sim-token"), 123_456);
-    cfg.base_url = sim.base_url();
-    cfg.requests_per_second = None;
-    let cloud = CherryClient::new(cfg).unwrap();
-    let fip = cloud
-        .create_ip(CreateIpRequest {
-            region: "LT-Siauliai".into(),
-            tags: Tags::from([("cluster".to_owned(), "bench-cp".to_owned())]),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    cloud.retarget_ip(&fip.id, ServerId(CP[0])).await.unwrap();
+        },
+        Topology::default(),
+    )
+    .await;
+    let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
 
     let _controller = start_controller(&cp, &sim, &bin, busy);
 
@@ -155,7 +143,10 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
         // Let the queue fill before the first kill.
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
+    // The busy counts cover the runs, from the first kill (not the warm-up).
     let stats_before = sim.stats();
+    let log_from = sim.log(0).last().map_or(0, |e| e.seq + 1);
+    let created_before = created.load(std::sync::atomic::Ordering::Relaxed);
     let mut times = Vec::with_capacity(runs);
     let mut false_moves = 0;
     for run in 0..runs {
@@ -193,7 +184,8 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
         busy_report(
             &sim,
             &stats_before,
-            created.load(std::sync::atomic::Ordering::Relaxed),
+            log_from,
+            created.load(std::sync::atomic::Ordering::Relaxed) - created_before,
         )
     } else {
         String::new()
@@ -201,15 +193,17 @@ async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>
     (times, false_moves, busy_report)
 }
 
-/// What the busy mode's Service churn made the cloud do.
+/// What the busy mode's Service churn made the cloud do since `before` (log entries from
+/// `log_from` on).
 fn busy_report(
     sim: &baton_cloud::sim::SimHandle,
     before: &baton_cloud::sim::Stats,
+    log_from: u64,
     services_created: u64,
 ) -> String {
     let stats = sim.stats();
     let fips_created = sim
-        .log(0)
+        .log(log_from)
         .iter()
         .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
         .count();
