@@ -159,7 +159,9 @@ pub async fn run(
             }
             servers_at = Some(Instant::now());
         }
-        let ips = match opts.urgent_cloud.ips().await {
+        // The shared IP list is always fetched in the urgent lane (baton-cloud's cache), whoever
+        // asks first.
+        let ips = match ctx.cloud.ips().await {
             Ok(ips) => ips,
             Err(error) => {
                 tracing::warn!(%error, "listing IPs failed");
