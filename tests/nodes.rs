@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use baton::controller::node::{self, PROVIDED_NODE_IP_ANNOTATION, SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
 use baton_cloud::sim::{Faults, Topology};
-use baton_testbed::{ControlPlane, Options, lab};
+use baton_testbed::lab;
 use common::eventually;
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -97,13 +97,7 @@ async fn initialised(api: &Api<Node>, name: &str) -> Node {
 fn nodes_are_initialised_and_deleted_with_their_servers() {
     lab::run(|| async {
         baton_testbed::init_tracing();
-        let cp = ControlPlane::start(Options {
-            controller_manager: true,
-            ..Options::servers(1)
-        })
-        .await
-        .unwrap();
-        let client = cp.client(0).unwrap();
+        let (_cp, client) = common::control_plane_with_controllers().await;
         let mut topology = Topology::default();
         // worker-1 is shut down.
         topology

@@ -16,7 +16,7 @@ use baton::controller::service::{
 };
 use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_fip_tags;
-use baton_testbed::{ControlPlane, Options, lab};
+use baton_testbed::lab;
 use common::{eventually, ingress, lb_service, namespace, service_fips};
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -67,13 +67,7 @@ async fn wait_event(client: &kube::Client, ns: &str, name: &str, reason: &str) -
 fn service_fip_lifecycle() {
     lab::run(|| async {
         baton_testbed::init_tracing();
-        let cp = ControlPlane::start(Options {
-            controller_manager: true,
-            ..Options::servers(1)
-        })
-        .await
-        .unwrap();
-        let client = cp.client(0).unwrap();
+        let (_cp, client) = common::control_plane_with_controllers().await;
         let sim = common::sim(Faults::none(), Topology::default()).await;
         let env = common::env_for(&sim, &[("CHERRY_REGION_NAME", "LT-Siauliai")]);
         let ctx = common::context(client.clone(), &env).await;
@@ -242,13 +236,7 @@ fn service_fip_lifecycle() {
 fn region_errors_are_events_and_others_proceed() {
     lab::run(|| async {
         baton_testbed::init_tracing();
-        let cp = ControlPlane::start(Options {
-            controller_manager: true,
-            ..Options::servers(1)
-        })
-        .await
-        .unwrap();
-        let client = cp.client(0).unwrap();
+        let (_cp, client) = common::control_plane_with_controllers().await;
         let sim = common::sim(Faults::none(), Topology::default()).await;
         // No global region: the annotation decides.
         let env = common::env_for(&sim, &[]);

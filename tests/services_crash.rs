@@ -16,7 +16,7 @@ use std::time::Duration;
 use baton::controller::service::FIP_ID_ANNOTATION;
 use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_tag;
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use baton_testbed::{ADMIN_TOKEN, lab};
 use common::{eventually, ingress, lb_service, namespace, service_fips};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -84,13 +84,7 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
     eprintln!("services_crash: {runs} runs, CRASH_SEED={seed}");
     lab::run(move || async move {
         baton_testbed::init_tracing();
-        let cp = ControlPlane::start(Options {
-            controller_manager: true,
-            ..Options::servers(1)
-        })
-        .await
-        .unwrap();
-        let client = cp.client(0).unwrap();
+        let (cp, client) = common::control_plane_with_controllers().await;
         // Low latency keeps the wall time short; some injected 5xx, half of them after the write
         // took effect, exercise the create protocol's look-up after an unknown outcome.
         let faults = Faults {

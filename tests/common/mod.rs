@@ -192,3 +192,16 @@ pub async fn control_plane_fip(sim: &SimHandle, tag: (&str, &str), server: u64) 
         .unwrap();
     (cloud, fip)
 }
+
+/// One API server plus kube-controller-manager (namespace, GC, EndpointSlice controllers), in
+/// the current lab, and an admin client of it.
+pub async fn control_plane_with_controllers() -> (baton_testbed::ControlPlane, kube::Client) {
+    let cp = baton_testbed::ControlPlane::start(baton_testbed::Options {
+        controller_manager: true,
+        ..baton_testbed::Options::servers(1)
+    })
+    .await
+    .unwrap();
+    let client = cp.client(0).unwrap();
+    (cp, client)
+}
