@@ -183,11 +183,17 @@ settings! {
     health_check_interval { flag: "health-check-interval", env: "BATON_HEALTH_CHECK_INTERVAL", file: "healthCheckInterval",
         default: Some("200ms"), secret: false, doc: "Interval between two probes of one API server" },
     health_check_timeout { flag: "health-check-timeout", env: "BATON_HEALTH_CHECK_TIMEOUT", file: "healthCheckTimeout",
-        default: Some("500ms"), secret: false, doc: "Timeout of one probe" },
+        default: Some("300ms"), secret: false, doc: "Timeout of one probe (probes overlap: a slow probe does not delay the next)" },
     health_check_rise { flag: "health-check-rise", env: "BATON_HEALTH_CHECK_RISE", file: "healthCheckRise", default: Some("2"),
         secret: false, doc: "Consecutive successful probes before an API server counts as healthy" },
     health_check_fall { flag: "health-check-fall", env: "BATON_HEALTH_CHECK_FALL", file: "healthCheckFall", default: Some("3"),
         secret: false, doc: "Consecutive failed probes before an API server counts as failed" },
+    lease_duration { flag: "lease-duration", env: "BATON_LEASE_DURATION", file: "leaseDuration", default: Some("1s"),
+        secret: false, doc: "How long the controller's leader Lease stays valid without renewal: a follower takes over this long after it last saw the Lease change" },
+    lease_renew_deadline { flag: "lease-renew-deadline", env: "BATON_LEASE_RENEW_DEADLINE", file: "leaseRenewDeadline", default: Some("600ms"),
+        secret: false, doc: "The leader stops writing this long after the start of its last successful renew; must be below leaseDuration" },
+    lease_renew_interval { flag: "lease-renew-interval", env: "BATON_LEASE_RENEW_INTERVAL", file: "leaseRenewInterval", default: Some("200ms"),
+        secret: false, doc: "How often the leader renews its Lease; must be below leaseRenewDeadline" },
 }
 
 /// Where an effective value came from.
@@ -285,6 +291,15 @@ pub struct HealthCheck {
     pub use_host_ip: bool,
 }
 
+/// Leader-election timings of `baton controller` (docs/controller.md explains the safety rule
+/// `renew_interval < renew_deadline < duration`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseTiming {
+    pub duration: Duration,
+    pub renew_deadline: Duration,
+    pub renew_interval: Duration,
+}
+
 /// The effective configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -307,6 +322,7 @@ pub struct Config {
     pub api_timeout: Duration,
     pub prefix: String,
     pub health_check: HealthCheck,
+    pub lease: LeaseTiming,
     /// The source of every setting, by setting id.
     #[serde(skip)]
     pub sources: BTreeMap<&'static str, Source>,
@@ -426,6 +442,9 @@ impl Config {
             "health_check_timeout" => Some(d(&self.health_check.timeout)),
             "health_check_rise" => Some(self.health_check.rise.to_string()),
             "health_check_fall" => Some(self.health_check.fall.to_string()),
+            "lease_duration" => Some(d(&self.lease.duration)),
+            "lease_renew_deadline" => Some(d(&self.lease.renew_deadline)),
+            "lease_renew_interval" => Some(d(&self.lease.renew_interval)),
             _ => None,
         }
     }
@@ -448,6 +467,7 @@ impl Config {
                 })
                 .unwrap_or_default(),
         };
+        let lease = p.lease();
         let health_check = HealthCheck {
             path: p
                 .value("health_check_path", |v| {
@@ -521,6 +541,7 @@ impl Config {
                 })
                 .unwrap_or_default(),
             health_check,
+            lease,
             sources: raw
                 .values
                 .iter()
@@ -592,6 +613,14 @@ impl Parser<'_> {
             Err(e) => Err(e.to_string()),
         })
         .unwrap_or_default()
+    }
+
+    fn lease(&mut self) -> LeaseTiming {
+        LeaseTiming {
+            duration: self.duration("lease_duration"),
+            renew_deadline: self.duration("lease_renew_deadline"),
+            renew_interval: self.duration("lease_renew_interval"),
+        }
     }
 
     fn count(&mut self, id: &'static str) -> u32 {

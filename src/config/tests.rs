@@ -70,7 +70,11 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
         "api_timeout" => (["5s", "250ms", "1m"], Some("soon")),
         "prefix" => (["one", "two", "three"], Some("Bad_Prefix")),
         "health_check_path" => (["/readyz", "/healthz", "/livez"], Some("readyz")),
-        "health_check_interval" | "health_check_timeout" => (["100ms", "1s", "2s"], Some("0s")),
+        "health_check_interval"
+        | "health_check_timeout"
+        | "lease_duration"
+        | "lease_renew_deadline"
+        | "lease_renew_interval" => (["100ms", "1s", "2s"], Some("0s")),
         "health_check_rise" | "health_check_fall" => (["1", "2", "5"], Some("0")),
         other => panic!("no samples for setting {other}: add them when adding a setting"),
     }

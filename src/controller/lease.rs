@@ -1,24 +1,44 @@
-//! Leader election on a `coordination.k8s.io` Lease.
+//! Leader election on a `coordination.k8s.io` Lease, sized for sub-second takeover.
 //!
-//! One replica holds the Lease and renews it every `renew_interval`; the others watch it and take
-//! over when it has not changed for `duration` (measured on their own clock, as client-go does, so
-//! clock skew between nodes does not matter). The holder publishes "valid until
-//! `last successful renew + renew_deadline`" on a watch channel; [`LeaderGate`] reads it right
-//! before every cloud write, so a holder that cannot reach any API server stops writing before
-//! anyone else can take over (`renew_deadline < duration`). On shutdown the holder releases the
-//! Lease so a follower takes over at once.
+//! ```text
+//!  holder:    renew every `renew_interval` ──► "leader until attempt start + renew_deadline"
+//!                                              published on a watch channel (LeaderGate, and the
+//!                                              cloud client's write fence read it per request)
+//!  followers: watch the Lease; every change is stamped with the follower's own clock
+//!             ──► take over at (first sight of the current record) + duration, to the millisecond
+//! ```
+//!
+//! **Why two replicas never act at once.** The holder's deadline is counted from the moment it
+//! *started* its last successful renew, before the write reached the API server; a follower's
+//! clock starts when it *saw* that write, which is later. The follower takes over `duration`
+//! after that, the holder stops `renew_deadline` after its start, and `renew_deadline <
+//! duration`: the holder has stopped before anyone may take over, whatever the network delays
+//! (both measure intervals on their own monotonic clocks, so wall-clock skew does not matter).
+//! A takeover is a `replace` under the resourceVersion of a fresh read, so two followers cannot
+//! both win, and a follower whose watch is late only takes over later. The difference
+//! `duration − renew_deadline` is the margin for a write that left just before the holder's
+//! deadline to reach the cloud.
+//!
+//! `leaseDurationSeconds` is whole seconds; the exact duration travels in the annotation
+//! `baton.dev/lease-duration-ms` (followers fall back to the seconds field). On shutdown the
+//! holder releases the Lease so a follower takes over at once.
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::LeaderGate;
+
+/// The annotation carrying the exact lease duration in milliseconds.
+pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -27,25 +47,56 @@ pub struct LeaseConfig {
     pub name: String,
     /// This replica's identity (pod name).
     pub identity: String,
-    /// How long a Lease stays valid without renewal.
+    /// How long a Lease stays valid without renewal (followers' takeover delay).
     pub duration: Duration,
-    /// How often the holder renews (and followers look).
+    /// How often the holder renews.
     pub renew_interval: Duration,
-    /// The holder stops acting this long after its last successful renew.
+    /// The holder stops acting this long after the start of its last successful renew.
     pub renew_deadline: Duration,
 }
 
+/// Lease settings that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "lease timings must satisfy leaseRenewInterval ({interval:?}) < leaseRenewDeadline ({deadline:?}) < leaseDuration ({duration:?})"
+)]
+pub struct LeaseTimingError {
+    interval: Duration,
+    deadline: Duration,
+    duration: Duration,
+}
+
 impl LeaseConfig {
-    /// Defaults for `identity`: 4 s lease, renewed every 1 s, 3 s renew deadline.
+    /// Defaults for `identity`: 1 s lease, renewed every 200 ms, 600 ms renew deadline.
     pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
         Self {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             identity: identity.to_owned(),
-            duration: Duration::from_secs(4),
-            renew_interval: Duration::from_secs(1),
-            renew_deadline: Duration::from_secs(3),
+            duration: Duration::from_secs(1),
+            renew_interval: Duration::from_millis(200),
+            renew_deadline: Duration::from_millis(600),
         }
+    }
+
+    /// Checks `renew_interval < renew_deadline < duration` (the safety argument needs it).
+    pub fn validate(&self) -> Result<(), LeaseTimingError> {
+        if self.renew_interval.is_zero()
+            || self.renew_interval >= self.renew_deadline
+            || self.renew_deadline >= self.duration
+        {
+            return Err(LeaseTimingError {
+                interval: self.renew_interval,
+                deadline: self.renew_deadline,
+                duration: self.duration,
+            });
+        }
+        Ok(())
+    }
+
+    /// How long one renew attempt may take before it counts as failed.
+    fn attempt_timeout(&self) -> Duration {
+        (self.renew_deadline / 2).max(self.renew_interval)
     }
 }
 
@@ -60,12 +111,55 @@ pub fn spawn(
     (LeaderGate::new(rx), task)
 }
 
-/// What a follower last saw of the Lease, and when (on its own clock).
-#[derive(Debug, PartialEq)]
-struct Observed {
+/// The part of the Lease record whose change proves its holder alive.
+#[derive(Debug, Clone, PartialEq)]
+struct Record {
     holder: Option<String>,
     renew: Option<MicroTime>,
+    duration: Option<Duration>,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        let exact = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DURATION_ANNOTATION))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        let seconds = spec
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs);
+        Self {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            renew: spec.and_then(|s| s.renew_time.clone()),
+            duration: exact.or(seconds),
+        }
+    }
+}
+
+/// A record and when this replica first saw it (its own clock).
+#[derive(Debug, Clone)]
+struct Observed {
+    record: Record,
     at: Instant,
+}
+
+/// Remembers `record` unless it is the one already seen; returns whether it was new.
+fn observe(seen: &mut Option<Observed>, record: Record) -> bool {
+    if seen.as_ref().is_some_and(|o| o.record == record) {
+        return false;
+    }
+    *seen = Some(Observed {
+        record,
+        at: Instant::now(),
+    });
+    true
 }
 
 async fn run(
@@ -75,57 +169,266 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let mut observed: Option<Observed> = None;
-    let mut tick = tokio::time::interval(cfg.renew_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every change of the Lease, stamped on arrival: the takeover clock of a follower.
+    let (seen_tx, mut seen_rx) = watch::channel::<Option<Observed>>(None);
+    let watch_task = tokio::spawn(watch_lease(api.clone(), cfg.name.clone(), seen_tx.clone()));
+    let mut election = Election {
+        api: &api,
+        cfg: &cfg,
+        tx: &tx,
+        seen: &seen_tx,
+        mine: None,
+    };
+    let mut next = Instant::now();
+    // A failed attempt is not retried at once (an API server that refuses must not be hammered).
+    let mut last_io: Option<Instant> = None;
     loop {
+        // A follower also wakes exactly when the record it saw expires.
+        let expiry = {
+            let seen = seen_rx.borrow_and_update();
+            seen.as_ref().and_then(|o| {
+                (o.record.holder.as_deref() != Some(cfg.identity.as_str()))
+                    .then(|| o.at + o.record.duration.unwrap_or(cfg.duration))
+            })
+        };
+        let mut wake = expiry.map_or(next, |e| e.min(next));
+        if let Some(t) = last_io {
+            wake = wake.max(t + cfg.renew_interval / 2);
+        }
         tokio::select! {
             () = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
+            () = tokio::time::sleep_until(wake) => {}
+            _ = seen_rx.changed() => continue,
         }
+        if Instant::now() >= next {
+            next = Instant::now() + cfg.renew_interval;
+        }
+        if election.round().await {
+            last_io = Some(Instant::now());
+        }
+    }
+    watch_task.abort();
+    election.release().await;
+}
+
+/// Feeds every version of the Lease into `seen`.
+async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<Observed>>) {
+    let stream = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .default_backoff()
+    .touched_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(lease) => {
+                seen.send_if_modified(|s| observe(s, Record::of(&lease)));
+            }
+            Err(error) => {
+                tracing::warn!(%error, lease = %name, "watching the leader Lease failed (retrying)")
+            }
+        }
+    }
+}
+
+struct Election<'a> {
+    api: &'a Api<Lease>,
+    cfg: &'a LeaseConfig,
+    tx: &'a watch::Sender<Option<Instant>>,
+    seen: &'a watch::Sender<Option<Observed>>,
+    /// The Lease as this replica last wrote it while holding it.
+    mine: Option<Lease>,
+}
+
+impl Election<'_> {
+    fn leading(&self) -> bool {
+        self.tx.borrow().is_some_and(|t| Instant::now() < t)
+    }
+
+    /// One round: renew (holder), or take over an expired or free Lease (follower). Returns
+    /// whether it talked to the API server.
+    async fn round(&mut self) -> bool {
         let attempt = Instant::now();
-        match tokio::time::timeout(
-            cfg.renew_interval.max(Duration::from_secs(1)),
-            try_acquire_or_renew(&api, &cfg, &mut observed),
-        )
-        .await
-        {
+        let timeout = self.cfg.attempt_timeout();
+        let outcome = if self.mine.is_some() {
+            tokio::time::timeout(timeout, self.renew()).await
+        } else {
+            if !self.expired() {
+                return false;
+            }
+            tokio::time::timeout(timeout, self.try_acquire()).await
+        };
+        match outcome {
             Ok(Ok(true)) => {
-                let until = attempt + cfg.renew_deadline;
-                tx.send_if_modified(|v| {
+                let until = attempt + self.cfg.renew_deadline;
+                let identity = &self.cfg.identity;
+                self.tx.send_if_modified(|v| {
                     let was_leading = v.is_some_and(|t| t > attempt);
                     if !was_leading {
-                        tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became leader");
+                        tracing::info!(%identity, "became leader");
                     }
                     *v = Some(until);
                     !was_leading
                 });
             }
             Ok(Ok(false)) => {
-                tx.send_if_modified(|v| {
+                self.mine = None;
+                let identity = &self.cfg.identity;
+                self.tx.send_if_modified(|v| {
                     let changed = v.is_some();
                     if changed {
-                        tracing::warn!(identity = %cfg.identity, "lost the lease");
+                        tracing::warn!(%identity, "lost the lease");
                     }
                     *v = None;
                     changed
                 });
             }
-            Ok(Err(error)) => tracing::warn!(%error, lease = %cfg.name, "lease update failed"),
-            Err(_) => tracing::warn!(lease = %cfg.name, "lease update timed out"),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, lease = %self.cfg.name, leading = self.leading(), "lease update failed");
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.cfg.name, leading = self.leading(), timeout_ms = timeout.as_millis(), "lease update timed out");
+            }
+        }
+        true
+    }
+
+    /// Whether a follower may try to take over: the Lease is free, or the record it saw has not
+    /// changed for its duration.
+    fn expired(&self) -> bool {
+        match self.seen.borrow().as_ref() {
+            // Not seen yet: read it (creating it if missing).
+            None => true,
+            Some(o) if o.record.holder.is_none() => true,
+            Some(o) if o.record.holder.as_deref() == Some(self.cfg.identity.as_str()) => true,
+            Some(o) => o.at.elapsed() >= o.record.duration.unwrap_or(self.cfg.duration),
         }
     }
-    // Graceful stop: hand the lease over at once.
-    if tx.borrow().is_some_and(|t| t > Instant::now()) {
-        tx.send_replace(None);
-        if let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await
-            && let Some(spec) = lease.spec.as_mut()
-            && spec.holder_identity.as_deref() == Some(&cfg.identity)
+
+    fn stamp(&self, lease: &mut Lease, acquire: bool) {
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                DURATION_ANNOTATION.to_owned(),
+                self.cfg.duration.as_millis().to_string(),
+            );
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.cfg.identity.clone());
+        spec.lease_duration_seconds = Some(whole_secs(self.cfg.duration));
+        spec.renew_time = Some(now());
+        if acquire {
+            spec.acquire_time = Some(now());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        }
+    }
+
+    /// Renews from the last written version (no read first); a conflict re-reads.
+    async fn renew(&mut self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.mine.clone() else {
+            return Ok(false);
+        };
+        self.stamp(&mut lease, false);
+        match self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
         {
-            spec.holder_identity = None;
-            spec.lease_duration_seconds = Some(1);
-            let _ = api.replace(&cfg.name, &PostParams::default(), &lease).await;
-            tracing::info!(identity = %cfg.identity, "released the lease");
+            Ok(written) => {
+                self.mine = Some(written);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Someone else wrote (or an earlier, timed-out renew of ours did): look.
+                let current = self.api.get_opt(&self.cfg.name).await?;
+                match current {
+                    Some(lease)
+                        if Record::of(&lease).holder.as_deref() == Some(self.cfg.identity.as_str()) =>
+                    {
+                        self.mine = Some(lease);
+                        Box::pin(self.renew()).await
+                    }
+                    Some(lease) => {
+                        self.seen.send_if_modified(|s| observe(s, Record::of(&lease)));
+                        Ok(false)
+                    }
+                    None => Ok(false),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads the Lease afresh and takes it if it is free, ours, or unchanged since this replica
+    /// first saw that record `duration` ago.
+    async fn try_acquire(&mut self) -> Result<bool, kube::Error> {
+        let pp = PostParams::default();
+        let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
+            let mut lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.cfg.name.clone()),
+                    namespace: Some(self.cfg.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            self.stamp(&mut lease, true);
+            return match self.api.create(&pp, &lease).await {
+                Ok(written) => {
+                    self.mine = Some(written);
+                    Ok(true)
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let record = Record::of(&lease);
+        let ours = record.holder.as_deref() == Some(self.cfg.identity.as_str());
+        if record.holder.is_some() && !ours {
+            // The fresh read may show a newer record than the watch did: then the clock restarts.
+            self.seen.send_if_modified(|s| observe(s, record.clone()));
+            if !self.expired() {
+                return Ok(false);
+            }
+        }
+        self.stamp(&mut lease, !ours);
+        match self.api.replace(&self.cfg.name, &pp, &lease).await {
+            Ok(written) => {
+                self.mine = Some(written);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Graceful stop: hands the Lease over at once.
+    async fn release(&mut self) {
+        if !self.leading() {
+            return;
+        }
+        self.tx.send_replace(None);
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else { return };
+        if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        if self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
+            .is_ok()
+        {
+            tracing::info!(identity = %self.cfg.identity, "released the lease");
         }
     }
 }
@@ -134,84 +437,71 @@ fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
 
-fn secs(d: Duration) -> i32 {
-    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+/// Whole seconds for `leaseDurationSeconds`, rounded up (at least 1).
+fn whole_secs(d: Duration) -> i32 {
+    let ms = d.as_millis().max(1);
+    i32::try_from(ms.div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
-/// One round: returns whether this replica holds the lease afterwards.
-async fn try_acquire_or_renew(
-    api: &Api<Lease>,
-    cfg: &LeaseConfig,
-    observed: &mut Option<Observed>,
-) -> Result<bool, kube::Error> {
-    let pp = PostParams::default();
-    let Some(mut lease) = api.get_opt(&cfg.name).await? else {
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_safe_and_invalid_timings_are_refused() {
+        let cfg = LeaseConfig::new("kube-system", "baton-controller", "a");
+        cfg.validate().unwrap();
+        assert!(cfg.renew_deadline < cfg.duration);
+        let mut bad = cfg.clone();
+        bad.renew_deadline = bad.duration;
+        assert!(
+            bad.validate().is_err(),
+            "a holder acting as long as a follower waits is unsafe"
+        );
+        let mut bad = cfg;
+        bad.renew_interval = bad.renew_deadline;
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn the_exact_duration_wins_over_whole_seconds() {
         let lease = Lease {
             metadata: ObjectMeta {
-                name: Some(cfg.name.clone()),
-                namespace: Some(cfg.namespace.clone()),
+                annotations: Some([(DURATION_ANNOTATION.to_owned(), "1200".to_owned())].into()),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
-                holder_identity: Some(cfg.identity.clone()),
-                lease_duration_seconds: Some(secs(cfg.duration)),
-                acquire_time: Some(now()),
-                renew_time: Some(now()),
-                lease_transitions: Some(0),
+                holder_identity: Some("a".into()),
+                lease_duration_seconds: Some(2),
                 ..LeaseSpec::default()
             }),
         };
-        return match api.create(&pp, &lease).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        };
-    };
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-    if holder.as_deref() == Some(cfg.identity.as_str()) {
-        spec.renew_time = Some(now());
-        spec.lease_duration_seconds = Some(secs(cfg.duration));
-        return replace(api, cfg, &lease).await;
+        assert_eq!(Record::of(&lease).duration, Some(Duration::from_millis(1200)));
+        assert_eq!(whole_secs(Duration::from_millis(1200)), 2);
+        assert_eq!(whole_secs(Duration::from_secs(1)), 1);
     }
-    // A follower: has the record changed since we last looked?
-    let current = (holder.clone(), spec.renew_time.clone());
-    let unchanged_since = match observed {
-        Some(o) if (o.holder.clone(), o.renew.clone()) == current => o.at,
-        _ => {
-            *observed = Some(Observed {
-                holder: current.0,
-                renew: current.1,
-                at: Instant::now(),
-            });
-            Instant::now()
-        }
-    };
-    let their_duration = spec
-        .lease_duration_seconds
-        .and_then(|s| u64::try_from(s).ok())
-        .map_or(cfg.duration, Duration::from_secs);
-    if holder.is_some() && unchanged_since.elapsed() < their_duration {
-        return Ok(false);
-    }
-    spec.holder_identity = Some(cfg.identity.clone());
-    spec.lease_duration_seconds = Some(secs(cfg.duration));
-    spec.acquire_time = Some(now());
-    spec.renew_time = Some(now());
-    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-    let won = replace(api, cfg, &lease).await?;
-    if won {
-        *observed = None;
-    }
-    Ok(won)
-}
 
-/// Replaces the lease under optimistic concurrency (its resourceVersion); a conflict means
-/// someone else wrote first.
-async fn replace(api: &Api<Lease>, cfg: &LeaseConfig, lease: &Lease) -> Result<bool, kube::Error> {
-    match api.replace(&cfg.name, &PostParams::default(), lease).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
+    #[tokio::test(start_paused = true)]
+    async fn a_record_seen_again_keeps_its_first_sighting() {
+        let record = Record {
+            holder: Some("a".into()),
+            renew: None,
+            duration: None,
+        };
+        let mut seen = None;
+        assert!(observe(&mut seen, record.clone()));
+        let first = seen.as_ref().unwrap().at;
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(
+            !observe(&mut seen, record.clone()),
+            "the same record does not restart the clock"
+        );
+        assert_eq!(seen.as_ref().unwrap().at, first);
+        let renewed = Record {
+            renew: Some(now()),
+            ..record
+        };
+        assert!(observe(&mut seen, renewed));
+        assert_eq!(seen.as_ref().unwrap().at, first + Duration::from_millis(500));
     }
 }

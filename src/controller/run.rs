@@ -79,6 +79,8 @@ pub enum ControllerError {
     #[error("no cluster CA: give --cluster-ca or a kubeconfig with certificate-authority data")]
     NoClusterCa,
     #[error(transparent)]
+    Lease(#[from] lease::LeaseTimingError),
+    #[error(transparent)]
     Cloud(#[from] baton_cloud::CloudError),
     #[error(transparent)]
     Context(#[from] super::context::ContextError),
@@ -101,6 +103,7 @@ impl ControllerError {
                 | Self::ClusterCa { .. }
                 | Self::NoClusterCa
                 | Self::KubeConfig(_)
+                | Self::Lease(_)
         )
     }
 }
@@ -162,7 +165,7 @@ pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), ControllerError> {
     let config = Arc::new(Config::resolve(&args.config, &ProcessEnv)?);
-    let cloud_config = config.cloud_client_config()?;
+    let mut cloud_config = config.cloud_client_config()?;
     let admin: Option<SocketAddr> = match args.admin_listen.as_str() {
         "off" => None,
         v => Some(
@@ -178,24 +181,22 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         crate::kube_failover::client(&kube_cfg, &args.api_servers)
             .map_err(|e| ControllerError::KubeConfig(e.to_string()))?
     };
-    let cherry = CherryClient::new(cloud_config)?;
-    let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
-    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
-
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "baton".into(), |h| h.trim().to_owned())
     });
+    // The cloud's request log then tells which replica sent each call.
+    cloud_config.user_agent = format!("{} controller/{identity}", cloud_config.user_agent);
+    let lease_cfg = lease_config(&args, &config, &identity)?;
+    let cherry = CherryClient::new(cloud_config)?;
+    let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
+    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
+
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
     let (leader, lease_task) = if args.no_leader_election {
         (LeaderGate::always(), None)
     } else {
-        let cfg = LeaseConfig::new(
-            &args.lease_namespace,
-            &format!("{}-controller", config.prefix),
-            &identity,
-        );
-        let (gate, task) = lease::spawn(client.clone(), cfg, shutdown.clone());
+        let (gate, task) = lease::spawn(client.clone(), lease_cfg, shutdown.clone());
         (gate, Some(task))
     };
     let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
@@ -264,6 +265,24 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
     result.map_err(Into::into)
+}
+
+/// The leader Lease's settings, checked (docs/controller.md: why the order matters).
+fn lease_config(
+    args: &ControllerArgs,
+    config: &Config,
+    identity: &str,
+) -> Result<LeaseConfig, ControllerError> {
+    let mut cfg = LeaseConfig::new(
+        &args.lease_namespace,
+        &format!("{}-controller", config.prefix),
+        identity,
+    );
+    cfg.duration = config.lease.duration;
+    cfg.renew_deadline = config.lease.renew_deadline;
+    cfg.renew_interval = config.lease.renew_interval;
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 fn admin_router(metrics: Arc<Metrics>, leader: LeaderGate) -> axum::Router {
