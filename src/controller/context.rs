@@ -37,11 +37,49 @@ impl LeaderGate {
         self.0.borrow().is_some_and(|until| Instant::now() < until)
     }
 
+    /// Until when this replica may act (`None`: not leader). The cloud client's write fence
+    /// reads this right before each request leaves.
+    pub fn valid_until(&self) -> Option<Instant> {
+        (*self.0.borrow()).filter(|until| Instant::now() < *until)
+    }
+
+    /// The channel behind the gate (the cloud client's fence reads it).
+    pub fn receiver(&self) -> watch::Receiver<Option<Instant>> {
+        self.0.clone()
+    }
+
     /// Waits until this replica leads (checked at least every 100 ms).
     pub async fn wait(&mut self) {
         while !self.is_leader() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), self.0.changed()).await;
+            self.changed_or_tick().await;
         }
+    }
+
+    /// Waits for a change of the leadership record, at most 100 ms (also when the lease task
+    /// is gone: then the value can no longer change but the deadline still passes).
+    async fn changed_or_tick(&mut self) {
+        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), self.0.changed()).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Yields once each time this replica becomes leader (and once at the start if it already
+    /// leads): controllers reconcile everything at that moment, so work that arrived while
+    /// there was no leader is not left waiting for a resync or a backoff.
+    pub fn elected(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let gate = self.clone();
+        futures::stream::unfold((gate, false), |(mut gate, mut was)| async move {
+            loop {
+                let now = gate.is_leader();
+                if now && !was {
+                    return Some(((), (gate, true)));
+                }
+                was = now;
+                // Leadership also ends silently when the deadline passes (no message): look
+                // at least every 100 ms.
+                gate.changed_or_tick().await;
+            }
+        })
     }
 }
 

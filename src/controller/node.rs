@@ -409,6 +409,8 @@ pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + S
     let api = Api::<Node>::all(ctx.client.clone());
     Controller::new(api, watcher::Config::default())
         .with_config(controller::Config::default().concurrency(8))
+        // Followers do nothing; a new leader initialises every Node at once.
+        .reconcile_all_on(ctx.leader.elected())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, node_ctx)
         .for_each(|result| async move {
@@ -427,6 +429,10 @@ pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + S
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(node: Arc<Node>, error: &NodeError, ctx: Arc<NodeContext>) -> Action {
     let name = node.name_any();
+    if matches!(error, NodeError::NotLeader { .. }) {
+        // Leadership ended mid-reconcile: the next leader reconciles everything when it wins.
+        return Action::await_change();
+    }
     let attempt = {
         let mut failures = ctx.failures();
         let n = failures.entry(name.clone()).or_insert(0);
@@ -455,6 +461,10 @@ impl NodeError {
 /// Reconciles one Node: initialisation while it carries the uninitialized taint, lifecycle after.
 #[instrument(skip(node, ctx), fields(node = %node.name_any()))]
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action, NodeError> {
+    // Only the leader reads the cloud and writes Nodes; it reconciles every Node when it wins.
+    if !ctx.base.leader.is_leader() {
+        return Ok(Action::await_change());
+    }
     let facts = facts_of(&node);
     let server_ref = match server_ref(&facts) {
         Ok(r) => r,

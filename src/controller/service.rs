@@ -276,6 +276,9 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
     let _ = svc_ctx.store.set(store.clone());
     let run = controller
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        // Followers do nothing; the moment this replica wins the Lease it reconciles every
+        // Service (work that arrived while there was no leader does not wait for a resync).
+        .reconcile_all_on(ctx.leader.elected())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| async move {
@@ -291,7 +294,10 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
         if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
             return futures::future::pending().await;
         }
+        let mut leader = svc_ctx.base.leader.clone();
         loop {
+            // Only the leader reads the cloud for orphans.
+            leader.wait().await;
             if let Err(error) = sweep_orphans(&svc_ctx, &store).await {
                 warn!(%error, "sweeping orphaned Floating IPs failed");
             }
@@ -373,6 +379,11 @@ fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
 /// managed has its FIP released and the finalizer removed here.
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
+    // Only the leader acts (cloud, finalizers, status, Events); it reconciles everything when it
+    // wins the Lease (`reconcile_all_on` in `run_services`).
+    if !ctx.base.leader.is_leader() {
+        return Ok(Action::await_change());
+    }
     let facts = facts_of(&svc);
     debug!(
         deleting = facts.deleting,
@@ -437,6 +448,11 @@ async fn run_finalizer(svc: &Arc<Service>, ctx: &Arc<ServiceContext>) -> Result<
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(svc: Arc<Service>, error: &ServiceError, ctx: Arc<ServiceContext>) -> Action {
     let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
+    if matches!(error, ServiceError::NotLeader { .. }) {
+        // Leadership ended mid-reconcile: the next leader reconciles everything when it wins.
+        debug!(service = %key, "not the leader any more; leaving it to the next one");
+        return Action::await_change();
+    }
     if error.is_invalid_spec() {
         info!(service = %key, %error, "waiting for the Service or the configuration to change");
         return Action::await_change();
