@@ -1,15 +1,24 @@
 //! Continuous, parallel `/readyz` probes with rise/fall hysteresis.
 //!
-//! One task per target probes every `interval` with a fresh TLS connection (no pooling: a probe
-//! through a FIP must follow the FIP when it moves), verifying the API server's certificate
-//! against the cluster CA for `server_name` while connecting to the target's address. Results feed
-//! a [`HealthTracker`] per target; the health map is published on a watch channel, so the
-//! failover loop reacts to a change at once instead of polling.
+//! One task per target starts a probe every `interval` with a fresh TLS connection (no pooling:
+//! a probe through a FIP must follow the FIP when it moves), verifying the API server's
+//! certificate against the cluster CA for `server_name` while connecting to the target's address.
+//! Probes overlap: a probe that hangs until its `timeout` (a hung API server accepts TCP and then
+//! answers nothing; a blackholed node answers nothing at all) does not delay the next one, so a
+//! hung or vanished server is detected `fall` intervals plus one timeout after it stops, not `fall`
+//! timeouts. Results feed a [`HealthTracker`] per target in the order they complete; the health
+//! map is published on a watch channel, so the failover loop reacts to a change at once instead
+//! of polling. Each target also remembers when its current run of failures began (the start of
+//! its first failed probe), which is where a failover's time to recover is measured from.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use tokio::time::Instant;
 
 use baton_core::health::{Health, HealthTracker, Thresholds};
 use tokio::sync::watch;
@@ -45,7 +54,11 @@ pub struct Prober {
     observer: Arc<dyn ProbeObserver>,
     tasks: BTreeMap<SocketAddr, CancellationToken>,
     health_tx: watch::Sender<BTreeMap<SocketAddr, Health>>,
+    failing_since: FailingSince,
 }
+
+/// Per target: the start of the first failed probe since its last successful one.
+type FailingSince = Arc<Mutex<BTreeMap<SocketAddr, Instant>>>;
 
 /// Errors building probe clients.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +78,17 @@ impl Prober {
             observer,
             tasks: BTreeMap::new(),
             health_tx,
+            failing_since: FailingSince::default(),
         }
+    }
+
+    /// When `target`'s current run of failed probes began (`None` after a success).
+    pub fn failing_since(&self, target: &SocketAddr) -> Option<Instant> {
+        self.failing_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(target)
+            .copied()
     }
 
     /// Subscribes to health changes.
@@ -84,6 +107,7 @@ impl Prober {
             token.cancel();
         }
         self.health_tx.send_if_modified(|m| m.remove(target).is_some());
+        self.forget_failures(target);
         let targets: Vec<SocketAddr> = self
             .tasks
             .keys()
@@ -106,6 +130,7 @@ impl Prober {
                 token.cancel();
             }
             self.health_tx.send_if_modified(|m| m.remove(&t).is_some());
+            self.forget_failures(&t);
         }
         for &t in targets {
             if self.tasks.contains_key(&t) {
@@ -122,17 +147,27 @@ impl Prober {
                 t.port(),
                 self.settings.path
             );
-            tokio::spawn(probe_loop(
-                client,
-                url,
-                t,
-                self.settings.clone(),
-                self.health_tx.clone(),
-                Arc::clone(&self.observer),
-                token,
-            ));
+            tokio::spawn(
+                ProbeLoop {
+                    client,
+                    url,
+                    target: t,
+                    settings: self.settings.clone(),
+                    health_tx: self.health_tx.clone(),
+                    failing_since: Arc::clone(&self.failing_since),
+                    observer: Arc::clone(&self.observer),
+                }
+                .run(token),
+            );
         }
         Ok(())
+    }
+
+    fn forget_failures(&self, target: &SocketAddr) {
+        self.failing_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(target);
     }
 }
 
@@ -167,29 +202,60 @@ fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client
         .map_err(ProbeError::Client)
 }
 
-async fn probe_loop(
+/// The probes of one target.
+struct ProbeLoop {
     client: reqwest::Client,
     url: String,
     target: SocketAddr,
     settings: ProbeSettings,
     health_tx: watch::Sender<BTreeMap<SocketAddr, Health>>,
+    failing_since: FailingSince,
     observer: Arc<dyn ProbeObserver>,
-    token: CancellationToken,
-) {
-    let mut tracker = HealthTracker::new(settings.thresholds);
-    let mut tick = tokio::time::interval(settings.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = token.cancelled() => return,
-            _ = tick.tick() => {}
+}
+
+impl ProbeLoop {
+    async fn run(self, token: CancellationToken) {
+        let mut tracker = HealthTracker::new(self.settings.thresholds);
+        let mut tick = tokio::time::interval(self.settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Enough probes in flight to cover one timeout, and no more.
+        let max_in_flight = max_in_flight(&self.settings);
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                _ = tick.tick(), if in_flight.len() < max_in_flight => {
+                    let (client, url) = (self.client.clone(), self.url.clone());
+                    in_flight.push(async move {
+                        let started = Instant::now();
+                        // The client's own timeout bounds connect + TLS + answer.
+                        let ok = matches!(client.get(&url).send().await, Ok(r) if r.status().is_success());
+                        (started, ok)
+                    });
+                }
+                Some((started, ok)) = in_flight.next() => self.record(&mut tracker, started, ok),
+            }
         }
-        let started = tokio::time::Instant::now();
-        let ok = matches!(client.get(&url).send().await, Ok(r) if r.status().is_success());
-        observer.observe(target, ok, started.elapsed());
+    }
+
+    fn record(&self, tracker: &mut HealthTracker, started: Instant, ok: bool) {
+        let target = self.target;
+        self.observer.observe(target, ok, started.elapsed());
+        {
+            let mut since = self
+                .failing_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if ok {
+                since.remove(&target);
+            } else {
+                let first = since.entry(target).or_insert(started);
+                *first = (*first).min(started);
+            }
+        }
         if let Some(h) = tracker.observe(ok) {
             tracing::debug!(%target, health = ?h, "probe health changed");
-            health_tx.send_if_modified(|m| match m.get_mut(&target) {
+            self.health_tx.send_if_modified(|m| match m.get_mut(&target) {
                 Some(v) if *v != h => {
                     *v = h;
                     true
@@ -197,5 +263,78 @@ async fn probe_loop(
                 _ => false,
             });
         }
+    }
+}
+
+/// Probes in flight at once for one target: one timeout's worth of intervals, plus one.
+fn max_in_flight(s: &ProbeSettings) -> usize {
+    let interval = s.interval.as_millis().max(1);
+    usize::try_from(s.timeout.as_millis().div_ceil(interval))
+        .unwrap_or(usize::MAX)
+        .saturating_add(1)
+        .clamp(1, 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(interval_ms: u64, timeout_ms: u64) -> ProbeSettings {
+        ProbeSettings {
+            path: "/readyz".into(),
+            server_name: "kubernetes.default.svc".into(),
+            ca_der: Vec::new(),
+            interval: Duration::from_millis(interval_ms),
+            timeout: Duration::from_millis(timeout_ms),
+            thresholds: Thresholds { rise: 2, fall: 3 },
+        }
+    }
+
+    #[test]
+    fn enough_probes_overlap_to_cover_one_timeout() {
+        assert_eq!(max_in_flight(&settings(200, 300)), 3);
+        assert_eq!(max_in_flight(&settings(200, 200)), 2);
+        assert_eq!(max_in_flight(&settings(1000, 300)), 2);
+        assert_eq!(max_in_flight(&settings(1, 60_000)), 16);
+    }
+
+    /// A target that accepts TCP and never answers (a hung API server): with overlapping
+    /// probes it is `Down` after about `fall` intervals plus one timeout, not `fall` timeouts.
+    #[tokio::test]
+    async fn a_hung_target_is_detected_within_fall_intervals_plus_one_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accept = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let (cert, key) = {
+            let c = rcgen::generate_simple_self_signed(vec!["kubernetes.default.svc".into()]).unwrap();
+            (c.cert.der().to_vec(), c.signing_key)
+        };
+        drop(key);
+        let mut s = settings(100, 1000);
+        s.ca_der = vec![cert];
+        let mut prober = Prober::new(s, Arc::new(()));
+        let mut rx = prober.subscribe();
+        let started = Instant::now();
+        prober.set_targets(&[addr]).unwrap();
+        while prober.health(&addr) != Health::Down {
+            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                .await
+                .expect("the hung target is detected")
+                .unwrap();
+        }
+        let took = started.elapsed();
+        // Serial probes would need 3 × 1 s = 3 s; overlapping ones 2 × 100 ms + 1 s = 1.2 s.
+        assert!(took < Duration::from_millis(2500), "detection took {took:?}");
+        let since = prober.failing_since(&addr).expect("the failing run has a start");
+        assert!(
+            since <= started + Duration::from_millis(500),
+            "the run began with the first probe"
+        );
+        accept.abort();
     }
 }
