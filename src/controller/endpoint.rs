@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{IpAddress, IpType, Server, ServerId};
-use baton_core::failover::{Candidate, Decision, Observation, decide};
+use baton_core::failover::{Candidate, Decision, Observation, Reason, decide};
 use baton_core::health::Health;
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -80,6 +80,53 @@ struct EndpointState {
     last_applied_at: Option<Instant>,
     /// After a failed write, when to try again (no hammering of a refusing API server).
     retry_at: Option<Instant>,
+    /// Holds back moves for an unreachable FIP right after a move (no flapping).
+    hold: HoldDown,
+}
+
+/// After a move, a FIP that does not answer through the cloud's route (while its holder answers
+/// directly) is not moved again at once: the route may still be propagating, or the path may be
+/// broken only from this replica's vantage point, and moving would not mend it — it would move
+/// the FIP every few hundred milliseconds. Any move holds such moves for [`HoldDown::SETTLE`];
+/// a move *because* the FIP was unreachable holds them for [`HoldDown::BASE`], doubling with
+/// each such move within [`HoldDown::MAX`] of the previous one, up to `MAX`. A holder that fails
+/// its direct probes is always moved at once.
+#[derive(Debug, Default)]
+struct HoldDown {
+    until: Option<Instant>,
+    /// The last move for an unreachable FIP, and the hold it started.
+    last: Option<(Instant, Duration)>,
+    /// Whether the current hold was already reported.
+    reported: bool,
+}
+
+impl HoldDown {
+    const SETTLE: Duration = Duration::from_secs(5);
+    const BASE: Duration = Duration::from_secs(30);
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// Records a move at `now` for `reason`.
+    fn moved(&mut self, now: Instant, reason: Reason) {
+        let hold = if reason == Reason::FipUnreachable {
+            let hold = match self.last {
+                Some((at, prev)) if now.saturating_duration_since(at) < Self::MAX => {
+                    (prev * 2).min(Self::MAX)
+                }
+                _ => Self::BASE,
+            };
+            self.last = Some((now, hold));
+            hold
+        } else {
+            Self::SETTLE
+        };
+        self.until = Some(self.until.map_or(now + hold, |u| u.max(now + hold)));
+        self.reported = false;
+    }
+
+    /// Whether a move for `reason` is held back at `now`.
+    fn holds(&self, now: Instant, reason: Reason) -> bool {
+        reason == Reason::FipUnreachable && self.until.is_some_and(|u| now < u)
+    }
 }
 
 /// Runs until `shutdown`.
@@ -125,6 +172,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut leading = false;
+    let mut cloud_view = CloudView::default();
 
     loop {
         tokio::select! {
@@ -160,13 +208,12 @@ pub async fn run(
             servers_at = Some(Instant::now());
         }
         // The shared IP list is always fetched in the urgent lane (baton-cloud's cache), whoever
-        // asks first.
-        let ips = match ctx.cloud.ips().await {
-            Ok(ips) => ips,
-            Err(error) => {
-                tracing::warn!(%error, "listing IPs failed");
-                continue;
-            }
+        // asks first. While the cloud cannot be read, decisions go on from the last list read.
+        let Some(ips) = cloud_view
+            .fetch(&ctx, &metrics, &services.state(), &api_servers)
+            .await
+        else {
+            continue;
         };
         let endpoints = discover(&ctx, &services.state(), &ips, &api_servers);
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
@@ -196,7 +243,103 @@ pub async fn run(
                 candidates: &candidates,
                 api_servers: &api_servers,
             };
-            step.endpoint(ep, state, &mut prober).await?;
+            if let Some(moved) = step.endpoint(ep, state, &mut prober).await? {
+                cloud_view.moved(moved);
+            }
+        }
+    }
+}
+
+/// The last IP list read from the cloud, kept for decisions while the cloud cannot be read.
+#[derive(Default)]
+struct CloudView {
+    last: Option<(Arc<Vec<IpAddress>>, Instant)>,
+    failing_since: Option<Instant>,
+    reported: bool,
+}
+
+impl CloudView {
+    /// After this long without a successful read, the operator is told (Event, log).
+    const REPORT_AFTER: Duration = Duration::from_secs(10);
+
+    fn read(&mut self, ips: &Arc<Vec<IpAddress>>, metrics: &Metrics) {
+        if self.failing_since.take().is_some() {
+            tracing::info!("the cloud API answers again");
+            metrics.cloud_stale(false);
+        }
+        self.reported = false;
+        self.last = Some((Arc::clone(ips), Instant::now()));
+    }
+
+    /// The list to go on after a failed read, if there is one.
+    fn stale(&mut self, error: &baton_cloud::CloudError, metrics: &Metrics) -> Option<Arc<Vec<IpAddress>>> {
+        if self.failing_since.is_none() {
+            tracing::warn!(%error, "the cloud API cannot be read; deciding from the last IP list read");
+            metrics.cloud_stale(true);
+        }
+        self.failing_since.get_or_insert_with(Instant::now);
+        self.last.as_ref().map(|(ips, _)| Arc::clone(ips))
+    }
+
+    /// Reads the IP list, or falls back on the last one read (and tells the operator).
+    async fn fetch(
+        &mut self,
+        ctx: &Context,
+        metrics: &Metrics,
+        services: &[Arc<Service>],
+        api_servers: &[SocketAddr],
+    ) -> Option<Arc<Vec<IpAddress>>> {
+        let error = match ctx.cloud.ips().await {
+            Ok(ips) => {
+                self.read(&ips, metrics);
+                return Some(ips);
+            }
+            Err(error) => error,
+        };
+        let Some(ips) = self.stale(&error, metrics) else {
+            tracing::warn!(%error, "listing IPs failed (no earlier list to go on)");
+            return None;
+        };
+        if self.should_report() && ctx.leader.is_leader() {
+            self.reported = true;
+            for ep in discover(ctx, services, &ips, api_servers) {
+                if let Some(svc) = service_of(services, &ep.service) {
+                    ctx.event(
+                        &*svc,
+                        EventType::Warning,
+                        "CloudUnavailable",
+                        "Failover",
+                        format!(
+                            "the cloud API cannot be read ({}); deciding from the IP list read {} s ago",
+                            error.category(),
+                            self.age_secs()
+                        ),
+                    )
+                    .await;
+                }
+            }
+        }
+        Some(ips)
+    }
+
+    fn should_report(&self) -> bool {
+        !self.reported
+            && self
+                .failing_since
+                .is_some_and(|t| t.elapsed() >= Self::REPORT_AFTER)
+    }
+
+    fn age_secs(&self) -> u64 {
+        self.last.as_ref().map_or(0, |(_, at)| at.elapsed().as_secs())
+    }
+
+    /// A move this replica made: its own list must not show the old holder any more.
+    fn moved(&mut self, ip: IpAddress) {
+        if let Some((ips, _)) = self.last.as_mut() {
+            let list = Arc::make_mut(ips);
+            if let Some(entry) = list.iter_mut().find(|i| i.id == ip.id) {
+                *entry = ip;
+            }
         }
     }
 }
@@ -213,12 +356,13 @@ struct Step<'a> {
 
 impl Step<'_> {
     /// Decides and acts for one endpoint, then keeps its Service's status and endpoints current.
+    /// Returns the FIP as the cloud answered a move of it.
     async fn endpoint(
         &self,
         ep: &EndpointRef,
         ep_state: &mut EndpointState,
         prober: &mut Prober,
-    ) -> Result<(), EndpointError> {
+    ) -> Result<Option<IpAddress>, EndpointError> {
         let Self {
             ctx,
             metrics,
@@ -238,6 +382,7 @@ impl Step<'_> {
             candidates: candidates.iter().map(|(c, _)| c.clone()).collect(),
         };
         let decision = decide(&obs);
+        let mut moved = None;
         match decision {
             Decision::Keep => {
                 state.down_since = None;
@@ -261,12 +406,20 @@ impl Step<'_> {
                     }
                 }
             }
-            Decision::Move { to, reason } => {
-                // Fencing: only the current lease holder writes to the cloud.
-                if !ctx.leader.is_leader() {
-                    return Ok(());
+            Decision::Move { reason, .. } if state.hold.holds(Instant::now(), reason) => {
+                if !state.hold.reported && ctx.leader.is_leader() {
+                    state.hold.reported = true;
+                    metrics.failover_held();
+                    tracing::warn!(fip = %ep.fip.address, reason = reason.as_str(), "the FIP does not answer through its route but moved recently; holding it where it is");
                 }
-                self.move_fip(ep, state, prober, to, reason).await?;
+            }
+            Decision::Move { to, reason } => {
+                // Only the current lease holder writes to the cloud; the cloud client's fence
+                // checks again right before the request leaves.
+                if !ctx.leader.is_leader() {
+                    return Ok(None);
+                }
+                moved = self.move_fip(ep, state, prober, to, reason).await?;
             }
         }
         // Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change
@@ -293,7 +446,7 @@ impl Step<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(moved)
     }
     /// Retargets the FIP to `to` in one call (urgent priority), reads it back, and reports.
     async fn move_fip(
@@ -302,8 +455,8 @@ impl Step<'_> {
         state: &mut EndpointState,
         prober: &mut Prober,
         to: u64,
-        reason: baton_core::failover::Reason,
-    ) -> Result<(), EndpointError> {
+        reason: Reason,
+    ) -> Result<Option<IpAddress>, EndpointError> {
         let Self {
             ctx,
             opts,
@@ -312,8 +465,25 @@ impl Step<'_> {
             ..
         } = *self;
         let fip_target = SocketAddr::new(ep.fip.address, ep.fip_port);
-        let since = *state.down_since.get_or_insert_with(Instant::now);
         let from = ep.fip.target();
+        // The episode began with the first failed probe of the holder (or through the FIP),
+        // not with this decision: that is what a client saw.
+        let holder_addr = from.and_then(|h| {
+            candidates
+                .iter()
+                .find(|(c, _)| c.server_id == h.0)
+                .map(|(_, a)| *a)
+        });
+        let since = [
+            state.down_since,
+            holder_addr.and_then(|a| prober.failing_since(&a)),
+            prober.failing_since(&fip_target),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or_else(Instant::now);
+        state.down_since.get_or_insert(since);
         tracing::info!(fip = %ep.fip.address, ?from, to, reason = reason.as_str(), "moving the control-plane FIP");
         let moved = match opts.urgent_cloud.retarget_ip(&ep.fip.id, ServerId(to)).await {
             Ok(ip) => {
@@ -321,18 +491,26 @@ impl Step<'_> {
                 metrics.failover(reason.as_str(), recovered);
                 state.down_since = None;
                 state.stuck_reported = false;
+                state.hold.moved(Instant::now(), reason);
                 // The FIP's probe history belongs to the old holder: start afresh.
                 prober.reset(&fip_target)?;
                 let confirmed = ip.target() == Some(ServerId(to));
                 tracing::info!(fip = %ep.fip.address, to, confirmed, recovered_ms = recovered.as_millis(), "control-plane FIP moved");
-                true
+                Some(ip)
+            }
+            Err(error) if error.category() == "fenced" => {
+                metrics.failover_fenced();
+                tracing::warn!(%error, fip = %ep.fip.address, to, "not moving the FIP: this replica's leadership ended first");
+                None
             }
             Err(error) => {
                 metrics.failover_error();
                 tracing::warn!(%error, fip = %ep.fip.address, to, "retargeting the FIP failed");
-                false
+                None
             }
         };
+        let result = moved.clone();
+        let moved = moved.is_some();
         // The Event and the read-back run aside, the read-back at normal priority: another FIP
         // on the same failed holder must not wait for them (the Event may go through a
         // failing-over API client; the read-back would take the next urgent slot).
@@ -367,7 +545,7 @@ impl Step<'_> {
                 Err(error) => tracing::debug!(%error, "reading the FIP back failed"),
             }
         });
-        Ok(())
+        Ok(result)
     }
 }
 
@@ -596,4 +774,50 @@ fn discover(
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_fip_is_held_after_a_move_and_the_hold_doubles() {
+        let mut hold = HoldDown::default();
+        let t0 = Instant::now();
+        assert!(
+            !hold.holds(t0, Reason::FipUnreachable),
+            "nothing held before any move"
+        );
+
+        // Any move settles first: a route still propagating is not a reason to move again.
+        hold.moved(t0, Reason::HolderDown);
+        assert!(hold.holds(t0 + Duration::from_secs(4), Reason::FipUnreachable));
+        assert!(
+            !hold.holds(t0 + Duration::from_secs(4), Reason::HolderDown),
+            "a dead holder always moves"
+        );
+        assert!(!hold.holds(t0 + HoldDown::SETTLE, Reason::FipUnreachable));
+
+        // A move because the FIP was unreachable holds the next one 30 s, then 60 s, …
+        let t1 = t0 + Duration::from_secs(10);
+        hold.moved(t1, Reason::FipUnreachable);
+        assert!(hold.holds(t1 + Duration::from_secs(29), Reason::FipUnreachable));
+        assert!(!hold.holds(t1 + HoldDown::BASE, Reason::FipUnreachable));
+        let t2 = t1 + Duration::from_secs(31);
+        hold.moved(t2, Reason::FipUnreachable);
+        assert!(hold.holds(t2 + Duration::from_secs(59), Reason::FipUnreachable));
+        assert!(!hold.holds(t2 + Duration::from_secs(60), Reason::FipUnreachable));
+
+        // … capped at 5 minutes, and back to 30 s after a quiet 5 minutes.
+        let mut t = t2;
+        for _ in 0..6 {
+            t += Duration::from_secs(1);
+            hold.moved(t, Reason::FipUnreachable);
+        }
+        assert!(hold.holds(t + HoldDown::MAX - Duration::from_secs(1), Reason::FipUnreachable));
+        assert!(!hold.holds(t + HoldDown::MAX, Reason::FipUnreachable));
+        let later = t + HoldDown::MAX + Duration::from_secs(1);
+        hold.moved(later, Reason::FipUnreachable);
+        assert!(!hold.holds(later + HoldDown::BASE, Reason::FipUnreachable));
+    }
 }

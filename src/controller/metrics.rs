@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -31,6 +32,9 @@ pub struct Metrics {
     stuck: Family<ReasonLabel, Counter>,
     time_to_recover: Histogram,
     probe_duration: Family<ProbeLabel, Histogram>,
+    failover_fenced: Counter,
+    failover_held: Counter,
+    cloud_stale: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -69,13 +73,31 @@ impl Default for Metrics {
         );
         registry.register(
             "failover_time_to_recover_seconds",
-            "From the first failed decision to the completed retarget",
+            "From the first failed probe (of the holder or through the FIP) to the completed retarget",
             time_to_recover.clone(),
         );
         registry.register(
             "probe_duration_seconds",
             "API server health probe latency, by target and result",
             probe_duration.clone(),
+        );
+        let failover_fenced = Counter::default();
+        registry.register(
+            "failover_fenced",
+            "FIP moves given up because this replica's leadership ended before the call could leave",
+            failover_fenced.clone(),
+        );
+        let failover_held = Counter::default();
+        registry.register(
+            "failover_held",
+            "FIP moves for an unreachable FIP held back by the hold-down after a recent such move",
+            failover_held.clone(),
+        );
+        let cloud_stale = Gauge::default();
+        registry.register(
+            "cloud_ip_list_stale",
+            "1 while the cloud cannot be read and failover decisions use the last IP list read",
+            cloud_stale.clone(),
         );
         Self {
             registry: Mutex::new(registry),
@@ -84,6 +106,9 @@ impl Default for Metrics {
             stuck,
             time_to_recover,
             probe_duration,
+            failover_fenced,
+            failover_held,
+            cloud_stale,
         }
     }
 }
@@ -111,6 +136,21 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Records a move given up by the write fence.
+    pub fn failover_fenced(&self) {
+        self.failover_fenced.inc();
+    }
+
+    /// Records a move held back by the hold-down.
+    pub fn failover_held(&self) {
+        self.failover_held.inc();
+    }
+
+    /// Whether decisions currently use a stale IP list (the cloud cannot be read).
+    pub fn cloud_stale(&self, stale: bool) {
+        self.cloud_stale.set(i64::from(stale));
     }
 
     /// The text exposition of every metric.
