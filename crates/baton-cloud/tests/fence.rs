@@ -45,9 +45,10 @@ impl Sim {
     }
 }
 
-/// Localhost transit from "sent" to "arrived": a send that starts right before the deadline
-/// may be logged a little after it.
-const TRANSIT: Duration = Duration::from_millis(20);
+/// Localhost transit from "sent" to "arrived" (the simulator shares the test's two runtime
+/// threads): a send that starts right before the deadline may be logged a little after it. A
+/// retry that slept through the deadline would arrive up to a Retry-After (1 s) later.
+const TRANSIT: Duration = Duration::from_millis(50);
 
 fn fip_request(name: &str) -> CreateIpRequest {
     CreateIpRequest {
@@ -249,8 +250,10 @@ async fn normal_writes_ride_out_a_429_storm_while_the_lease_is_renewed_and_stop_
         let (done, err) = w.await.unwrap();
         assert_eq!(done, 2, "ended with {err:?}");
     }
+    // Six at once against a burst of four: at least two were refused and waited out a
+    // Retry-After (1 s) longer than the lease was ahead (300 ms) at the time.
     let limited = sim.handle.stats().rate_limited;
-    assert!(limited >= WRITERS as u64, "no 429 storm: {limited} 429s");
+    assert!(limited >= 2, "no 429 storm: {limited} 429s");
 
     // 2. Writers go on until the renewals stop: each is then fenced, and no write arrives
     //    after the last deadline published.
