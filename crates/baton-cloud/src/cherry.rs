@@ -9,6 +9,9 @@
 //!               └──── retry: idempotent calls on 408/429/502/503/504/transport,
 //!                     Retry-After or exponential backoff with jitter
 //! ```
+//!
+//! A handle may carry a [`Fence`] ([`CherryClient::fenced`]): its writes are then sent only
+//! before the fence's deadline, checked after the gate's grant of every attempt.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +31,7 @@ use baton_core::Secret;
 use crate::cache::IpCache;
 use crate::cloud::Cloud;
 use crate::error::{CloudError, Object, Op};
+use crate::fence::{Fence, live_deadline};
 use crate::limiter::{Priority, RateGate};
 use crate::model::{
     ApiErrorBody, CreateIpRequest, IpAddress, IpId, Project, ProjectId, Region, Server, ServerId, Tags,
@@ -105,6 +109,8 @@ impl ClientConfig {
 pub struct CherryClient {
     inner: Arc<Inner>,
     priority: Priority,
+    /// When set, writes are sent only before its deadline.
+    fence: Option<Arc<dyn Fence>>,
 }
 
 struct Inner {
@@ -118,6 +124,8 @@ struct Inner {
     max_retries: u32,
     backoff_base: Duration,
     backoff_cap: Duration,
+    /// Whole-attempt timeout; a fenced write's is cut to the time its fence has left.
+    request_timeout: Duration,
     /// One create protocol at a time per tag set, so two callers asking for the same FIP at
     /// once cannot both miss the look-up and both create.
     creating: std::sync::Mutex<HashMap<Tags, Arc<tokio::sync::Mutex<()>>>>,
@@ -130,6 +138,7 @@ impl std::fmt::Debug for CherryClient {
             .field("project_id", &self.inner.project)
             .field("api_key", &self.inner.api_key)
             .field("priority", &self.priority)
+            .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
 }
@@ -189,20 +198,70 @@ impl CherryClient {
                 max_retries,
                 backoff_base,
                 backoff_cap,
+                request_timeout,
                 creating: std::sync::Mutex::new(HashMap::new()),
             }),
             priority: Priority::Normal,
+            fence: None,
         })
     }
 
     /// A handle to the same client (same limit, same cache) whose calls are queued in `priority`.
     /// Failover uses [`Priority::Urgent`] so its calls overtake queued normal work.
+    /// The handle keeps its fence, if it has one.
     #[must_use]
     pub fn with_priority(&self, priority: Priority) -> Self {
         Self {
             inner: self.inner.clone(),
             priority,
+            fence: self.fence.clone(),
         }
+    }
+
+    /// A handle to the same client (same limit, same cache, same priority) whose writes are
+    /// fenced: every write attempt (first try and each retry) is sent only while
+    /// `fence.deadline()` is in the future, read right after the rate gate's grant, and its HTTP
+    /// timeout is cut to the time left. Otherwise the call fails with [`CloudError::Fenced`]
+    /// without sending. A write waiting in the gate's queue gives up when the deadline passes.
+    /// Retry delays: a [`Priority::Urgent`] handle gives up at once when the delay would end at
+    /// or after the current deadline; a [`Priority::Normal`] handle waits and checks the fence
+    /// again (renewals may have moved the deadline). Reads are never fenced.
+    ///
+    /// The controller's "leader until" receiver is a fence as it is:
+    /// `client.with_priority(Priority::Urgent).fenced(Arc::new(rx.clone()))`.
+    #[must_use]
+    pub fn fenced(&self, fence: Arc<dyn Fence>) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            priority: self.priority,
+            fence: Some(fence),
+        }
+    }
+
+    /// The fence applying to `op`: the handle's, for writes only.
+    fn fence_for(&self, op: Op) -> Option<&dyn Fence> {
+        if op.is_write() {
+            self.fence.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Whether a fenced urgent write must give up instead of waiting `delay` (and any pause
+    /// of the rate gate) before its next attempt: the wait would end at or after the deadline.
+    /// A normal write always waits and checks the fence again.
+    fn gives_up_before_retry(&self, op: Op, delay: Duration) -> bool {
+        let Some(fence) = self.fence_for(op) else {
+            return false;
+        };
+        if self.priority != Priority::Urgent {
+            return false;
+        }
+        let Some(deadline) = live_deadline(fence) else {
+            return true;
+        };
+        let ready = (tokio::time::Instant::now() + delay).max(self.inner.gate.next_grant());
+        ready >= deadline
     }
 
     /// The configured project.
@@ -248,13 +307,44 @@ impl CherryClient {
         url: &Url,
         body: Option<&[u8]>,
     ) -> Result<Bytes, CloudError> {
-        self.inner.gate.acquire(self.priority).await;
+        let fence = self.fence_for(op);
+        let timeout = match fence {
+            None => {
+                self.inner.gate.acquire(self.priority).await;
+                None
+            }
+            Some(fence) => {
+                // An urgent write does not queue for a grant that can only come too late.
+                if self.priority == Priority::Urgent
+                    && live_deadline(fence).is_some_and(|d| self.inner.gate.next_grant() >= d)
+                {
+                    return Err(fenced(op, object));
+                }
+                if !self
+                    .inner
+                    .gate
+                    .acquire_until(self.priority, || fence.deadline())
+                    .await
+                {
+                    return Err(fenced(op, object));
+                }
+                // Right before the bytes leave: still allowed, and for how long?
+                let Some(deadline) = live_deadline(fence) else {
+                    return Err(fenced(op, object));
+                };
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                Some(left.min(self.inner.request_timeout))
+            }
+        };
         let started = tokio::time::Instant::now();
         let mut req = self
             .inner
             .http
             .request(method.clone(), url.clone())
             .header(header::AUTHORIZATION, self.inner.auth.clone());
+        if let Some(timeout) = timeout {
+            req = req.timeout(timeout);
+        }
         if let Some(body) = body {
             req = req
                 .header(header::CONTENT_TYPE, "application/json")
@@ -350,13 +440,28 @@ impl CherryClient {
         body: Option<Vec<u8>>,
     ) -> Result<Bytes, CloudError> {
         let mut attempt = 0;
+        // The previous attempt's error, named if the fence stops the next one.
+        let mut last: Option<CloudError> = None;
         loop {
             match self.send_once(op, object, &method, &url, body.as_deref()).await {
                 Ok(bytes) => return Ok(bytes),
+                Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
                 // A DELETE repeated after an attempt with an unknown outcome finds nothing: done.
                 Err(e) if op == Op::DeleteIp && attempt > 0 && e.is_not_found() => return Ok(Bytes::new()),
                 Err(e) if op.is_idempotent() && e.is_retryable() && attempt < self.inner.max_retries => {
                     let delay = self.retry_delay(&e, attempt);
+                    if self.gives_up_before_retry(op, delay) {
+                        warn!(
+                            op = op.as_str(),
+                            object = %object,
+                            attempt = attempt + 1,
+                            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                            category = e.category(),
+                            error = %e,
+                            "cloud call failed; not retrying past the fence's deadline"
+                        );
+                        return Err(fenced_after(fenced(op, object), Some(e)));
+                    }
                     warn!(
                         op = op.as_str(),
                         object = %object,
@@ -368,6 +473,7 @@ impl CherryClient {
                     );
                     tokio::time::sleep(delay).await;
                     attempt += 1;
+                    last = Some(e);
                 }
                 Err(e) => return Err(e),
             }
@@ -435,12 +541,16 @@ impl CherryClient {
         }
         let body = encode(Op::CreateIp, object, request)?;
         let mut attempt = 0;
+        let mut last: Option<CloudError> = None;
         loop {
             let err = match self.post_ip(object, &body).await {
                 Ok(ip) => {
                     self.inner.cache.upsert(&ip);
                     return Ok(ip);
                 }
+                // Not sent: nothing new exists (an earlier POST of unknown outcome was looked
+                // up before this one, and the cache was dropped).
+                Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
                 Err(e) => e,
             };
             let unknown = err.outcome_unknown();
@@ -451,6 +561,19 @@ impl CherryClient {
                 return Err(err);
             }
             let delay = self.retry_delay(&err, attempt);
+            if self.gives_up_before_retry(Op::CreateIp, delay) {
+                // Nothing duplicated: a create of unknown outcome is found by its tags later
+                // (the cache was dropped above).
+                warn!(
+                    op = Op::CreateIp.as_str(),
+                    attempt = attempt + 1,
+                    outcome_unknown = unknown,
+                    category = err.category(),
+                    error = %err,
+                    "create failed; not retrying past the fence's deadline"
+                );
+                return Err(fenced_after(fenced(Op::CreateIp, object), Some(err)));
+            }
             warn!(
                 op = Op::CreateIp.as_str(),
                 attempt = attempt + 1,
@@ -468,6 +591,7 @@ impl CherryClient {
                 return Err(err);
             }
             attempt += 1;
+            last = Some(err);
         }
     }
 }
@@ -682,6 +806,35 @@ impl Cloud for CherryClient {
 
     fn invalidate_ips(&self) {
         self.inner.cache.invalidate();
+    }
+}
+
+/// A write the fence stopped before it was sent.
+fn fenced(op: Op, object: &Object) -> CloudError {
+    debug!(op = op.as_str(), object = %object, "write not sent: fenced");
+    CloudError::Fenced {
+        op,
+        object: object.clone(),
+        after: None,
+    }
+}
+
+/// Names the previous attempt's error in a [`CloudError::Fenced`] that has none yet.
+fn fenced_after(err: CloudError, previous: Option<CloudError>) -> CloudError {
+    match (err, previous) {
+        (
+            CloudError::Fenced {
+                op,
+                object,
+                after: None,
+            },
+            Some(previous),
+        ) => CloudError::Fenced {
+            op,
+            object,
+            after: Some(Box::new(previous)),
+        },
+        (err, _) => err,
     }
 }
 

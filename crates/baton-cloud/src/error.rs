@@ -60,6 +60,20 @@ impl Op {
     pub fn is_idempotent(self) -> bool {
         !matches!(self, Self::CreateIp)
     }
+
+    /// Whether the operation changes something (every call that is not a `GET`). Only writes
+    /// are fenced (see [`crate::Fence`]); reads are allowed to every replica.
+    pub fn is_write(self) -> bool {
+        !matches!(
+            self,
+            Self::GetProject
+                | Self::GetServer
+                | Self::ListServers
+                | Self::ListIps
+                | Self::GetIp
+                | Self::ListRegions
+        )
+    }
 }
 
 impl fmt::Display for Op {
@@ -146,6 +160,23 @@ pub enum CloudError {
         /// Why.
         reason: String,
     },
+    /// A write was not sent because the handle's [`Fence`](crate::Fence) said no: this replica's
+    /// leadership ended, or would end before the call could be sent (queued behind the rate
+    /// gate, or a retry delay reaching past the deadline).
+    #[error(
+        "{op} {object}: not sent: this replica's leadership ended (fenced){}",
+        after.as_ref().map(|e| format!("; the previous attempt failed: {e}")).unwrap_or_default()
+    )]
+    Fenced {
+        /// The operation.
+        op: Op,
+        /// The object.
+        object: Object,
+        /// The error of this call's previous attempt, if an attempt was sent before the fence
+        /// closed (its outcome decides [`CloudError::outcome_unknown`]).
+        #[source]
+        after: Option<Box<Self>>,
+    },
     /// The client configuration is unusable.
     #[error("invalid cloud client configuration: {0}")]
     Config(String),
@@ -167,7 +198,8 @@ impl CloudError {
             | Self::UnexpectedBody { op, .. }
             | Self::Transport { op, .. }
             | Self::Decode { op, .. }
-            | Self::InvalidRequest { op, .. } => Some(*op),
+            | Self::InvalidRequest { op, .. }
+            | Self::Fenced { op, .. } => Some(*op),
             Self::Config(_) => None,
         }
     }
@@ -179,7 +211,8 @@ impl CloudError {
             | Self::UnexpectedBody { object, .. }
             | Self::Transport { object, .. }
             | Self::Decode { object, .. }
-            | Self::InvalidRequest { object, .. } => Some(&object.0),
+            | Self::InvalidRequest { object, .. }
+            | Self::Fenced { object, .. } => Some(&object.0),
             Self::Config(_) => None,
         }
     }
@@ -190,6 +223,11 @@ impl CloudError {
             Self::Api { code, message, .. } => Some((*code, message)),
             _ => None,
         }
+    }
+
+    /// Whether a [`Fence`](crate::Fence) stopped the call ([`CloudError::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
     }
 
     /// 404 (403 is treated the same on IPs by the other tools; we keep it distinct).
@@ -222,6 +260,8 @@ impl CloudError {
             Self::Api { status, .. } | Self::UnexpectedBody { status, .. } => {
                 *status == 408 || *status >= 500
             }
+            // Fenced: this attempt was not sent; an earlier one may have been.
+            Self::Fenced { after, .. } => after.as_ref().is_some_and(|e| e.outcome_unknown()),
             Self::InvalidRequest { .. } | Self::Config(_) => false,
         }
     }
@@ -247,6 +287,7 @@ impl CloudError {
             }
             Self::Decode { .. } => "decode",
             Self::InvalidRequest { .. } => "invalid_request",
+            Self::Fenced { .. } => "fenced",
             Self::Config(_) => "config",
         }
     }

@@ -16,6 +16,7 @@
 pub mod cherry;
 pub mod cloud;
 pub mod error;
+pub mod fence;
 pub mod model;
 pub mod sim;
 pub mod tags;
@@ -26,4 +27,5 @@ mod limiter;
 pub use cherry::{CherryClient, ClientConfig};
 pub use cloud::Cloud;
 pub use error::{CloudError, Op};
+pub use fence::Fence;
 pub use limiter::Priority;

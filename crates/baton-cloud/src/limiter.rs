@@ -158,6 +158,35 @@ impl RateGate {
         }
     }
 
+    /// Like [`RateGate::acquire`], but only while `deadline()` is in the future: once the
+    /// current deadline is reached it is read again (it may have been extended), and if it is
+    /// `None` or past, the waiter gives its place up and `false` is returned. `true`: granted.
+    pub(crate) async fn acquire_until(
+        &self,
+        priority: Priority,
+        deadline: impl Fn() -> Option<Instant>,
+    ) -> bool {
+        let acquire = self.acquire(priority);
+        tokio::pin!(acquire);
+        loop {
+            let Some(until) = deadline().filter(|d| *d > Instant::now()) else {
+                // Dropping `acquire` drops its ticket: the queue moves on without it.
+                return false;
+            };
+            tokio::select! {
+                biased;
+                () = &mut acquire => return true,
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// The earliest moment the next grant can happen (a `Retry-After` pause, or the spacing
+    /// after the last grant); queued callers may push it further.
+    pub(crate) fn next_grant(&self) -> Instant {
+        self.lock().next_slot
+    }
+
     /// Pauses every caller until `until` (a `Retry-After` from the API).
     pub(crate) fn defer(&self, until: Instant) {
         let mut s = self.lock();

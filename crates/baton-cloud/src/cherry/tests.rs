@@ -83,3 +83,92 @@ fn config_is_validated_and_debug_hides_the_key() {
     let c = CherryClient::new(cfg).unwrap();
     assert!(!format!("{c:?}").contains("super-secret-key-123"));
 }
+
+/// A client whose writes are never sent in these tests (fenced): nothing listens there.
+fn unreachable_client() -> CherryClient {
+    let mut cfg = ClientConfig::new(Secret::new("k"), 1);
+    cfg.base_url = Url::parse("http://127.0.0.1:9/").unwrap();
+    cfg.requests_per_second = Some(4.0);
+    CherryClient::new(cfg).unwrap()
+}
+
+fn fence_at(deadline: Option<tokio::time::Instant>) -> Arc<dyn Fence> {
+    Arc::new(deadline)
+}
+
+#[test]
+fn handles_keep_their_priority_and_fence() {
+    let c = unreachable_client();
+    assert!(format!("{c:?}").contains("fence: None"));
+    let f = c.with_priority(Priority::Urgent).fenced(fence_at(None));
+    assert_eq!(f.priority, Priority::Urgent, "fenced keeps the priority");
+    let g = f.with_priority(Priority::Normal);
+    assert!(g.fence.is_some(), "with_priority keeps the fence");
+    assert!(format!("{g:?}").contains("fence: Some(None)"), "{g:?}");
+    assert!(Arc::ptr_eq(&c.inner, &g.inner), "same limit and cache");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_deadline_refuses_at_once() {
+    let c = unreachable_client();
+    let start = tokio::time::Instant::now();
+    for deadline in [None, Some(start)] {
+        for p in [Priority::Urgent, Priority::Normal] {
+            let f = c.with_priority(p).fenced(fence_at(deadline));
+            let err = f.retarget_ip(&IpId("x".into()), ServerId(1)).await.unwrap_err();
+            assert!(err.is_fenced(), "{err}");
+            assert!(!err.outcome_unknown());
+        }
+    }
+    assert_eq!(tokio::time::Instant::now(), start);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_gate_past_the_deadline() {
+    let c = unreachable_client();
+    let start = tokio::time::Instant::now();
+    c.inner.gate.defer(start + Duration::from_secs(10)); // a Retry-After
+    let deadline = Some(start + Duration::from_secs(2));
+    // Urgent: the grant can only come too late; no queueing.
+    let urgent = c.with_priority(Priority::Urgent).fenced(fence_at(deadline));
+    let err = urgent.unassign_ip(&IpId("x".into())).await.unwrap_err();
+    assert!(err.is_fenced(), "{err}");
+    assert_eq!(tokio::time::Instant::now(), start);
+    // Normal: waits in the queue (the deadline might be extended), gives up at the deadline.
+    let normal = c.fenced(fence_at(deadline));
+    let err = normal.unassign_ip(&IpId("x".into())).await.unwrap_err();
+    assert!(err.is_fenced(), "{err}");
+    assert_eq!(tokio::time::Instant::now(), start + Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_fenced_urgent_writes_give_up_before_a_long_retry_delay() {
+    let c = unreachable_client();
+    let start = tokio::time::Instant::now();
+    let deadline = Some(start + Duration::from_secs(1));
+    let urgent = c.with_priority(Priority::Urgent).fenced(fence_at(deadline));
+    let ms = Duration::from_millis;
+    assert!(!urgent.gives_up_before_retry(Op::RetargetIp, ms(500)));
+    assert!(
+        urgent.gives_up_before_retry(Op::RetargetIp, ms(1000)),
+        "would send at the deadline"
+    );
+    assert!(urgent.gives_up_before_retry(Op::CreateIp, ms(2000)));
+    assert!(
+        !urgent.gives_up_before_retry(Op::GetIp, ms(2000)),
+        "reads are not fenced"
+    );
+    let normal = c.fenced(fence_at(deadline));
+    assert!(
+        !normal.gives_up_before_retry(Op::RetargetIp, ms(2000)),
+        "normal waits and re-checks"
+    );
+    let unfenced = c.with_priority(Priority::Urgent);
+    assert!(!unfenced.gives_up_before_retry(Op::RetargetIp, ms(2000)));
+    // A gate pause counts as part of the delay.
+    c.inner.gate.defer(start + ms(1500));
+    assert!(urgent.gives_up_before_retry(Op::RetargetIp, ms(100)));
+    // An ended lease: give up whatever the delay.
+    let ended = c.with_priority(Priority::Urgent).fenced(fence_at(None));
+    assert!(ended.gives_up_before_retry(Op::DeleteIp, Duration::ZERO));
+}

@@ -85,3 +85,55 @@ async fn defer_pauses_everyone() {
     gate.acquire(Priority::Urgent).await;
     assert_eq!(Instant::now() - start, Duration::from_secs(3));
 }
+
+#[tokio::test(start_paused = true)]
+async fn acquire_until_gives_up_at_the_deadline_and_frees_its_place() {
+    let gate = Arc::new(RateGate::new(Some(1.0)));
+    gate.acquire(Priority::Normal).await; // next slot at t=1 s
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(400);
+    assert!(!gate.acquire_until(Priority::Normal, || Some(deadline)).await);
+    assert_eq!(
+        Instant::now() - start,
+        Duration::from_millis(400),
+        "gave up at the deadline"
+    );
+    // Its place is gone: the next waiter is granted at the next slot, not one later.
+    gate.acquire(Priority::Normal).await;
+    assert_eq!(Instant::now() - start, Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_until_follows_an_extended_deadline() {
+    let gate = Arc::new(RateGate::new(Some(1.0)));
+    gate.acquire(Priority::Normal).await; // next slot at t=1 s
+    let start = Instant::now();
+    // The deadline is always 300 ms ahead (a lease renewed in time): the grant comes.
+    let extending = || Some(Instant::now() + Duration::from_millis(300));
+    assert!(gate.acquire_until(Priority::Normal, extending).await);
+    assert_eq!(Instant::now() - start, Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_until_without_a_deadline_does_not_queue() {
+    let gate = Arc::new(RateGate::new(Some(1.0)));
+    assert!(!gate.acquire_until(Priority::Urgent, || None).await);
+    assert!(
+        !gate
+            .acquire_until(Priority::Urgent, || Some(Instant::now()))
+            .await
+    );
+    // The slot at t=0 was not used by the refused callers.
+    let start = Instant::now();
+    gate.acquire(Priority::Normal).await;
+    assert_eq!(Instant::now(), start);
+}
+
+#[tokio::test(start_paused = true)]
+async fn next_grant_shows_a_pause() {
+    let gate = RateGate::new(Some(4.0));
+    let start = Instant::now();
+    assert!(gate.next_grant() <= start);
+    gate.defer(start + Duration::from_secs(5));
+    assert_eq!(gate.next_grant(), start + Duration::from_secs(5));
+}
