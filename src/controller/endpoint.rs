@@ -498,7 +498,7 @@ impl Step<'_> {
                 tracing::info!(fip = %ep.fip.address, to, confirmed, recovered_ms = recovered.as_millis(), "control-plane FIP moved");
                 Some(ip)
             }
-            Err(error) if error.category() == "fenced" => {
+            Err(error) if error.is_fenced() => {
                 metrics.failover_fenced();
                 tracing::warn!(%error, fip = %ep.fip.address, to, "not moving the FIP: this replica's leadership ended first");
                 None

@@ -226,7 +226,7 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
                 seen.send_if_modified(|s| observe(s, Record::of(&lease)));
             }
             Err(error) => {
-                tracing::warn!(%error, lease = %name, "watching the leader Lease failed (retrying)")
+                tracing::warn!(%error, lease = %name, "watching the leader Lease failed (retrying)");
             }
         }
     }

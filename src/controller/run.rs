@@ -189,8 +189,6 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     cloud_config.user_agent = format!("{} controller/{identity}", cloud_config.user_agent);
     let lease_cfg = lease_config(&args, &config, &identity)?;
     let cherry = CherryClient::new(cloud_config)?;
-    let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
-    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
 
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
     let (leader, lease_task) = if args.no_leader_election {
@@ -199,6 +197,11 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         let (gate, task) = lease::spawn(client.clone(), lease_cfg, shutdown.clone());
         (gate, Some(task))
     };
+    // Every cloud write is fenced by the leader deadline: checked right before each attempt
+    // leaves, not only when the decision is made (docs/controller.md, "Fencing at the write").
+    let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
+    let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
+    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
     let metrics = Arc::new(Metrics::default());
 
