@@ -1,16 +1,30 @@
-//! Failover benchmark (run through `scripts/bench/failover`).
+//! Failover benchmark (run through `scripts/bench/failover`), one failure class at a time.
 //!
-//! In a lab: three real API servers, the simulator with added API latency, and `baton
-//! controller` (the binary in `BATON_BIN`). Each run kills the FIP holder's API server and
-//! measures the time until `https://<FIP>:6443/readyz` answers again, then restarts it and lets
-//! the controller see it healthy. Every retarget beyond one per run, and any during a final quiet
-//! period, is a false move.
+//! In a lab: three real API servers on one etcd (the control-plane "nodes" cp-0..2), the
+//! simulator with added API latency, and three `baton controller` replicas (the binary in
+//! `BATON_BIN`), replica i talking only to node i's API server, as the shipped Deployment does
+//! (hostNetwork, `KUBERNETES_SERVICE_HOST` = its host). Each run fails one node in the chosen
+//! class and measures from that moment until `https://<FIP>:6443/readyz` answers from another
+//! node; then it heals the node and lets the replicas see it healthy again.
 //!
-//! `--busy`: the simulator enforces the real API's 4 requests/s, and LoadBalancer Services are
-//! created (and, 40 behind, deleted) at 4/s throughout, so the controller's Service FIP work
-//! always has more queued cloud calls than the limit lets through: the failover's calls must
-//! jump that queue. The holder is read from the simulator's state directly, so the benchmark
-//! itself uses none of the request budget.
+//! Classes (the node that fails is the *victim*):
+//! - `kill`: the FIP holder's API server is SIGKILLed (connections refused);
+//! - `hang`: the holder's API server is SIGSTOPped (TCP accepted by the kernel, nothing answers);
+//! - `blackhole`: every packet to and from the holder's addresses is dropped;
+//! - `dead-node`: blackhole, and the holder's baton replica is killed;
+//! - `leader-node`: the same, on the node whose replica holds the Lease (CPEM #304/#319);
+//! - `partition`: the holder's API server is unreachable for everyone, its replica (the leader)
+//!   still reaches the cloud — the deposed leader must not write after its lease;
+//! - `busy`: `kill` while the simulator enforces 4 requests/s and LoadBalancer Services are
+//!   created (and deleted 40 behind) at 4/s, so the controller's Service work always has more
+//!   queued cloud calls than the limit lets through.
+//!
+//! For kill/hang/blackhole/dead-node/busy the FIP is first placed (by the benchmark's own cloud
+//! client) on a node whose replica is *not* the leader; for leader-node and partition on the
+//! leader's node. Every cloud write a replica sends is attributed by its User-Agent
+//! (`controller/<identity>`) and checked against the Lease history: `nonleader_writes` counts
+//! writes that arrived when their sender did not hold the Lease. A client that keeps one HTTP/2
+//! connection open through the FIP and sends a request every 100 ms reports its longest gap.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // a benchmark harness: a panic is the report
 // Plot arithmetic on small counts (runs, pixels): the casts cannot lose anything that matters.
@@ -18,7 +32,9 @@
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     clippy::cast_precision_loss,
-    clippy::many_single_char_names
+    clippy::cast_possible_wrap,
+    clippy::many_single_char_names,
+    clippy::too_many_lines
 )]
 
 #[path = "../tests/common/mod.rs"]
@@ -26,43 +42,60 @@ mod common;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_cloud::model::ServerId;
-use baton_cloud::sim::{Faults, Topology};
+use baton_cloud::Cloud as _;
+use baton_cloud::model::{IpAddress, ServerId};
+use baton_cloud::sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use common::leases::LeaseHistory;
+use tokio::process::Child;
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
+const CLASSES: [&str; 7] = ["kill", "hang", "blackhole", "dead-node", "leader-node", "partition", "busy"];
+/// The controller's default lease duration: a write later than this after its sender's last
+/// renew could come after a takeover.
+const LEASE_MS: u64 = 1000;
 
+#[derive(Clone)]
 struct Args {
+    classes: Vec<String>,
     runs: usize,
     latency_ms: u64,
-    svg: Option<String>,
+    svg_dir: Option<String>,
     bin: String,
-    busy: bool,
 }
 
 fn args() -> Args {
     let mut a = Args {
-        runs: 20,
+        classes: vec!["kill".into()],
+        runs: 30,
         latency_ms: 100,
-        svg: None,
+        svg_dir: None,
         bin: std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into()),
-        busy: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().expect("flag value");
         match flag.as_str() {
+            "--class" => {
+                let c = value();
+                a.classes = if c == "all" {
+                    CLASSES.iter().map(|s| (*s).to_owned()).collect()
+                } else {
+                    assert!(CLASSES.contains(&c.as_str()), "unknown class {c}; one of {CLASSES:?} or all");
+                    vec![c]
+                };
+            }
             "--runs" => a.runs = value().parse().expect("--runs N"),
             "--latency-ms" => a.latency_ms = value().parse().expect("--latency-ms N"),
-            "--svg" => a.svg = Some(value()),
+            "--svg-dir" => a.svg_dir = Some(value()),
             "--bin" => a.bin = value(),
-            "--busy" => a.busy = true,
-            other => {
-                panic!("unknown flag {other}; flags: --runs N --latency-ms N --svg PATH --bin PATH --busy")
-            }
+            other => panic!(
+                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N --svg-dir DIR --bin PATH"
+            ),
         }
     }
     a
@@ -74,157 +107,308 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1]
 }
 
-fn main() {
-    let a = args();
-    let (times, false_moves, busy) = lab::run(move || run(a.runs, a.latency_ms, a.bin.clone(), a.busy));
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let (p50, p99) = (percentile(&sorted, 50.0), percentile(&sorted, 99.0));
-    for (i, t) in times.iter().enumerate() {
-        eprintln!("run {:2}: {:6.0} ms", i + 1, t);
-    }
-    if let Some(path) = &a.svg {
-        std::fs::write(path, svg(&times, p50, p99)).unwrap();
-        eprintln!("wrote {path}");
-    }
-    let mode = if a.busy { "failover-busy" } else { "failover" };
-    println!(
-        "{mode} p50_ms={:.0} p99_ms={:.0} runs={} false_moves={false_moves}{busy}",
-        p50,
-        p99,
-        times.len()
-    );
+/// One failure and its recovery.
+#[derive(Debug, Clone, Default)]
+struct Run {
+    /// Failure → FIP answers from another node.
+    total_ms: f64,
+    /// Failure → the retarget arrived at the cloud (detection, Lease takeover, decision, queue).
+    to_call_ms: f64,
+    /// The retarget call at the cloud.
+    call_ms: f64,
+    /// Longest gap between two answers of the HTTP/2 client around this failure.
+    client_gap_ms: f64,
+    retargets: usize,
 }
 
-async fn run(runs: usize, latency_ms: u64, bin: String, busy: bool) -> (Vec<f64>, usize, String) {
+#[derive(Debug, Default)]
+struct Report {
+    runs: Vec<Run>,
+    false_moves: usize,
+    retargets: usize,
+    nonleader_writes: usize,
+    extra: String,
+}
+
+fn main() {
+    let a = args();
+    for class in a.classes.clone() {
+        let a2 = a.clone();
+        let c = class.clone();
+        let report = lab::run(move || run_class(c, a2));
+        let mut sorted: Vec<f64> = report.runs.iter().map(|r| r.total_ms).collect();
+        sorted.sort_by(f64::total_cmp);
+        let (p50, p99, max) = (
+            percentile(&sorted, 50.0),
+            percentile(&sorted, 99.0),
+            *sorted.last().unwrap(),
+        );
+        let gap = report.runs.iter().map(|r| r.client_gap_ms).fold(0.0, f64::max);
+        let mean = |f: fn(&Run) -> f64| report.runs.iter().map(f).sum::<f64>() / report.runs.len() as f64;
+        for (i, r) in report.runs.iter().enumerate() {
+            eprintln!(
+                "{class} run {:2}: {:6.0} ms (to call {:4.0}, call {:4.0}, after {:4.0}; client gap {:5.0}; retargets {})",
+                i + 1,
+                r.total_ms,
+                r.to_call_ms,
+                r.call_ms,
+                r.total_ms - r.to_call_ms - r.call_ms,
+                r.client_gap_ms,
+                r.retargets
+            );
+        }
+        eprintln!(
+            "{class}: mean to call {:.0} ms, call {:.0} ms, after the call {:.0} ms; longest client gap {gap:.0} ms",
+            mean(|r| r.to_call_ms),
+            mean(|r| r.call_ms),
+            mean(|r| r.total_ms - r.to_call_ms - r.call_ms)
+        );
+        if let Some(dir) = &a.svg_dir {
+            let path = format!("{dir}/failover-{class}.svg");
+            std::fs::write(&path, svg(&class, &report.runs, p50, p99)).unwrap();
+            eprintln!("wrote {path}");
+        }
+        println!(
+            "failover class={class} p50_ms={p50:.0} p99_ms={p99:.0} max_ms={max:.0} runs={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0}{}",
+            report.runs.len(),
+            report.false_moves,
+            report.retargets,
+            report.nonleader_writes,
+            report.extra
+        );
+    }
+}
+
+fn unix_ms() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// Successful PUTs of `fip` sent by a controller replica, from log sequence `from` on.
+fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_cloud::sim::LogEntry> {
+    let path = format!("/v1/ips/{}", fip.id.as_str());
+    sim.log(from)
+        .into_iter()
+        .filter(|e| e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/"))
+        .collect()
+}
+
+fn next_seq(sim: &SimHandle) -> u64 {
+    sim.log(0).last().map_or(0, |e| e.seq + 1)
+}
+
+fn holder_of(sim: &SimHandle, fip: &IpAddress) -> Option<usize> {
+    let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
+    CP.iter().position(|&c| c == id)
+}
+
+async fn run_class(class: String, a: Args) -> Report {
+    let busy = class == "busy";
     let mut cp = ControlPlane::start(Options::servers(3)).await.unwrap();
     let sim = common::sim(
         Faults {
-            latency_ms,
+            latency_ms: a.latency_ms,
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
         },
         Topology::default(),
     )
     .await;
-    let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
+    let (bench_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
+    let history = LeaseHistory::record((0..3).map(|i| cp.client(i).unwrap()).collect(), "baton-controller");
+    let mut replicas: Vec<Option<Child>> = (0..3).map(|i| Some(start_replica(&cp, &sim, &a.bin, i, busy))).collect();
 
-    let _controller = start_controller(&cp, &sim, &bin, busy);
-
-    let probe = baton_testbed::http_client(Some(cp.ca_der())).unwrap();
-    let url = format!("https://{}/readyz", SocketAddr::new(fip.address, 6443));
-    let ok = |probe: reqwest::Client, url: String| async move {
-        matches!(probe.get(&url).timeout(Duration::from_millis(300)).send().await, Ok(r) if r.status().is_success())
-    };
-    // Warm up: the controller sees every API server healthy.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ok(probe.clone(), url.clone()).await {
-        assert!(Instant::now() < deadline, "the FIP never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ca = cp.ca_der().to_vec();
+    let probe = baton_testbed::http_client(Some(&ca)).unwrap();
+    let fip_addr = SocketAddr::new(fip.address, 6443);
+    let url = format!("https://{fip_addr}/readyz");
+    wait_until("the FIP answers", Duration::from_secs(60), || answers(&probe, &url)).await;
+    wait_until("a leader", Duration::from_secs(30), || {
+        let h = history.holder();
+        async move { h.is_some() }
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let fip_path = format!("/v1/ips/{}", fip.id.as_str());
-    let puts = |sim: &baton_cloud::sim::SimHandle| {
-        sim.log(0)
-            .into_iter()
-            .filter(|e| e.method == "PUT" && e.path == fip_path && e.status < 300)
-            .count()
-    };
-    let target = |sim: &baton_cloud::sim::SimHandle| sim.peek_ip(fip.id.as_str()).and_then(|ip| ip.target());
-    let created = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let client = H2Client::start(&ca, &url);
+    let created = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let churn = busy.then(|| {
         tokio::spawn(churn_services(
             (0..3).map(|i| cp.client(i).unwrap()).collect(),
-            std::sync::Arc::clone(&created),
+            Arc::clone(&created),
         ))
     });
     if busy {
-        // Let the queue fill before the first kill.
+        // Let the queue fill before the first failure.
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
-    // The busy counts cover the runs, from the first kill (not the warm-up).
     let stats_before = sim.stats();
-    let log_from = sim.log(0).last().map_or(0, |e| e.seq + 1);
+    let log_from = next_seq(&sim);
     let created_before = created.load(std::sync::atomic::Ordering::Relaxed);
-    let mut times = Vec::with_capacity(runs);
-    let mut false_moves = 0;
-    for run in 0..runs {
-        let before = puts(&sim);
-        let holder = target(&sim).expect("the FIP is assigned").0;
-        let idx = CP
-            .iter()
-            .position(|&id| id == holder)
-            .expect("held by a control-plane server");
-        let t0 = Instant::now();
-        cp.kill_apiserver(idx).await;
-        // The FIP keeps answering for a moment after the kill only if the connection raced it.
-        loop {
-            if ok(probe.clone(), url.clone()).await && target(&sim) != Some(ServerId(holder)) {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "run {run}: no recovery within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let mut report = Report::default();
+    for run in 0..a.runs {
+        let leader = history
+            .holder()
+            .and_then(|h| h.strip_prefix("cp-").and_then(|i| i.parse::<usize>().ok()))
+            .expect("a leader");
+        let on_leader = matches!(class.as_str(), "leader-node" | "partition");
+        let holder = holder_of(&sim, &fip).expect("the FIP is routed");
+        let victim = if on_leader {
+            leader
+        } else if holder == leader {
+            (leader + 1) % 3
+        } else {
+            holder
+        };
+        if victim != holder {
+            // Place the FIP on the victim (the benchmark's own write, not a replica's).
+            bench_cloud.retarget_ip(&fip.id, ServerId(CP[victim])).await.unwrap();
+            wait_until("the FIP answers from its new place", Duration::from_secs(10), || {
+                answers(&probe, &url)
+            })
+            .await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        times.push(t0.elapsed().as_secs_f64() * 1000.0);
-        cp.start_apiserver(idx).await.unwrap();
-        // Let the controller see the restarted API server healthy again.
+        let seq0 = next_seq(&sim);
+        let t0 = Instant::now();
+        let t0_unix = unix_ms();
+        match class.as_str() {
+            "kill" | "busy" => cp.kill_apiserver(victim).await,
+            "hang" => cp.hang(victim).unwrap(),
+            "blackhole" => cp.blackhole(victim).await.unwrap(),
+            "partition" => cp.partition(victim).await.unwrap(),
+            "dead-node" | "leader-node" => {
+                cp.blackhole(victim).await.unwrap();
+                if let Some(mut r) = replicas[victim].take() {
+                    r.kill().await.unwrap();
+                }
+            }
+            _ => unreachable!(),
+        }
+        let total = recover(&probe, &url, &sim, &fip, victim, t0).await;
+        let total_ms = total.as_secs_f64() * 1000.0;
+        // Heal, and let every replica see the node healthy again before the next run.
+        match class.as_str() {
+            "kill" | "busy" => cp.start_apiserver(victim).await.unwrap(),
+            "hang" => cp.unhang(victim).unwrap(),
+            "blackhole" | "partition" => cp.heal(victim).await.unwrap(),
+            "dead-node" | "leader-node" => {
+                cp.heal(victim).await.unwrap();
+                replicas[victim] = Some(start_replica(&cp, &sim, &a.bin, victim, busy));
+            }
+            _ => unreachable!(),
+        }
+        let direct = format!("https://{}/readyz", SocketAddr::new(cp.addresses()[victim], 6443));
+        wait_until("the healed node answers", Duration::from_secs(60), || answers(&probe, &direct)).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        false_moves += (puts(&sim) - before).saturating_sub(1);
+        let moves = retargets(&sim, &fip, seq0);
+        let first = moves.first().expect("a replica moved the FIP");
+        let run = Run {
+            total_ms,
+            to_call_ms: first.unix_ms.saturating_sub(t0_unix) as f64,
+            call_ms: first.duration_ms as f64,
+            client_gap_ms: client.longest_gap(t0, t0 + total + Duration::from_secs(2)).as_secs_f64() * 1000.0,
+            retargets: moves.len(),
+        };
+        eprintln!("{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s)", run + 1, total_ms, moves.len());
+        report.retargets += moves.len();
+        report.false_moves += moves.len().saturating_sub(1);
+        report.runs.push(run);
     }
     // A quiet period: nothing fails, nothing may move.
-    let before = puts(&sim);
+    let seq = next_seq(&sim);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    false_moves += puts(&sim) - before;
-    let busy_report = if let Some(churn) = churn {
+    let quiet = retargets(&sim, &fip, seq).len();
+    report.false_moves += quiet;
+    report.retargets += quiet;
+    let log = sim.log(0);
+    let bad = history.nonleader_writes(&log, LEASE_MS);
+    for w in &bad {
+        eprintln!("non-leader write: {} {} from {:?} at {}", w.method, w.path, w.user_agent, w.unix_ms);
+    }
+    report.nonleader_writes = bad.len();
+    if let Some(churn) = churn {
         churn.abort();
-        busy_report(
-            &sim,
-            &stats_before,
-            log_from,
+        let stats = sim.stats();
+        let fips_created = sim
+            .log(log_from)
+            .iter()
+            .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
+            .count();
+        report.extra = format!(
+            " services_created={} service_fips_created={fips_created} cloud_requests={} got_429={}",
             created.load(std::sync::atomic::Ordering::Relaxed) - created_before,
-        )
-    } else {
-        String::new()
-    };
-    (times, false_moves, busy_report)
+            stats.requests.saturating_sub(stats_before.requests),
+            stats.rate_limited.saturating_sub(stats_before.rate_limited)
+        );
+    }
+    client.stop();
+    for r in replicas.iter_mut().flatten() {
+        let _ = r.kill().await;
+    }
+    report
 }
 
-/// What the busy mode's Service churn made the cloud do since `before` (log entries from
-/// `log_from` on).
-fn busy_report(
-    sim: &baton_cloud::sim::SimHandle,
-    before: &baton_cloud::sim::Stats,
-    log_from: u64,
-    services_created: u64,
-) -> String {
-    let stats = sim.stats();
-    let fips_created = sim
-        .log(log_from)
-        .iter()
-        .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
-        .count();
-    format!(
-        " services_created={services_created} service_fips_created={fips_created} cloud_requests={} got_429={}",
-        stats.requests.saturating_sub(before.requests),
-        stats.rate_limited.saturating_sub(before.rate_limited)
+/// Waits until the FIP answers `/readyz` from a node other than `victim`; returns the time
+/// since `t0`. Probes start every 20 ms on fresh connections, overlapping, so a probe stuck on
+/// the failed node does not hide the recovery.
+async fn recover(
+    probe: &reqwest::Client,
+    url: &str,
+    sim: &SimHandle,
+    fip: &IpAddress,
+    victim: usize,
+    t0: Instant,
+) -> Duration {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                assert!(t0.elapsed() < Duration::from_secs(30), "no recovery within 30 s (victim cp-{victim})");
+                let (probe, url, tx) = (probe.clone(), url.to_owned(), tx.clone());
+                tokio::spawn(async move {
+                    if answers(&probe, &url).await {
+                        let _ = tx.send(t0.elapsed());
+                    }
+                });
+            }
+            Some(at) = rx.recv() => {
+                if holder_of(sim, fip).is_some_and(|h| h != victim) {
+                    return at;
+                }
+            }
+        }
+    }
+}
+
+async fn answers(probe: &reqwest::Client, url: &str) -> bool {
+    matches!(
+        probe.get(url).timeout(Duration::from_millis(300)).send().await,
+        Ok(r) if r.status().is_success()
     )
 }
 
-/// `baton controller` (the binary `bin`) against every API server, for the bench FIP; with the
-/// default client limit (4 requests/s) in both modes.
-fn start_controller(
-    cp: &ControlPlane,
-    sim: &baton_cloud::sim::SimHandle,
-    bin: &str,
-    busy: bool,
-) -> tokio::process::Child {
-    let urls: Vec<String> = (0..3).map(|i| cp.url(i)).collect();
-    let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
-    let log = std::fs::File::create(cp.dir().join("controller.log")).unwrap();
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `baton controller` replica `i`: identity cp-i, talking only to API server i.
+fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, busy: bool) -> Child {
+    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(cp.dir().join(format!("controller-{i}.log")))
+        .unwrap();
     let mut controller = tokio::process::Command::new(bin);
     if busy {
         // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
@@ -234,13 +418,8 @@ fn start_controller(
     }
     controller
         .arg("controller")
-        .args([
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--identity",
-            "bench",
-        ])
-        .args(["--admin-listen", "off", "--api-servers", &urls.join(",")])
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--identity", &format!("cp-{i}"), "--admin-listen", "off"])
         .env("CHERRY_API_KEY", "sim-token")
         .env("CHERRY_PROJECT_ID", "123456")
         .env("CHERRY_FIP_TAG", "cluster=bench-cp")
@@ -251,9 +430,68 @@ fn start_controller(
         .unwrap_or_else(|e| panic!("starting {bin}: {e}"))
 }
 
+/// A client like kubectl's: one HTTP/2 connection kept open through the FIP, a request every
+/// 100 ms (1 s timeout); records when answers arrive.
+struct H2Client {
+    answers: Arc<Mutex<Vec<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl H2Client {
+    fn start(ca: &[u8], url: &str) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(rustls::pki_types::CertificateDer::from(ca.to_vec())).unwrap();
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .http2_prior_knowledge()
+            .connect_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let (url, log) = (url.to_owned(), Arc::clone(&answers));
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let (client, url, log) = (client.clone(), url.clone(), Arc::clone(&log));
+                tokio::spawn(async move {
+                    if matches!(client.get(&url).timeout(Duration::from_secs(1)).send().await, Ok(r) if r.status().is_success()) {
+                        log.lock().unwrap().push(Instant::now());
+                    }
+                });
+            }
+        });
+        Self { answers, task }
+    }
+
+    /// The longest time without an answer between `from` and `to`.
+    fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+        let mut times: Vec<Instant> = self.answers.lock().unwrap().clone();
+        times.sort();
+        let last_before = times.iter().rev().find(|t| **t <= from).copied().unwrap_or(from);
+        let mut prev = last_before;
+        let mut gap = Duration::ZERO;
+        for t in times.into_iter().filter(|t| *t > from && *t <= to) {
+            gap = gap.max(t - prev);
+            prev = t;
+        }
+        gap.max(to.saturating_duration_since(prev).min(Duration::ZERO))
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
 /// Creates a LoadBalancer Service every 250 ms and deletes the one 40 before it, through
-/// whichever API server answers (one of them is always being killed).
-async fn churn_services(clients: Vec<kube::Client>, created: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+/// whichever API server answers (one of them is always failing).
+async fn churn_services(clients: Vec<kube::Client>, created: Arc<std::sync::atomic::AtomicU64>) {
     use k8s_openapi::api::core::v1::{Namespace, Service};
     use kube::api::{Api, DeleteParams, PostParams};
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "busy"}})).unwrap();
@@ -277,8 +515,7 @@ async fn churn_services(clients: Vec<kube::Client>, created: std::sync::Arc<std:
         .unwrap();
         for c in &clients {
             let api: Api<Service> = Api::namespaced(c.clone(), "busy");
-            let done =
-                tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
+            let done = tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
             if matches!(done, Ok(Ok(_))) {
                 created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(old) = i.checked_sub(40) {
@@ -294,13 +531,14 @@ async fn churn_services(clients: Vec<kube::Client>, created: std::sync::Arc<std:
     }
 }
 
-fn svg(times: &[f64], p50: f64, p99: f64) -> String {
-    let (w, h, left, bottom, top) = (640.0, 320.0, 50.0, 40.0, 30.0);
-    let max = times.iter().copied().fold(1500.0_f64, f64::max) * 1.1;
-    let plot_w = w - left - 20.0;
-    let plot_h = h - bottom - top;
-    let y = |ms: f64| top + plot_h * (1.0 - ms / max);
-    let bar_w = plot_w / times.len().max(1) as f64;
+/// One horizontal bar per run: until the retarget reached the cloud (detection, takeover,
+/// decision), the call itself, and after it (routing, the client seeing it).
+fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
+    let (w, left, right, top, row) = (720.0, 60.0, 20.0, 40.0, 12.0);
+    let h = top + row * runs.len() as f64 + 50.0;
+    let max = runs.iter().map(|r| r.total_ms).fold(1600.0_f64, f64::max) * 1.05;
+    let plot_w = w - left - right;
+    let x = |ms: f64| left + plot_w * ms / max;
     let mut s = String::new();
     let _ = write!(
         s,
@@ -309,64 +547,70 @@ fn svg(times: &[f64], p50: f64, p99: f64) -> String {
     let _ = write!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let _ = write!(
         s,
-        r#"<text x="{}" y="18" text-anchor="middle" font-size="13">Control-plane failover: holder's API server killed → FIP answers again (ms)</text>"#,
+        r#"<text x="{}" y="18" text-anchor="middle" font-size="13">failover, class {class}: failure → FIP answers from another node (ms)</text>"#,
         w / 2.0
     );
-    for (i, t) in times.iter().enumerate() {
-        let x = left + i as f64 * bar_w + 2.0;
+    for (i, r) in runs.iter().enumerate() {
+        let y = top + row * i as f64;
+        let after = (r.total_ms - r.to_call_ms - r.call_ms).max(0.0);
+        let mut at = 0.0;
+        for (len, color) in [(r.to_call_ms, "#4a7ebb"), (r.call_ms, "#e6a23c"), (after, "#67c23a")] {
+            let _ = write!(
+                s,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
+                x(at),
+                y + 1.0,
+                (x(at + len) - x(at)).max(0.0),
+                row - 2.0
+            );
+            at += len;
+        }
         let _ = write!(
             s,
-            r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#4a7ebb"/>"##,
-            y(*t),
-            bar_w - 4.0,
-            y(0.0) - y(*t)
-        );
-        let _ = write!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            x + (bar_w - 4.0) / 2.0,
-            h - bottom + 14.0,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            left - 4.0,
+            y + row - 2.0,
             i + 1
         );
     }
-    for (label, v, color) in [
-        ("p50", p50, "#2a9d3a"),
-        ("p99", p99, "#c0392b"),
-        ("target 1500", 1500.0, "#888"),
-    ] {
+    let bottom = top + row * runs.len() as f64;
+    for (label, v, color) in [("p50", p50, "#2a9d3a"), ("p99", p99, "#c0392b"), ("target", 1500.0, "#888")] {
         let _ = write!(
             s,
-            r#"<line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{}" y="{:.1}" fill="{color}" text-anchor="end">{label} {v:.0}</text>"#,
-            w - 20.0,
-            y(v),
-            y(v),
-            w - 22.0,
-            y(v) - 3.0
+            r#"<line x1="{:.1}" x2="{:.1}" y1="{top}" y2="{bottom:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{label} {v:.0}</text>"#,
+            x(v),
+            x(v),
+            x(v),
+            top - 4.0
         );
     }
-    let _ = write!(
-        s,
-        r#"<line x1="{left}" x2="{left}" y1="{top}" y2="{:.1}" stroke="black"/><line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="black"/>"#,
-        y(0.0),
-        w - 20.0,
-        y(0.0),
-        y(0.0)
-    );
-    for tick in [0.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0] {
-        if tick <= max {
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{:.1}" text-anchor="end">{tick:.0}</text>"#,
-                left - 4.0,
-                y(tick) + 4.0
-            );
-        }
+    let mut tick = 0.0;
+    while tick <= max {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{tick:.0}</text>"#,
+            x(tick),
+            bottom + 14.0
+        );
+        tick += 250.0;
     }
     let _ = write!(
         s,
-        r#"<text x="{}" y="{}" text-anchor="middle">run</text></svg>"#,
-        left + plot_w / 2.0,
-        h - 8.0
+        r##"<rect x="{left}" y="{:.1}" width="10" height="10" fill="#4a7ebb"/><text x="{}" y="{:.1}">failure → retarget reaches the cloud (detection, Lease takeover, decision)</text>"##,
+        bottom + 22.0,
+        left + 14.0,
+        bottom + 31.0
+    );
+    let _ = write!(
+        s,
+        r##"<rect x="{left}" y="{:.1}" width="10" height="10" fill="#e6a23c"/><text x="{}" y="{:.1}">retarget call</text><rect x="{}" y="{:.1}" width="10" height="10" fill="#67c23a"/><text x="{}" y="{:.1}">after the call (routing, client)</text></svg>"##,
+        bottom + 36.0,
+        left + 14.0,
+        bottom + 45.0,
+        left + 120.0,
+        bottom + 36.0,
+        left + 134.0,
+        bottom + 45.0
     );
     s
 }
