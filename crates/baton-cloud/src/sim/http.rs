@@ -46,7 +46,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     /// After a successful write: forward what is targeted now, persist the state.
     fn committed(&self, world: &World) {
-        self.forwarder.sync(&world.forward_map());
+        let delay = Duration::from_millis(lock(&self.faults).retarget_delay_ms);
+        self.forwarder.sync(&world.forward_map(), delay);
         if let Some(path) = &self.state_file
             && let Err(error) = super::save_state(path, world)
         {
