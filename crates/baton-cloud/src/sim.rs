@@ -20,6 +20,7 @@ mod world;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rand::SeedableRng as _;
 use tokio::net::TcpListener;
@@ -157,7 +158,7 @@ impl SimBuilder {
         let api_key = world.api_key.clone();
         let project_id = world.project_id();
         let forwarder = forward::Forwarder::new(world.forward_ports.clone(), shutdown.clone());
-        forwarder.sync(&world.forward_map());
+        forwarder.sync(&world.forward_map(), Duration::ZERO);
         if let Some(path) = &state_file
             && let Err(reason) = save_state(path, &world)
         {
@@ -372,6 +373,10 @@ pub struct SimArgs {
     /// Seed of the fault dice.
     #[arg(long, env = "BATON_SIM_SEED")]
     pub seed: Option<u64>,
+    /// For this many milliseconds after a FIP retarget, new connections to the FIP still
+    /// follow the old route (the API answers at once).
+    #[arg(long, env = "BATON_SIM_RETARGET_DELAY_MS", default_value_t = 0)]
+    pub retarget_delay_ms: u64,
 }
 
 impl SimArgs {
@@ -393,6 +398,7 @@ impl SimArgs {
             hang_rate,
             reject_delete_attached,
             seed,
+            retarget_delay_ms,
         } = self;
         let mut topo = match &topology {
             Some(path) => {
@@ -427,6 +433,7 @@ impl SimArgs {
             hang_rate,
             reject_delete_attached,
             seed,
+            retarget_delay_ms,
         };
         let mut builder = Sim::builder().topology(topo).faults(faults);
         if let Some(state) = state {

@@ -1,5 +1,6 @@
 //! A real Kubernetes control plane: one etcd and N kube-apiservers, each on its own lab address.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -12,7 +13,11 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use tokio::process::{Child, Command};
 
+use crate::fault::{Fault, Firewall};
 use crate::lab;
+
+/// The port every API server listens on.
+pub const APISERVER_PORT: u16 = 6443;
 
 /// The bearer token of the `system:masters` user every control plane has.
 pub const ADMIN_TOKEN: &str = "baton-test-admin-token";
@@ -37,6 +42,10 @@ pub struct Options {
     pub extra_sans: Vec<String>,
     /// Extra token-authenticated users (for least-privilege tests).
     pub users: Vec<TokenUser>,
+    /// More addresses of the node whose API server is on the key (one of `servers`), beyond
+    /// that address and its lab private twin (see [`ControlPlane::node_addresses`]); network
+    /// faults of the node cover them too.
+    pub node_addresses: BTreeMap<IpAddr, Vec<IpAddr>>,
 }
 
 impl Default for Options {
@@ -46,6 +55,7 @@ impl Default for Options {
             controller_manager: false,
             extra_sans: Vec::new(),
             users: Vec::new(),
+            node_addresses: BTreeMap::new(),
         }
     }
 }
@@ -70,11 +80,35 @@ pub struct ControlPlane {
     _etcd: Proc,
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
+    firewall: Firewall,
 }
 
 struct ApiServer {
     ip: IpAddr,
+    /// Every address of its node: `ip` first.
+    node_addrs: Vec<IpAddr>,
     proc: Option<Proc>,
+    /// Stopped with SIGSTOP.
+    hung: bool,
+}
+
+/// Every address of the node whose API server is on `ip`: `ip`, its private twin when `ip` is
+/// a lab public IP (`198.51.100.x` → `192.0.2.x`, as the simulator topology pairs them), and
+/// `extra`.
+fn node_addrs(ip: IpAddr, extra: &BTreeMap<IpAddr, Vec<IpAddr>>) -> Vec<IpAddr> {
+    let mut out = vec![ip];
+    if let IpAddr::V4(v4) = ip {
+        let [a, b, c, d] = v4.octets();
+        if [a, b, c] == [198, 51, 100] {
+            out.push(lab::private_ip(d));
+        }
+    }
+    for a in extra.get(&ip).into_iter().flatten() {
+        if !out.contains(a) {
+            out.push(*a);
+        }
+    }
+    out
 }
 
 /// The directory holding `bin/{etcd,kube-apiserver,kube-controller-manager}`.
@@ -145,9 +179,15 @@ impl ControlPlane {
             apiservers: opts
                 .servers
                 .iter()
-                .map(|&ip| ApiServer { ip, proc: None })
+                .map(|&ip| ApiServer {
+                    ip,
+                    node_addrs: node_addrs(ip, &opts.node_addresses),
+                    proc: None,
+                    hung: false,
+                })
                 .collect(),
             kcm: None,
+            firewall: Firewall::default(),
             dir,
         };
         for i in 0..cp.apiservers.len() {
@@ -177,7 +217,10 @@ impl ControlPlane {
 
     /// `https://<ip>:6443` of API server `i`.
     pub fn url(&self, i: usize) -> String {
-        format!("https://{}", SocketAddr::new(self.apiservers[i].ip, 6443))
+        format!(
+            "https://{}",
+            SocketAddr::new(self.apiservers[i].ip, APISERVER_PORT)
+        )
     }
 
     /// The cluster CA (PEM) that signed every serving certificate.
@@ -246,6 +289,7 @@ impl ControlPlane {
 
     /// Stops API server `i` gracefully (SIGTERM) and waits for it to exit.
     pub async fn stop_apiserver(&mut self, i: usize) -> anyhow::Result<()> {
+        self.unhang(i)?;
         if let Some(p) = self.apiservers[i].proc.take() {
             p.terminate(Duration::from_secs(30)).await;
         }
@@ -256,6 +300,103 @@ impl ControlPlane {
     pub async fn kill_apiserver(&mut self, i: usize) {
         if let Some(p) = self.apiservers[i].proc.take() {
             p.terminate(Duration::ZERO).await;
+        }
+        self.apiservers[i].hung = false;
+    }
+
+    /// Every address of node `i` (the node of API server `i`): its API server's address, that
+    /// address's private twin when it is a lab public IP (`198.51.100.x` → `192.0.2.x`, as the
+    /// simulator topology pairs them), and [`Options::node_addresses`] for it. Network faults
+    /// cover all of them.
+    pub fn node_addresses(&self, i: usize) -> Vec<IpAddr> {
+        self.apiservers[i].node_addrs.clone()
+    }
+
+    /// Hangs API server `i` (SIGSTOP): its socket still completes TCP handshakes into the
+    /// kernel's backlog, but nothing is read or answered. No-op if it is not running.
+    pub fn hang(&mut self, i: usize) -> anyhow::Result<()> {
+        let Some(pid) = self.apiserver_pid(i) else {
+            return Ok(());
+        };
+        signal(pid, nix::sys::signal::Signal::SIGSTOP)?;
+        self.apiservers[i].hung = true;
+        Ok(())
+    }
+
+    /// Resumes a hung API server `i` (SIGCONT). No-op if it is not hung.
+    pub fn unhang(&mut self, i: usize) -> anyhow::Result<()> {
+        if !self.apiservers[i].hung {
+            return Ok(());
+        }
+        if let Some(pid) = self.apiserver_pid(i) {
+            signal(pid, nix::sys::signal::Signal::SIGCONT)?;
+        }
+        self.apiservers[i].hung = false;
+        Ok(())
+    }
+
+    /// Whether API server `i` is hung (stopped by [`hang`](Self::hang)).
+    pub fn is_hung(&self, i: usize) -> bool {
+        self.apiservers[i].hung
+    }
+
+    /// Blackholes node `i`: every packet to or from any of its
+    /// [`node_addresses`](Self::node_addresses) is dropped (nftables, in this lab's namespace),
+    /// so connects to it time out; established connections stall. Undone by [`heal`](Self::heal).
+    pub async fn blackhole(&mut self, i: usize) -> anyhow::Result<()> {
+        let addrs = self.apiservers[i].node_addrs.clone();
+        self.firewall.set_blackhole(i, &addrs, true).await
+    }
+
+    /// Partitions node `i`'s API server: TCP to and from port 6443 on the node's addresses is
+    /// dropped, so nobody reaches it (connects time out), while the node's other ports and its
+    /// outgoing traffic (e.g. its baton replica calling the cloud) still work. Undone by
+    /// [`heal`](Self::heal).
+    pub async fn partition(&mut self, i: usize) -> anyhow::Result<()> {
+        let addrs = self.apiservers[i].node_addrs.clone();
+        self.firewall.set_partition(i, &addrs, Some(APISERVER_PORT)).await
+    }
+
+    /// Removes node `i`'s network faults ([`blackhole`](Self::blackhole),
+    /// [`partition`](Self::partition)). Connections stalled by them resume.
+    pub async fn heal(&mut self, i: usize) -> anyhow::Result<()> {
+        self.firewall.heal(i).await
+    }
+
+    /// The faults node `i` is in now (`Kill` when its API server is not running).
+    pub fn faults(&self, i: usize) -> Vec<Fault> {
+        let mut out = Vec::new();
+        if !self.is_running(i) {
+            out.push(Fault::Kill);
+        }
+        if self.is_hung(i) {
+            out.push(Fault::Hang);
+        }
+        out.extend(self.firewall.faults(i));
+        out
+    }
+
+    /// Puts node `i` in failure class `fault`: [`kill_apiserver`](Self::kill_apiserver),
+    /// [`hang`](Self::hang), [`blackhole`](Self::blackhole) or [`partition`](Self::partition).
+    pub async fn inject(&mut self, i: usize, fault: Fault) -> anyhow::Result<()> {
+        match fault {
+            Fault::Kill => {
+                self.kill_apiserver(i).await;
+                Ok(())
+            }
+            Fault::Hang => self.hang(i),
+            Fault::Blackhole => self.blackhole(i).await,
+            Fault::Partition => self.partition(i).await,
+        }
+    }
+
+    /// Undoes [`inject`](Self::inject): restarts a killed API server (and waits for
+    /// `/readyz`), resumes a hung one, removes network rules.
+    pub async fn recover(&mut self, i: usize, fault: Fault) -> anyhow::Result<()> {
+        match fault {
+            Fault::Kill => self.start_apiserver(i).await,
+            Fault::Hang => self.unhang(i),
+            Fault::Blackhole | Fault::Partition => self.heal(i).await,
         }
     }
 
@@ -278,6 +419,7 @@ impl ControlPlane {
     }
 
     fn spawn_apiserver(&mut self, i: usize) -> anyhow::Result<()> {
+        self.apiservers[i].hung = false;
         let d = self.dir.path();
         let ip = self.apiservers[i].ip;
         let p = |f: &str| d.join(f).display().to_string();
@@ -287,7 +429,7 @@ impl ControlPlane {
             "--etcd-prefix=/registry".into(),
             format!("--bind-address={ip}"),
             format!("--advertise-address={ip}"),
-            "--secure-port=6443".into(),
+            format!("--secure-port={APISERVER_PORT}"),
             format!("--tls-cert-file={}", p("serving.crt")),
             format!("--tls-private-key-file={}", p("serving.key")),
             format!("--client-ca-file={}", p("ca.crt")),
@@ -337,6 +479,22 @@ impl ControlPlane {
             ]),
         )
     }
+}
+
+impl Drop for ControlPlane {
+    /// Resumes hung processes (so none is left stopped; the fields' drops then kill them) and
+    /// removes the network faults.
+    fn drop(&mut self) {
+        for i in 0..self.apiservers.len() {
+            let _ = self.unhang(i);
+        }
+        self.firewall.remove_blocking();
+    }
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) -> anyhow::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.cast_signed()), sig)
+        .with_context(|| format!("kill -{sig} {pid}"))
 }
 
 /// A kubeconfig document for `server` with `ca_pem` and a bearer token.

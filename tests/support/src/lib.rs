@@ -29,8 +29,10 @@ pub fn init_tracing() {
 }
 
 pub mod control_plane;
+pub mod fault;
 
-pub use control_plane::{ADMIN_TOKEN, ControlPlane, Options, TokenUser};
+pub use control_plane::{ADMIN_TOKEN, APISERVER_PORT, ControlPlane, Options, TokenUser};
+pub use fault::Fault;
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
 pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {

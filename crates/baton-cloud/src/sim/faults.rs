@@ -34,6 +34,10 @@ pub struct Faults {
     pub reject_delete_attached: bool,
     /// Seed of the fault dice (for reproducible runs).
     pub seed: Option<u64>,
+    /// Propagation delay of a FIP retarget, in milliseconds: for this long after a FIP is
+    /// retargeted (or unassigned), new TCP connections to it still follow the old route
+    /// (forwarded to the old server; refused if it had none). The API answers at once.
+    pub retarget_delay_ms: u64,
 }
 
 impl Default for Faults {
@@ -49,6 +53,7 @@ impl Default for Faults {
             hang_rate: 0.0,
             reject_delete_attached: false,
             seed: None,
+            retarget_delay_ms: 0,
         }
     }
 }

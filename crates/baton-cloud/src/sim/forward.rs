@@ -1,75 +1,165 @@
 //! FIP forwarding: while a FIP is targeted to a server, accept TCP on `<fip>:<port>` and splice
 //! each connection to `<server primary IP>:<port>`.
 //!
-//! A retarget only swaps the target address, so new connections go to the new server at once
-//! (connections already open stay where they are). Unassigning or deleting the FIP closes its
-//! listeners and the connections through them. Binding a FIP address only works where that
-//! address is local (the lab); elsewhere a warning is logged and the API keeps working.
+//! A retarget swaps the route: new connections go to the new server, and every connection still
+//! forwarded to the old server is reset (RST on both sides, `SO_LINGER` 0), the way the new
+//! holder answers packets of a connection it does not know. Connections to a server that keeps
+//! the FIP are untouched. Unassigning or deleting the FIP closes its listeners and resets its
+//! connections.
+//!
+//! With a propagation delay (`Faults::retarget_delay_ms`), a change of the forward map takes
+//! effect only after the delay: until then new connections follow the old route (refused when
+//! the FIP had none), and the resets happen when the route switches.
+//!
+//! Binding a FIP address only works where that address is local (the lab); elsewhere a warning is
+//! logged and the API keeps working.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One forwarded connection.
+#[derive(Debug)]
+struct Conn {
+    /// The server it is spliced to.
+    to: IpAddr,
+    /// Cancelled to reset it.
+    reset: CancellationToken,
+}
+
+/// Where a FIP leads now, and the connections forwarded through it.
+#[derive(Debug)]
+struct Route {
+    target: IpAddr,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+}
+
 #[derive(Debug)]
 struct Entry {
-    target: Arc<RwLock<IpAddr>>,
+    route: Arc<Mutex<Route>>,
+    /// Stops the listeners; the connections' reset tokens are its children.
     cancel: CancellationToken,
 }
 
-/// The set of forwarded FIPs.
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<IpAddr, Entry>,
+    /// Sequence number of the last forward map applied (a delayed older one is skipped).
+    applied: u64,
+    /// Sequence number given to the last forward map received.
+    scheduled: u64,
+}
+
 #[derive(Debug)]
-pub(crate) struct Forwarder {
+struct Inner {
     ports: Vec<u16>,
     shutdown: CancellationToken,
-    entries: Mutex<HashMap<IpAddr, Entry>>,
+    state: Mutex<State>,
+}
+
+/// The set of forwarded FIPs.
+#[derive(Debug, Clone)]
+pub(crate) struct Forwarder {
+    inner: Arc<Inner>,
 }
 
 impl Forwarder {
     pub(crate) fn new(ports: Vec<u16>, shutdown: CancellationToken) -> Self {
         Self {
-            ports,
-            shutdown,
-            entries: Mutex::new(HashMap::new()),
+            inner: Arc::new(Inner {
+                ports,
+                shutdown,
+                state: Mutex::new(State::default()),
+            }),
         }
     }
 
-    /// Makes the listeners match `desired` (FIP → server primary IP). Binds synchronously, so
-    /// when this returns a new FIP already accepts connections.
-    pub(crate) fn sync(&self, desired: &BTreeMap<IpAddr, IpAddr>) {
-        if self.ports.is_empty() {
+    /// Makes the listeners match `desired` (FIP → server primary IP) after `delay`. Without a
+    /// delay it binds synchronously, so when this returns a new FIP already accepts connections.
+    /// Maps take effect in the order they were given; one overtaken by a later one is skipped.
+    pub(crate) fn sync(&self, desired: &BTreeMap<IpAddr, IpAddr>, delay: Duration) {
+        if self.inner.ports.is_empty() {
             return;
         }
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        entries.retain(|fip, entry| {
+        let seq = {
+            let mut state = lock(&self.inner.state);
+            state.scheduled += 1;
+            state.scheduled
+        };
+        if delay.is_zero() {
+            self.inner.apply(seq, desired);
+            return;
+        }
+        debug!(?delay, "forward map changes after the propagation delay");
+        let inner = self.inner.clone();
+        let desired = desired.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = inner.shutdown.cancelled() => {}
+                () = tokio::time::sleep(delay) => inner.apply(seq, &desired),
+            }
+        });
+    }
+}
+
+impl Inner {
+    fn apply(&self, seq: u64, desired: &BTreeMap<IpAddr, IpAddr>) {
+        let mut state = lock(&self.state);
+        if seq <= state.applied {
+            debug!(
+                seq,
+                applied = state.applied,
+                "forward map overtaken by a later one"
+            );
+            return;
+        }
+        state.applied = seq;
+        state.entries.retain(|fip, entry| {
             let keep = desired.contains_key(fip);
             if !keep {
-                info!(%fip, "FIP unassigned: forwarding stopped");
+                let conns = lock(&entry.route).conns.len();
+                info!(%fip, reset = conns, "FIP unassigned: forwarding stopped, connections reset");
                 entry.cancel.cancel();
             }
             keep
         });
         for (fip, target) in desired {
-            if let Some(entry) = entries.get(fip) {
-                let mut current = entry
-                    .target
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if *current != *target {
-                    info!(%fip, from = %*current, to = %target, "FIP retargeted");
-                    *current = *target;
+            if let Some(entry) = state.entries.get(fip) {
+                let mut route = lock(&entry.route);
+                if route.target != *target {
+                    let from = route.target;
+                    route.target = *target;
+                    let moved_away: Vec<u64> = route
+                        .conns
+                        .iter()
+                        .filter(|(_, c)| c.to != *target)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in &moved_away {
+                        if let Some(conn) = route.conns.remove(id) {
+                            conn.reset.cancel();
+                        }
+                    }
+                    info!(%fip, %from, to = %target, reset = moved_away.len(), "FIP retargeted");
                 }
                 continue;
             }
             let entry = Entry {
-                target: Arc::new(RwLock::new(*target)),
+                route: Arc::new(Mutex::new(Route {
+                    target: *target,
+                    conns: HashMap::new(),
+                    next_id: 0,
+                })),
                 cancel: self.shutdown.child_token(),
             };
             for &port in &self.ports {
@@ -77,7 +167,7 @@ impl Forwarder {
                     Ok(listener) => {
                         info!(%fip, port, to = %target, "forwarding FIP");
                         tokio::spawn(
-                            accept_loop(listener, port, entry.target.clone(), entry.cancel.clone())
+                            accept_loop(listener, port, entry.route.clone(), entry.cancel.clone())
                                 .instrument(info_span!("fip_forward", %fip, port)),
                         );
                     }
@@ -87,7 +177,7 @@ impl Forwarder {
                     ),
                 }
             }
-            entries.insert(*fip, entry);
+            state.entries.insert(*fip, entry);
         }
     }
 }
@@ -98,12 +188,19 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(std)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    port: u16,
-    target: Arc<RwLock<IpAddr>>,
-    cancel: CancellationToken,
-) {
+/// Removes a connection from its route when it ends.
+struct Registered {
+    route: Arc<Mutex<Route>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.route).conns.remove(&self.id);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, port: u16, route: Arc<Mutex<Route>>, cancel: CancellationToken) {
     loop {
         let accepted = tokio::select! {
             () = cancel.cancelled() => return,
@@ -117,34 +214,78 @@ async fn accept_loop(
                 continue;
             }
         };
-        let to = SocketAddr::new(
-            *target.read().unwrap_or_else(std::sync::PoisonError::into_inner),
-            port,
-        );
-        let cancel = cancel.clone();
+        // Read the target and register under one lock, so a retarget either sees this
+        // connection (and resets it) or happened before it (and it goes to the new server).
+        let (to, reset, registered) = {
+            let mut r = lock(&route);
+            let id = r.next_id;
+            r.next_id += 1;
+            let to = r.target;
+            let reset = cancel.child_token();
+            r.conns.insert(
+                id,
+                Conn {
+                    to,
+                    reset: reset.clone(),
+                },
+            );
+            let registered = Registered {
+                route: route.clone(),
+                id,
+            };
+            (to, reset, registered)
+        };
         tokio::spawn(async move {
-            tokio::select! {
-                () = cancel.cancelled() => {}
-                () = splice(inbound, peer, to) => {}
-            }
+            splice(inbound, peer, SocketAddr::new(to, port), reset).await;
+            drop(registered);
         });
     }
 }
 
-async fn splice(mut inbound: TcpStream, peer: SocketAddr, to: SocketAddr) {
-    let outbound = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(to)).await;
+/// Closes with RST instead of FIN.
+fn abort(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+async fn splice(mut inbound: TcpStream, peer: SocketAddr, to: SocketAddr, reset: CancellationToken) {
+    let outbound = tokio::select! {
+        () = reset.cancelled() => {
+            abort(inbound);
+            return;
+        }
+        outbound = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(to)) => outbound,
+    };
     let mut outbound = match outbound {
         Ok(Ok(s)) => s,
         Ok(Err(error)) => {
+            // The server refused: the client is reset, as by the server itself.
             debug!(%peer, %to, %error, "forward: connect failed");
+            abort(inbound);
             return;
         }
         Err(_) => {
             debug!(%peer, %to, "forward: connect timed out");
+            abort(inbound);
             return;
         }
     };
-    if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
-        debug!(%peer, %to, %error, "forward: connection ended with an error");
+    let reset_both = tokio::select! {
+        () = reset.cancelled() => {
+            debug!(%peer, %to, "forward: connection reset (FIP moved away or unassigned)");
+            true
+        }
+        copied = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => match copied {
+            Ok(_) => false,
+            Err(error) => {
+                // One side was reset (or failed): pass the reset on to the other.
+                debug!(%peer, %to, %error, "forward: connection ended with an error");
+                true
+            }
+        },
+    };
+    if reset_both {
+        abort(inbound);
+        abort(outbound);
     }
 }

@@ -46,7 +46,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     /// After a successful write: forward what is targeted now, persist the state.
     fn committed(&self, world: &World) {
-        self.forwarder.sync(&world.forward_map());
+        let delay = Duration::from_millis(lock(&self.faults).retarget_delay_ms);
+        self.forwarder.sync(&world.forward_map(), delay);
         if let Some(path) = &self.state_file
             && let Err(error) = super::save_state(path, world)
         {
@@ -92,6 +93,13 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
+}
+
 #[allow(clippy::struct_excessive_bools)] // independent dice, one roll each
 struct Dice {
     hang: bool,
@@ -114,17 +122,7 @@ async fn faults_layer(
     // Records the request once, also when the client gives up first (status 499).
     let mut record = Record {
         shared: shared.clone(),
-        entry: Some(LogEntry {
-            seq: 0,
-            at_ms: millis(arrived.duration_since(shared.started)),
-            client: peer.to_string(),
-            method: method.to_string(),
-            route: route_template(&path),
-            path: path.clone(),
-            status: 499,
-            fault: None,
-            duration_ms: 0,
-        }),
+        entry: Some(log_entry(&shared, peer, &req, arrived)),
         arrived,
     };
     let faults = lock(&shared.faults).clone();
@@ -205,6 +203,29 @@ async fn faults_layer(
     }
     drop(record);
     response
+}
+
+/// The log entry of a request that just arrived (status 499 until it is answered).
+fn log_entry(shared: &Shared, peer: SocketAddr, req: &Request, arrived: Instant) -> LogEntry {
+    let path = req.uri().path();
+    LogEntry {
+        seq: 0,
+        at_ms: millis(arrived.duration_since(shared.started)),
+        unix_ms: unix_ms_now(),
+        client: peer.to_string(),
+        user_agent: req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        method: req.method().to_string(),
+        route: route_template(path),
+        path: path.to_owned(),
+        status: 499,
+        fault: None,
+        duration_ms: 0,
+    }
 }
 
 struct Record {

@@ -62,8 +62,15 @@ pub struct LogEntry {
     pub seq: u64,
     /// Milliseconds since the simulator started, when the request arrived.
     pub at_ms: u64,
+    /// Wall-clock arrival time: milliseconds since the Unix epoch (0 in logs written before
+    /// the field existed).
+    #[serde(default)]
+    pub unix_ms: u64,
     /// Client address.
     pub client: String,
+    /// The request's `User-Agent` header; empty when it had none (or it was not text).
+    #[serde(default)]
+    pub user_agent: String,
     /// Method.
     pub method: String,
     /// Path as sent.

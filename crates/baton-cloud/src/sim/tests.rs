@@ -28,6 +28,8 @@ fn args_map_to_faults_and_topology() {
         "6443,443",
         "--fip-pool",
         "203.0.113.128/25",
+        "--retarget-delay-ms",
+        "250",
     ])
     .unwrap();
     let (builder, listen) = cli.sim.into_builder().unwrap();
@@ -36,6 +38,7 @@ fn args_map_to_faults_and_topology() {
     assert!((builder.faults.error_rate - 0.3).abs() < f64::EPSILON);
     assert_eq!(builder.topology.forward_ports, [6443, 443]);
     assert_eq!(builder.topology.fip_pool, "203.0.113.128/25");
+    assert_eq!(builder.faults.retarget_delay_ms, 250);
 }
 
 #[test]
@@ -44,6 +47,7 @@ fn defaults_match_the_issue() {
     assert_eq!(cli.sim.listen.to_string(), "127.0.0.1:8080");
     let (builder, _) = cli.sim.into_builder().unwrap();
     assert_eq!(builder.faults.rate_limit, Some(4.0));
+    assert_eq!(builder.faults.retarget_delay_ms, 0);
     assert_eq!(builder.topology.api_key, "sim-token");
     assert_eq!(builder.topology.project.id, 123_456);
 }
