@@ -54,7 +54,15 @@ use tokio::process::Child;
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-const CLASSES: [&str; 7] = ["kill", "hang", "blackhole", "dead-node", "leader-node", "partition", "busy"];
+const CLASSES: [&str; 7] = [
+    "kill",
+    "hang",
+    "blackhole",
+    "dead-node",
+    "leader-node",
+    "partition",
+    "busy",
+];
 /// The controller's default lease duration: a write later than this after its sender's last
 /// renew could come after a takeover.
 const LEASE_MS: u64 = 1000;
@@ -85,7 +93,10 @@ fn args() -> Args {
                 a.classes = if c == "all" {
                     CLASSES.iter().map(|s| (*s).to_owned()).collect()
                 } else {
-                    assert!(CLASSES.contains(&c.as_str()), "unknown class {c}; one of {CLASSES:?} or all");
+                    assert!(
+                        CLASSES.contains(&c.as_str()),
+                        "unknown class {c}; one of {CLASSES:?} or all"
+                    );
                     vec![c]
                 };
             }
@@ -188,7 +199,9 @@ fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_cloud::si
     let path = format!("/v1/ips/{}", fip.id.as_str());
     sim.log(from)
         .into_iter()
-        .filter(|e| e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/"))
+        .filter(|e| {
+            e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
+        })
         .collect()
 }
 
@@ -214,14 +227,22 @@ async fn run_class(class: String, a: Args) -> Report {
     )
     .await;
     let (bench_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
-    let history = LeaseHistory::record((0..3).map(|i| cp.client(i).unwrap()).collect(), "baton-controller");
-    let mut replicas: Vec<Option<Child>> = (0..3).map(|i| Some(start_replica(&cp, &sim, &a.bin, i, busy))).collect();
+    let history = LeaseHistory::record(
+        (0..3).map(|i| cp.client(i).unwrap()).collect(),
+        "baton-controller",
+    );
+    let mut replicas: Vec<Option<Child>> = (0..3)
+        .map(|i| Some(start_replica(&cp, &sim, &a.bin, i, busy)))
+        .collect();
 
     let ca = cp.ca_der().to_vec();
     let probe = baton_testbed::http_client(Some(&ca)).unwrap();
     let fip_addr = SocketAddr::new(fip.address, 6443);
     let url = format!("https://{fip_addr}/readyz");
-    wait_until("the FIP answers", Duration::from_secs(60), || answers(&probe, &url)).await;
+    wait_until("the FIP answers", Duration::from_secs(60), || {
+        answers(&probe, &url)
+    })
+    .await;
     wait_until("a leader", Duration::from_secs(30), || {
         let h = history.holder();
         async move { h.is_some() }
@@ -262,10 +283,15 @@ async fn run_class(class: String, a: Args) -> Report {
         };
         if victim != holder {
             // Place the FIP on the victim (the benchmark's own write, not a replica's).
-            bench_cloud.retarget_ip(&fip.id, ServerId(CP[victim])).await.unwrap();
-            wait_until("the FIP answers from its new place", Duration::from_secs(10), || {
-                answers(&probe, &url)
-            })
+            bench_cloud
+                .retarget_ip(&fip.id, ServerId(CP[victim]))
+                .await
+                .unwrap();
+            wait_until(
+                "the FIP answers from its new place",
+                Duration::from_secs(10),
+                || answers(&probe, &url),
+            )
             .await;
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -299,7 +325,10 @@ async fn run_class(class: String, a: Args) -> Report {
             _ => unreachable!(),
         }
         let direct = format!("https://{}/readyz", SocketAddr::new(cp.addresses()[victim], 6443));
-        wait_until("the healed node answers", Duration::from_secs(60), || answers(&probe, &direct)).await;
+        wait_until("the healed node answers", Duration::from_secs(60), || {
+            answers(&probe, &direct)
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let moves = retargets(&sim, &fip, seq0);
         let first = moves.first().expect("a replica moved the FIP");
@@ -307,10 +336,18 @@ async fn run_class(class: String, a: Args) -> Report {
             total_ms,
             to_call_ms: first.unix_ms.saturating_sub(t0_unix) as f64,
             call_ms: first.duration_ms as f64,
-            client_gap_ms: client.longest_gap(t0, t0 + total + Duration::from_secs(2)).as_secs_f64() * 1000.0,
+            client_gap_ms: client
+                .longest_gap(t0, t0 + total + Duration::from_secs(2))
+                .as_secs_f64()
+                * 1000.0,
             retargets: moves.len(),
         };
-        eprintln!("{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s)", run + 1, total_ms, moves.len());
+        eprintln!(
+            "{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s)",
+            run + 1,
+            total_ms,
+            moves.len()
+        );
         report.retargets += moves.len();
         report.false_moves += moves.len().saturating_sub(1);
         report.runs.push(run);
@@ -324,7 +361,10 @@ async fn run_class(class: String, a: Args) -> Report {
     let log = sim.log(0);
     let bad = history.nonleader_writes(&log, LEASE_MS);
     for w in &bad {
-        eprintln!("non-leader write: {} {} from {:?} at {}", w.method, w.path, w.user_agent, w.unix_ms);
+        eprintln!(
+            "non-leader write: {} {} from {:?} at {}",
+            w.method, w.path, w.user_agent, w.unix_ms
+        );
     }
     report.nonleader_writes = bad.len();
     if let Some(churn) = churn {
@@ -440,12 +480,15 @@ struct H2Client {
 impl H2Client {
     fn start(ca: &[u8], url: &str) -> Self {
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(rustls::pki_types::CertificateDer::from(ca.to_vec())).unwrap();
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(ca.to_vec()))
+            .unwrap();
+        let mut tls =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         tls.alpn_protocols = vec![b"h2".to_vec()];
         let client = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
@@ -461,7 +504,8 @@ impl H2Client {
                 tick.tick().await;
                 let (client, url, log) = (client.clone(), url.clone(), Arc::clone(&log));
                 tokio::spawn(async move {
-                    if matches!(client.get(&url).timeout(Duration::from_secs(1)).send().await, Ok(r) if r.status().is_success()) {
+                    if matches!(client.get(&url).timeout(Duration::from_secs(1)).send().await, Ok(r) if r.status().is_success())
+                    {
                         log.lock().unwrap().push(Instant::now());
                     }
                 });
@@ -515,7 +559,8 @@ async fn churn_services(clients: Vec<kube::Client>, created: Arc<std::sync::atom
         .unwrap();
         for c in &clients {
             let api: Api<Service> = Api::namespaced(c.clone(), "busy");
-            let done = tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
+            let done =
+                tokio::time::timeout(Duration::from_secs(2), api.create(&PostParams::default(), &svc)).await;
             if matches!(done, Ok(Ok(_))) {
                 created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(old) = i.checked_sub(40) {
@@ -554,7 +599,11 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
         let y = top + row * i as f64;
         let after = (r.total_ms - r.to_call_ms - r.call_ms).max(0.0);
         let mut at = 0.0;
-        for (len, color) in [(r.to_call_ms, "#4a7ebb"), (r.call_ms, "#e6a23c"), (after, "#67c23a")] {
+        for (len, color) in [
+            (r.to_call_ms, "#4a7ebb"),
+            (r.call_ms, "#e6a23c"),
+            (after, "#67c23a"),
+        ] {
             let _ = write!(
                 s,
                 r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
@@ -574,7 +623,11 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
         );
     }
     let bottom = top + row * runs.len() as f64;
-    for (label, v, color) in [("p50", p50, "#2a9d3a"), ("p99", p99, "#c0392b"), ("target", 1500.0, "#888")] {
+    for (label, v, color) in [
+        ("p50", p50, "#2a9d3a"),
+        ("p99", p99, "#c0392b"),
+        ("target", 1500.0, "#888"),
+    ] {
         let _ = write!(
             s,
             r#"<line x1="{:.1}" x2="{:.1}" y1="{top}" y2="{bottom:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{label} {v:.0}</text>"#,

@@ -17,19 +17,49 @@ use crate::config::Config;
 /// leader Lease may; it re-checks right before each cloud write (fencing): the lease task
 /// publishes how long the last successful renew keeps this replica leader.
 #[derive(Clone, Debug)]
-pub struct LeaderGate(watch::Receiver<Option<Instant>>);
+pub struct LeaderGate(
+    watch::Receiver<Option<Instant>>,
+    watch::Receiver<Option<Handover>>,
+);
+
+/// What a follower knows of another replica's hold on the Lease, on its own clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handover {
+    /// The holder has stopped writing by now unless it renewed (the current version of the
+    /// Lease was first seen `leaseRenewDeadline` ago).
+    pub holder_stopped: Instant,
+    /// When this replica may take over unless the holder renews.
+    pub takeover: Instant,
+}
 
 impl LeaderGate {
-    /// A gate fed by the leader-election task (`controller::lease`).
-    pub fn new(rx: watch::Receiver<Option<Instant>>) -> Self {
-        Self(rx)
+    /// A gate fed by the leader-election task (`controller::lease`): this replica's leadership
+    /// deadline, and what it knows of another holder.
+    pub fn new(rx: watch::Receiver<Option<Instant>>, handover: watch::Receiver<Option<Handover>>) -> Self {
+        Self(rx, handover)
     }
 
     /// A gate that is always open: a single replica, or tests.
     pub fn always() -> Self {
         // A receiver keeps the last value after its sender is gone.
         let (_, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600)));
-        Self(rx)
+        let (_, handover) = watch::channel(None);
+        Self(rx, handover)
+    }
+
+    /// Another replica's hold on the Lease, if another replica holds it.
+    pub fn handover(&self) -> Option<Handover> {
+        *self.1.borrow()
+    }
+
+    /// Waits until this replica's leadership or what it knows of another holder changes (or
+    /// 100 ms pass).
+    pub async fn changed(&mut self) {
+        let mut handover = self.1.clone();
+        tokio::select! {
+            () = self.changed_or_tick() => {}
+            Ok(()) = handover.changed() => {}
+        }
     }
 
     /// Whether this replica leads right now.

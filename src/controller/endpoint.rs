@@ -36,9 +36,10 @@ use kube::{Api, ResourceExt as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::context::Handover;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::probe::{ProbeError, ProbeSettings, Prober};
-use super::{Context, metrics::Metrics};
+use super::{Context, LeaderGate, metrics::Metrics};
 
 /// Settings of the endpoint manager.
 #[derive(Clone)]
@@ -171,23 +172,21 @@ pub async fn run(
     let mut states: BTreeMap<String, EndpointState> = BTreeMap::new();
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leading = false;
     let mut cloud_view = CloudView::default();
+    let mut takeover = Takeover::default();
+    let mut leader = ctx.leader.clone();
 
     loop {
+        let prefetch_at = takeover.prefetch_at(&ctx.leader);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {}
             _ = health_rx.changed() => {}
+            // A new leader acts at once, not at the next tick.
+            () = leader.changed() => {}
+            () = sleep_until_opt(prefetch_at) => {}
         }
-        // A follower's cached IP list may predate the previous leader's last move: a new
-        // leader reads the cloud afresh before deciding anything.
-        let now_leading = ctx.leader.is_leader();
-        if now_leading && !leading {
-            ctx.cloud.invalidate_ips();
-            servers_at = None;
-        }
-        leading = now_leading;
+        takeover.step(&ctx);
         let api_servers = api_server_addresses(&slices.state());
         if api_servers.is_empty() {
             tracing::debug!("default/kubernetes lists no API server yet");
@@ -247,6 +246,71 @@ pub async fn run(
                 cloud_view.moved(moved);
             }
         }
+    }
+}
+
+/// A new leader must not act on a holder the previous leader changed a moment before it
+/// stopped, so it reads the FIP list afresh. That read costs a cloud round trip (and a slot of
+/// the rate limit) on the failover path when the previous leader's node died. So a follower
+/// makes it *before* it takes over: once the holder has not renewed for `leaseRenewDeadline` +
+/// [`Takeover::MARGIN`], the holder has stopped writing (its fence) and its last writes have
+/// landed; the list read then is as good as one read at the takeover, 250 ms later. Without
+/// such a read (a graceful release, say), the new leader reads at once when it wins.
+#[derive(Default)]
+struct Takeover {
+    leading: bool,
+    /// When the list was read ahead, for which holder's stop.
+    prefetched: Option<(Instant, Instant)>,
+    /// What this replica last knew of the previous holder.
+    last: Option<Handover>,
+}
+
+impl Takeover {
+    /// After the holder's fence, a request it sent just before may still be on its way.
+    const MARGIN: Duration = Duration::from_millis(150);
+
+    /// When to read the list ahead, if a takeover is coming and it has not been read for it.
+    fn prefetch_at(&self, leader: &LeaderGate) -> Option<Instant> {
+        let h = leader.handover()?;
+        let at = h.holder_stopped + Self::MARGIN;
+        (!self.leading && at < h.takeover && self.prefetched.is_none_or(|(_, stop)| stop != h.holder_stopped))
+            .then_some(at)
+    }
+
+    fn step(&mut self, ctx: &Context) {
+        let now_leading = ctx.leader.is_leader();
+        if !now_leading {
+            if let Some(h) = ctx.leader.handover() {
+                self.last = Some(h);
+                if self
+                    .prefetch_at(&ctx.leader)
+                    .is_some_and(|at| Instant::now() >= at)
+                {
+                    tracing::debug!(
+                        "the leader has stopped renewing: reading the FIP list ahead of a takeover"
+                    );
+                    ctx.cloud.invalidate_ips();
+                    self.prefetched = Some((Instant::now(), h.holder_stopped));
+                }
+            }
+        } else if !self.leading {
+            let fresh = matches!(
+                (self.prefetched, self.last),
+                (Some((_, stop)), Some(h)) if stop == h.holder_stopped
+            );
+            if !fresh {
+                ctx.cloud.invalidate_ips();
+            }
+            self.prefetched = None;
+        }
+        self.leading = now_leading;
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

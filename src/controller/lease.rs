@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::LeaderGate;
+use super::context::Handover;
 
 /// The annotation carrying the exact lease duration in milliseconds.
 pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
@@ -107,8 +108,9 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> (LeaderGate, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
-    let task = tokio::spawn(run(client, cfg, tx, shutdown));
-    (LeaderGate::new(rx), task)
+    let (handover_tx, handover_rx) = watch::channel(None);
+    let task = tokio::spawn(run(client, cfg, tx, handover_tx, shutdown));
+    (LeaderGate::new(rx, handover_rx), task)
 }
 
 /// The part of the Lease record whose change proves its holder alive.
@@ -166,6 +168,7 @@ async fn run(
     client: kube::Client,
     cfg: LeaseConfig,
     tx: watch::Sender<Option<Instant>>,
+    handover: watch::Sender<Option<Handover>>,
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
@@ -184,13 +187,25 @@ async fn run(
     let mut last_io: Option<Instant> = None;
     loop {
         // A follower also wakes exactly when the record it saw expires.
-        let expiry = {
+        let foreign = {
             let seen = seen_rx.borrow_and_update();
             seen.as_ref().and_then(|o| {
-                (o.record.holder.as_deref() != Some(cfg.identity.as_str()))
-                    .then(|| o.at + o.record.duration.unwrap_or(cfg.duration))
+                o.record
+                    .holder
+                    .as_deref()
+                    .is_some_and(|h| h != cfg.identity)
+                    .then(|| Handover {
+                        holder_stopped: o.at + cfg.renew_deadline,
+                        takeover: o.at + o.record.duration.unwrap_or(cfg.duration),
+                    })
             })
         };
+        handover.send_if_modified(|v| {
+            let changed = *v != foreign;
+            *v = foreign;
+            changed
+        });
+        let expiry = foreign.map(|h| h.takeover);
         let mut wake = expiry.map_or(next, |e| e.min(next));
         if let Some(t) = last_io {
             wake = wake.max(t + cfg.renew_interval / 2);

@@ -38,9 +38,12 @@ impl LeaseHistory {
         for client in clients {
             let entries = Arc::clone(&history.entries);
             let api: Api<Lease> = Api::namespaced(client, "kube-system");
-            let stream = watcher(api, watcher::Config::default().fields(&format!("metadata.name={name}")))
-                .default_backoff()
-                .touched_objects();
+            let stream = watcher(
+                api,
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+            )
+            .default_backoff()
+            .touched_objects();
             let task = tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(item) = stream.next().await {
@@ -48,7 +51,10 @@ impl LeaseHistory {
                     let Some(spec) = lease.spec else { continue };
                     let holder = spec.holder_identity.unwrap_or_default();
                     let mut e = entries.lock().unwrap();
-                    for t in [spec.acquire_time.as_ref(), spec.renew_time.as_ref()].into_iter().flatten() {
+                    for t in [spec.acquire_time.as_ref(), spec.renew_time.as_ref()]
+                        .into_iter()
+                        .flatten()
+                    {
                         let entry = (millis(t), holder.clone());
                         if !e.contains(&entry) {
                             e.push(entry);
@@ -78,7 +84,12 @@ impl LeaseHistory {
         log.iter()
             .filter(|w| matches!(w.method.as_str(), "POST" | "PUT" | "DELETE"))
             .filter_map(|w| {
-                let id = w.user_agent.split("controller/").nth(1)?.split_whitespace().next()?;
+                let id = w
+                    .user_agent
+                    .split("controller/")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?;
                 let last = e.iter().rev().find(|(t, _)| *t <= w.unix_ms);
                 let ok = matches!(last, Some((t, h)) if h == id && w.unix_ms <= t + duration_ms);
                 (!ok).then(|| w.clone())

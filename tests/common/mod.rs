@@ -2,7 +2,7 @@
 //! configuration pointing at it, Services, and waits.
 #![allow(dead_code, unreachable_pub)] // each test binary uses a subset
 
-// pub mod leases; (after the sim log has user_agent/unix_ms)
+pub mod leases;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

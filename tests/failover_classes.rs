@@ -1,0 +1,419 @@
+//! Failover for the ways a control-plane node really fails, with three `baton controller`
+//! replicas each talking only to its own node's API server (as the shipped Deployment runs
+//! them): a hung API server, the leader's own node dying, a deposed leader whose cloud calls
+//! are held back, and work left while there was no leader. Every cloud write a replica sends
+//! is checked against the Lease history at the simulator (its User-Agent names the replica).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use baton_cloud::CherryClient;
+use baton_cloud::Cloud as _;
+use baton_cloud::model::{IpAddress, ServerId};
+use baton_cloud::sim::{Faults, LogEntry, SimHandle, Topology};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use common::leases::LeaseHistory;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+const LEASE_MS: u64 = 1000;
+
+struct Bed {
+    cp: ControlPlane,
+    sim: SimHandle,
+    cloud: CherryClient,
+    fip: IpAddress,
+    history: LeaseHistory,
+    logs: tempfile::TempDir,
+}
+
+async fn bed(latency_ms: u64) -> Bed {
+    let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
+    let sim = common::sim(
+        Faults {
+            latency_ms,
+            ..Faults::none()
+        },
+        Topology::default(),
+    )
+    .await;
+    let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+    let history = LeaseHistory::record(
+        (0..3).map(|i| cp.client(i).unwrap()).collect(),
+        "baton-controller",
+    );
+    Bed {
+        cp,
+        sim,
+        cloud,
+        fip,
+        history,
+        logs: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Bed {
+    /// Replica `i` (identity cp-i) on node i: talks only to API server i.
+    fn replica(&self, i: usize, extra_env: &[(&str, &str)]) -> Child {
+        let kubeconfig = self.cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(i))
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
+        cmd.arg("controller")
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--identity", &format!("cp-{i}"), "--admin-listen", "off"])
+            .env("CHERRY_API_KEY", "sim-token")
+            .env("CHERRY_PROJECT_ID", "123456")
+            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+            .env("CHERRY_BASE_URL", self.sim.base_url().as_str())
+            .env("BATON_LOG", "info,baton=debug");
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
+    fn log(&self, i: usize) -> std::path::PathBuf {
+        self.logs.path().join(format!("cp-{i}.log"))
+    }
+
+    fn logs(&self) -> String {
+        (0..3)
+            .map(|i| format!("--- cp-{i}:\n{}", tail(&self.log(i))))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn holder(&self) -> Option<usize> {
+        let id = self.sim.peek_ip(self.fip.id.as_str())?.target()?.0;
+        CP.iter().position(|&c| c == id)
+    }
+
+    async fn leader(&self) -> usize {
+        wait_for("a leader", Duration::from_secs(30), || {
+            let h = self.history.holder();
+            async move { h.is_some() }
+        })
+        .await;
+        self.history
+            .holder()
+            .unwrap()
+            .strip_prefix("cp-")
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Puts the FIP on node `i` (the test's own write) and waits until it answers there.
+    async fn place_fip(&self, i: usize) {
+        if self.holder() != Some(i) {
+            self.cloud
+                .retarget_ip(&self.fip.id, ServerId(CP[i]))
+                .await
+                .unwrap();
+        }
+        let ca = self.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(self.fip.address, 6443);
+        wait_for("the FIP to answer", Duration::from_secs(30), || readyz(&ca, fip)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    async fn wait_fip_answers_from_other_than(&self, victim: usize) {
+        let ca = self.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(self.fip.address, 6443);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.holder().is_some_and(|h| h != victim) && readyz(&ca, fip).await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the FIP never answered from another node\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Successful retargets of the FIP sent by replicas, from log sequence `from` on.
+    fn moves(&self, from: u64) -> Vec<LogEntry> {
+        let path = format!("/v1/ips/{}", self.fip.id.as_str());
+        self.sim
+            .log(from)
+            .into_iter()
+            .filter(|e| {
+                e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
+            })
+            .collect()
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.sim.log(0).last().map_or(0, |e| e.seq + 1)
+    }
+
+    fn assert_only_leaders_wrote(&self) {
+        let bad = self.history.nonleader_writes(&self.sim.log(0), LEASE_MS);
+        assert!(
+            bad.is_empty(),
+            "writes from replicas not holding the Lease: {bad:#?}\n{}",
+            self.logs()
+        );
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
+    let client = baton_testbed::http_client(Some(ca)).unwrap();
+    matches!(
+        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
+        Ok(r) if r.status().is_success()
+    )
+}
+
+async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn signal(child: &Child, sig: Signal) {
+    let pid = i32::try_from(child.id().expect("running")).unwrap();
+    nix::sys::signal::kill(Pid::from_raw(pid), sig).unwrap();
+}
+
+fn unix_ms() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// A hung API server (SIGSTOP: the kernel still accepts TCP, nothing answers) on the FIP's
+/// holder: the FIP moves once, to a healthy node, and only the leader writes.
+#[test]
+fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let leader = bed.leader().await;
+        let victim = (leader + 1) % 3;
+        bed.place_fip(victim).await;
+        let from = bed.next_seq();
+
+        bed.cp.hang(victim).unwrap();
+        bed.wait_fip_answers_from_other_than(victim).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = bed.moves(from);
+        assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
+        assert!(
+            moves[0].user_agent.ends_with(&format!("controller/cp-{leader}")),
+            "{moves:#?}"
+        );
+        bed.cp.unhang(victim).unwrap();
+        bed.assert_only_leaders_wrote();
+    });
+}
+
+/// The node of the leader replica dies while it holds the FIP (the CPEM #304/#319 case): a
+/// follower takes over the Lease and moves the FIP once; nothing else writes.
+#[test]
+fn the_leaders_own_node_dying_moves_the_fip_exactly_once() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let leader = bed.leader().await;
+        bed.place_fip(leader).await;
+        let from = bed.next_seq();
+
+        bed.cp.blackhole(leader).await.unwrap();
+        replicas[leader].kill().await.unwrap();
+        bed.wait_fip_answers_from_other_than(leader).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = bed.moves(from);
+        assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
+        let new_leader = bed.history.holder().unwrap();
+        assert_ne!(new_leader, format!("cp-{leader}"));
+        assert!(
+            moves[0].user_agent.ends_with(&format!("controller/{new_leader}")),
+            "{moves:#?}"
+        );
+        bed.assert_only_leaders_wrote();
+        bed.cp.heal(leader).await.unwrap();
+    });
+}
+
+/// Fencing at the write. The cloud answers every call 429 with `Retry-After: 3` while the
+/// leader wants to move the FIP; then the leader's own API server becomes unreachable (its
+/// node partitioned), so it loses the Lease while its moves are held back. No write of it may
+/// reach the cloud after its lease could have expired; when the cloud recovers, the new leader
+/// moves the FIP exactly once.
+#[test]
+fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let leader = bed.leader().await;
+        let holder = (leader + 1) % 3;
+        bed.place_fip(holder).await;
+        let from = bed.next_seq();
+
+        // Every call refused with a Retry-After longer than any lease.
+        bed.sim
+            .set_faults(Faults {
+                latency_ms: 100,
+                rate_limit: Some(0.01),
+                retry_after_secs: Some(3),
+                ..Faults::none()
+            })
+            .unwrap();
+        bed.cp.kill_apiserver(holder).await;
+        // The leader tries (and is refused) while it still leads …
+        wait_for("the leader's first refused move", Duration::from_secs(10), || {
+            let tried = bed
+                .sim
+                .log(from)
+                .iter()
+                .any(|e| e.method == "PUT" && e.user_agent.ends_with(&format!("controller/cp-{leader}")));
+            async move { tried }
+        })
+        .await;
+        // … then loses its API server, and so the Lease, and keeps reaching the cloud.
+        bed.cp.partition(leader).await.unwrap();
+        wait_for(
+            "another replica to take the Lease",
+            Duration::from_secs(10),
+            || {
+                let h = bed.history.holder();
+                let old = format!("cp-{leader}");
+                async move { h.is_some_and(|h| h != old) }
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        bed.sim
+            .set_faults(Faults {
+                latency_ms: 100,
+                ..Faults::none()
+            })
+            .unwrap();
+        let survivors: Vec<usize> = (0..3).filter(|i| *i != leader && *i != holder).collect();
+        bed.wait_fip_answers_from_other_than(holder).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        let moves = bed.moves(from);
+        assert_eq!(
+            moves.len(),
+            1,
+            "exactly one successful retarget: {moves:#?}\n{}",
+            bed.logs()
+        );
+        assert_eq!(bed.holder(), Some(survivors[0]), "the only healthy node");
+        let refused = bed
+            .sim
+            .log(from)
+            .iter()
+            .filter(|e| e.method == "PUT" && e.status == 429)
+            .count();
+        assert!(refused >= 2, "the storm held moves back ({refused} refused)");
+        bed.assert_only_leaders_wrote();
+        bed.cp.heal(leader).await.unwrap();
+    });
+}
+
+/// A Service created while no replica leads gets its FIP within 2 s of a replica winning the
+/// Lease: the new leader reconciles every Service at once.
+#[test]
+fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
+    lab::run(|| async {
+        let bed = bed(0).await;
+        let lb = [
+            ("CHERRY_REGION_NAME", "LT-Siauliai"),
+            ("CHERRY_LOAD_BALANCER", "kube-vip://"),
+        ];
+        let mut a = bed.replica(0, &lb);
+        let leader = bed.leader().await;
+        assert_eq!(leader, 0);
+        let b = bed.replica(1, &lb);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        // No leader: A frozen (its lease runs out), B frozen too.
+        signal(&b, Signal::SIGSTOP);
+        signal(&a, Signal::SIGSTOP);
+        let client = bed.cp.client(2).unwrap();
+        common::namespace(&client, "apps").await;
+        Api::<Service>::namespaced(client.clone(), "apps")
+            .create(
+                &kube::api::PostParams::default(),
+                &common::lb_service("apps", "web", &[]),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let svc = Api::<Service>::namespaced(client.clone(), "apps")
+            .get("web")
+            .await
+            .unwrap();
+        assert_eq!(
+            common::ingress(&svc),
+            None,
+            "nobody leads: nothing may happen yet"
+        );
+
+        // A is gone for good; B wakes up and takes over.
+        signal(&a, Signal::SIGCONT);
+        a.kill().await.unwrap();
+        signal(&b, Signal::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let ingress_at = loop {
+            let svc = Api::<Service>::namespaced(client.clone(), "apps")
+                .get("web")
+                .await
+                .unwrap();
+            if common::ingress(&svc).is_some() {
+                break unix_ms();
+            }
+            assert!(Instant::now() < deadline, "no FIP\n{}", bed.logs());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let lease = Api::<Lease>::namespaced(client, "kube-system")
+            .get("baton-controller")
+            .await
+            .unwrap();
+        let spec = lease.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("cp-1"));
+        let won = u64::try_from(spec.acquire_time.unwrap().0.as_millisecond()).unwrap();
+        let took = ingress_at.saturating_sub(won);
+        assert!(
+            took < 2000,
+            "the Service got its FIP {took} ms after the election\n{}",
+            bed.logs()
+        );
+        bed.assert_only_leaders_wrote();
+    });
+}
