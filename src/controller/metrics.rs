@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -15,6 +16,11 @@ use super::probe::ProbeObserver;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +37,9 @@ pub struct Metrics {
     stuck: Family<ReasonLabel, Counter>,
     time_to_recover: Histogram,
     probe_duration: Family<ProbeLabel, Histogram>,
+    api_reachable: Gauge,
+    api_failed: Family<ReasonLabel, Counter>,
+    task_up: Family<TaskLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -77,8 +86,29 @@ impl Default for Metrics {
             "API server health probe latency, by target and result",
             probe_duration.clone(),
         );
+        let api_reachable = Gauge::default();
+        let api_failed = Family::<ReasonLabel, Counter>::default();
+        let task_up = Family::<TaskLabel, Gauge>::default();
+        registry.register(
+            "api_server_reachable",
+            "1 while an API server answered within the readiness window, else 0",
+            api_reachable.clone(),
+        );
+        registry.register(
+            "api_requests_failed",
+            "Failed Kubernetes API attempts (one per API server tried), by reason",
+            api_failed.clone(),
+        );
+        registry.register(
+            "task_up",
+            "1 while a supervised controller task runs, 0 once it ended unexpectedly",
+            task_up.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            api_reachable,
+            api_failed,
+            task_up,
             failovers,
             failover_errors,
             stuck,
@@ -113,6 +143,20 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets `baton_api_server_reachable`.
+    pub fn set_api_reachable(&self, reachable: bool) {
+        self.api_reachable.set(i64::from(reachable));
+    }
+
+    /// Sets `baton_task_up{task}`.
+    pub fn set_task_up(&self, task: &str, up: bool) {
+        self.task_up
+            .get_or_create(&TaskLabel {
+                task: task.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -131,5 +175,15 @@ impl ProbeObserver for Metrics {
                 result: if ok { "ok" } else { "fail" }.to_owned(),
             })
             .observe(latency.as_secs_f64());
+    }
+}
+
+impl crate::kube_failover::ApiObserver for Metrics {
+    fn request_failed(&self, reason: &'static str) {
+        self.api_failed
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 }

@@ -13,11 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::endpoint::{self, EndpointOptions};
+use super::health::{READY_WINDOW, Supervisor};
 use super::lease::{self, LeaseConfig};
 use super::metrics::Metrics;
 use super::probe::ProbeSettings;
 use super::{Context, LeaderGate};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
+use crate::kube_failover::ApiReachability;
 
 /// Flags of `baton controller` (plus every configuration setting).
 #[derive(Debug, Args)]
@@ -172,23 +174,22 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     };
     let kube_cfg = kube_config(&args).await?;
     let ca_der = cluster_ca(&args, &kube_cfg)?;
-    let client = if args.api_servers.is_empty() {
-        kube::Client::try_from(kube_cfg).map_err(|e| ControllerError::KubeConfig(e.to_string()))?
-    } else {
-        crate::kube_failover::client(&kube_cfg, &args.api_servers)
-            .map_err(|e| ControllerError::KubeConfig(e.to_string()))?
-    };
+    let metrics = Arc::new(Metrics::default());
+    let reach = ApiReachability::new();
+    reach.set_observer(Arc::clone(&metrics) as _);
+    let client = kube_client(&kube_cfg, &args.api_servers, &reach)?;
     let cherry = CherryClient::new(cloud_config)?;
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.clone());
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent));
+    let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "baton".into(), |h| h.trim().to_owned())
     });
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
-    let (leader, lease_task) = if args.no_leader_election {
-        (LeaderGate::always(), None)
+    let leader = if args.no_leader_election {
+        LeaderGate::always()
     } else {
         let cfg = LeaseConfig::new(
             &args.lease_namespace,
@@ -196,22 +197,31 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
             &identity,
         );
         let (gate, task) = lease::spawn(client.clone(), cfg, shutdown.clone());
-        (gate, Some(task))
+        sup.spawn("lease", joined(task));
+        gate
     };
     let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
-    let metrics = Arc::new(Metrics::default());
 
     if let Some(addr) = admin {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ControllerError::Admin { addr, source })?;
-        let app = admin_router(Arc::clone(&metrics), ctx.leader.clone());
+        let app = admin_router(
+            Arc::clone(&metrics),
+            ctx.leader.clone(),
+            sup.clone(),
+            reach.clone(),
+        );
         let token = shutdown.clone();
-        tokio::spawn(
+        sup.spawn(
+            "admin",
             async move {
-                let _ = axum::serve(listener, app)
+                if let Err(error) = axum::serve(listener, app)
                     .with_graceful_shutdown(async move { token.cancelled().await })
-                    .await;
+                    .await
+                {
+                    tracing::error!(%error, "admin server failed");
+                }
             }
             .instrument(tracing::info_span!("admin")),
         );
@@ -236,48 +246,133 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     };
     // The cloud-controller duties: a FIP per LoadBalancer Service (when a load balancer is
     // configured; otherwise only deletions in flight are finished) and node initialisation.
+    // Their watch and reconcile errors are logged inside run_services / run_bgp / run_nodes.
     let shared = Arc::new(ctx.clone());
-    let services = tokio::spawn(
+    sup.spawn(
+        "services",
         super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("services")),
     );
-    let bgp = tokio::spawn(
-        super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
-            .instrument(tracing::info_span!("bgp")),
-    );
-    let nodes = tokio::spawn(
+    // run_bgp returns at once without a load balancer: only then is it a task to supervise.
+    if config.load_balancer.is_some() {
+        sup.spawn(
+            "bgp",
+            super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+                .instrument(tracing::info_span!("bgp")),
+        );
+    } else {
+        tracing::info!("no loadbalancer configured: BGP is off");
+    }
+    sup.spawn(
+        "nodes",
         super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("nodes")),
     );
-    let result = endpoint::run(ctx, opts, metrics, shutdown.clone())
-        .instrument(tracing::info_span!("endpoints"))
-        .await;
+    // The endpoint loop is supervised like the rest; its only error (bad probe settings, at
+    // start) still ends the process with that error.
+    let (result_tx, mut result_rx) = tokio::sync::oneshot::channel();
+    let token = shutdown.clone();
+    sup.spawn(
+        "endpoints",
+        async move {
+            let _ = result_tx.send(endpoint::run(ctx, opts, metrics, token).await);
+        }
+        .instrument(tracing::info_span!("endpoints")),
+    );
+    let result = tokio::select! {
+        () = shutdown.cancelled() => Ok(()),
+        r = &mut result_rx => match r {
+            Ok(Err(e)) => Err(e),
+            // Ended or panicked: reported by the supervisor (/health); run until told to stop.
+            Ok(Ok(())) | Err(_) => {
+                shutdown.cancelled().await;
+                Ok(())
+            }
+        },
+    };
     shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = services.await;
-        let _ = nodes.await;
-        let _ = bgp.await;
-    })
-    .await;
-    if let Some(task) = lease_task {
-        // Lets the lease task release the Lease.
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
+    // Lets the lease task release the Lease and the controllers finish.
+    sup.join(Duration::from_secs(5)).await;
     result.map_err(Into::into)
 }
 
-fn admin_router(metrics: Arc<Metrics>, leader: LeaderGate) -> axum::Router {
+/// The controller's Kubernetes client: `--api-servers` when given, else the kubeconfig's own
+/// server, always through [`crate::kube_failover`] (its time limits and reachability record).
+fn kube_client(
+    cfg: &kube::Config,
+    api_servers: &[String],
+    reach: &ApiReachability,
+) -> Result<kube::Client, ControllerError> {
+    let urls = if api_servers.is_empty() {
+        vec![cfg.cluster_url.to_string()]
+    } else {
+        api_servers.to_vec()
+    };
+    crate::kube_failover::client(cfg, &urls, reach).map_err(|e| ControllerError::KubeConfig(e.to_string()))
+}
+
+/// A task spawned elsewhere, as a future for the supervisor (its panic is passed on).
+async fn joined(task: tokio::task::JoinHandle<()>) {
+    if let Err(e) = task.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+fn admin_router(
+    metrics: Arc<Metrics>,
+    leader: LeaderGate,
+    sup: Supervisor,
+    reach: ApiReachability,
+) -> axum::Router {
+    use axum::http::StatusCode;
     use axum::routing::get;
+    let metrics_reach = reach.clone();
     axum::Router::new()
         .route(
             "/metrics",
             get(move || {
                 let metrics = Arc::clone(&metrics);
-                async move { metrics.encode() }
+                let reach = metrics_reach.clone();
+                async move {
+                    metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
+                    metrics.encode()
+                }
             }),
         )
-        .route("/health", get(|| async { "ok" }))
-        .route("/ready", get(|| async { "ok" }))
+        .route(
+            "/health",
+            get(move || {
+                let sup = sup.clone();
+                async move {
+                    match sup.unhealthy() {
+                        None => (StatusCode::OK, "ok".to_owned()),
+                        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/ready",
+            get(move || {
+                let reach = reach.clone();
+                async move {
+                    if reach.answered_within(READY_WINDOW) {
+                        (StatusCode::OK, "ok".to_owned())
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "no API server answered for {}s ({} failed attempts)",
+                                reach.silent_for().as_secs(),
+                                reach.consecutive_failures()
+                            ),
+                        )
+                    }
+                }
+            }),
+        )
         .route(
             "/leader",
             get(move || {
