@@ -397,10 +397,13 @@ where
                 () = token.cancelled() => return,
                 item = stream.next() => match item {
                     Some(Ok(_)) => {}
-                    Some(Err(error)) => match throttle.allow() {
-                        Some(repeats) => tracing::warn!(%error, kind = %K::kind(&()), repeats, "watch error (retrying)"),
-                        None => tracing::debug!(%error, kind = %K::kind(&()), "watch error (retrying)"),
-                    },
+                    Some(Err(error)) => {
+                        if let Some(repeats) = throttle.allow() {
+                            tracing::warn!(%error, kind = %K::kind(&()), repeats, "watch error (retrying)");
+                        } else {
+                            tracing::debug!(%error, kind = %K::kind(&()), "watch error (retrying)");
+                        }
+                    }
                     None => return,
                 },
             }

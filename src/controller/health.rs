@@ -88,7 +88,7 @@ impl Supervisor {
         let outer = tokio::spawn(async move {
             let why = match inner.await {
                 Ok(()) => "ended".to_owned(),
-                Err(e) if e.is_panic() => format!("panicked: {}", panic_message(e.into_panic())),
+                Err(e) if e.is_panic() => format!("panicked: {}", panic_message(&*e.into_panic())),
                 Err(e) => e.to_string(),
             };
             if sup.shutdown.is_cancelled() {
@@ -142,7 +142,7 @@ impl Supervisor {
     }
 }
 
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

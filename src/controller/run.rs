@@ -203,28 +203,13 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
 
     if let Some(addr) = admin {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ControllerError::Admin { addr, source })?;
         let app = admin_router(
             Arc::clone(&metrics),
             ctx.leader.clone(),
             sup.clone(),
             reach.clone(),
         );
-        let token = shutdown.clone();
-        sup.spawn(
-            "admin",
-            async move {
-                if let Err(error) = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { token.cancelled().await })
-                    .await
-                {
-                    tracing::error!(%error, "admin server failed");
-                }
-            }
-            .instrument(tracing::info_span!("admin")),
-        );
+        spawn_admin(&sup, addr, app, shutdown.clone()).await?;
     }
 
     let hc = &config.health_check;
@@ -244,16 +229,51 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(60),
     };
-    // The cloud-controller duties: a FIP per LoadBalancer Service (when a load balancer is
-    // configured; otherwise only deletions in flight are finished) and node initialisation.
-    // Their watch and reconcile errors are logged inside run_services / run_bgp / run_nodes.
-    let shared = Arc::new(ctx.clone());
+    spawn_cloud_controllers(&sup, &config, Arc::new(ctx.clone()), &shutdown);
+    // The endpoint loop is supervised like the rest; its only error (bad probe settings, at
+    // start) still ends the process with that error.
+    let (result_tx, mut result_rx) = tokio::sync::oneshot::channel();
+    let token = shutdown.clone();
+    sup.spawn(
+        "endpoints",
+        async move {
+            let _ = result_tx.send(endpoint::run(ctx, opts, metrics, token).await);
+        }
+        .instrument(tracing::info_span!("endpoints")),
+    );
+    let result = tokio::select! {
+        () = shutdown.cancelled() => Ok(()),
+        r = &mut result_rx => {
+            if let Ok(Err(e)) = r {
+                Err(e)
+            } else {
+                // Ended or panicked: reported by the supervisor (/health); run until told to stop.
+                shutdown.cancelled().await;
+                Ok(())
+            }
+        }
+    };
+    shutdown.cancel();
+    // Lets the lease task release the Lease and the controllers finish.
+    sup.join(Duration::from_secs(5)).await;
+    result.map_err(Into::into)
+}
+
+/// The cloud-controller duties, supervised: a FIP per LoadBalancer Service (when a load balancer
+/// is configured; otherwise only deletions in flight are finished), BGP, node initialisation.
+/// Their watch and reconcile errors are logged inside run_services / run_bgp / run_nodes.
+fn spawn_cloud_controllers(
+    sup: &Supervisor,
+    config: &Config,
+    shared: Arc<Context>,
+    shutdown: &CancellationToken,
+) {
     sup.spawn(
         "services",
         super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("services")),
     );
-    // run_bgp returns at once without a load balancer: only then is it a task to supervise.
+    // Without a load balancer run_bgp returns at once (not a failure): spawn it only with one.
     if config.load_balancer.is_some() {
         sup.spawn(
             "bgp",
@@ -268,32 +288,31 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("nodes")),
     );
-    // The endpoint loop is supervised like the rest; its only error (bad probe settings, at
-    // start) still ends the process with that error.
-    let (result_tx, mut result_rx) = tokio::sync::oneshot::channel();
-    let token = shutdown.clone();
+}
+
+/// Binds the admin server and runs it as the supervised task `admin`.
+async fn spawn_admin(
+    sup: &Supervisor,
+    addr: SocketAddr,
+    app: axum::Router,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ControllerError::Admin { addr, source })?;
     sup.spawn(
-        "endpoints",
+        "admin",
         async move {
-            let _ = result_tx.send(endpoint::run(ctx, opts, metrics, token).await);
-        }
-        .instrument(tracing::info_span!("endpoints")),
-    );
-    let result = tokio::select! {
-        () = shutdown.cancelled() => Ok(()),
-        r = &mut result_rx => match r {
-            Ok(Err(e)) => Err(e),
-            // Ended or panicked: reported by the supervisor (/health); run until told to stop.
-            Ok(Ok(())) | Err(_) => {
-                shutdown.cancelled().await;
-                Ok(())
+            if let Err(error) = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+            {
+                tracing::error!(%error, "admin server failed");
             }
-        },
-    };
-    shutdown.cancel();
-    // Lets the lease task release the Lease and the controllers finish.
-    sup.join(Duration::from_secs(5)).await;
-    result.map_err(Into::into)
+        }
+        .instrument(tracing::info_span!("admin")),
+    );
+    Ok(())
 }
 
 /// The controller's Kubernetes client: `--api-servers` when given, else the kubeconfig's own
