@@ -11,8 +11,8 @@
 //! # Time limits (an API server that accepts and then hangs must not pin the controller)
 //!
 //! kube 5's client speaks HTTP/1.1 only (its hyper-util client is built with `http1` alone and
-//! its rustls connector offers no `h2` ALPN), so HTTP/2 keep-alive pings are not available. A
-//! dead connection is found by time limits instead:
+//! its rustls connector offers no `h2` ALPN; upstream kube-rs/kube#1923 is open), so HTTP/2
+//! keep-alive pings are not available. A dead connection is found by time limits instead:
 //!
 //! - [`CONNECT_TIMEOUT`] (1 s) covers TCP connect *and* the TLS handshake (a stopped API server
 //!   still completes TCP handshakes from its listen backlog, but never the TLS one).
