@@ -332,7 +332,7 @@ async fn run_class(class: String, a: Args) -> Report {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let moves = retargets(&sim, &fip, seq0);
         let first = moves.first().expect("a replica moved the FIP");
-        let run = Run {
+        let result = Run {
             total_ms,
             to_call_ms: first.unix_ms.saturating_sub(t0_unix) as f64,
             call_ms: first.duration_ms as f64,
@@ -350,7 +350,7 @@ async fn run_class(class: String, a: Args) -> Report {
         );
         report.retargets += moves.len();
         report.false_moves += moves.len().saturating_sub(1);
-        report.runs.push(run);
+        report.runs.push(result);
     }
     // A quiet period: nothing fails, nothing may move.
     let seq = next_seq(&sim);

@@ -1,22 +1,61 @@
-//! A Kubernetes client that fails over between API servers on the client side.
+//! The controller's Kubernetes client: client-side failover between API servers, bounded time
+//! for every request, and a record of whether any API server answers.
 //!
 //! The controller must never reach Kubernetes through the FIP it manages (CPEM #304/#319): if the
 //! FIP holder dies it would lose the very API it needs to move the FIP. Given every control-plane
-//! address, [`client`] builds one `kube::Client` whose requests go to the last API server that
-//! answered, and on a transport error (connection refused, timeout, TLS) are retried on the next
-//! address. Request bodies are buffered so a retry sends the same bytes. Watches reconnect through
-//! the same path, so they move to a live API server too.
+//! address (or just the one of the kubeconfig), [`client`] builds one `kube::Client` whose requests
+//! go to the last API server that answered, and on a transport error, a timeout or an abandoned
+//! attempt are retried on the next address. Request bodies are buffered so a retry sends the same
+//! bytes. Watches reconnect through the same path, so they move to a live API server too.
+//!
+//! # Time limits (an API server that accepts and then hangs must not pin the controller)
+//!
+//! kube 5's client speaks HTTP/1.1 only (its hyper-util client is built with `http1` alone and
+//! its rustls connector offers no `h2` ALPN; upstream kube-rs/kube#1923 is open), so HTTP/2
+//! keep-alive pings are not available. A dead connection is found by time limits instead:
+//!
+//! - [`CONNECT_TIMEOUT`] (1 s) covers TCP connect *and* the TLS handshake (a stopped API server
+//!   still completes TCP handshakes from its listen backlog, but never the TLS one).
+//! - [`REQUEST_TIMEOUT`] (3 s) per attempt, until the response headers arrive. Watches get their
+//!   headers at once, so this applies to them too; their long-lived body does not count.
+//! - [`READ_TIMEOUT`] (8 s) of silence on a connection (reset by every read and write) fails it.
+//!   This is what ends a watch whose API server died mid-stream. A healthy but idle watch is
+//!   never silent that long because every watch is bounded to [`WATCH_TIMEOUT`] (5 s)
+//!   server-side: the client lowers `timeoutSeconds` of each watch request, the API server ends
+//!   the watch cleanly after it and the watcher re-watches from its resourceVersion (cheap: no
+//!   list). kube-runtime's own idle timeout (`timeoutSeconds` + 5 s) would otherwise be 295 s.
+//!   TCP keepalive is not used: it only probes idle connections, and its useful settings (a few
+//!   seconds) are what the read timeout already gives, for busy connections too.
+//! - An attempt its caller gave up on after waiting at least [`ABANDONED_AFTER`] (the lease task
+//!   allows a renewal half its renew deadline, 300 ms by default) counts as a failure of that API server too, so callers with a
+//!   tight deadline also steer the client away from a hung server. Moving to another API server
+//!   costs one new connection, so a false alarm is cheap.
+//!
+//! Every attempt is recorded in an [`ApiReachability`]: the last answer and the consecutive
+//! failures, which `/ready` and the metrics read.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
 use kube::client::Body;
+use tokio::time::Instant;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Time to connect, TLS handshake included.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time from sending a request to its response headers, per API server tried.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// Silence on a connection after which it is considered dead (reads and writes reset it).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(8);
+/// Upper bound of every watch's server-side `timeoutSeconds` (well below [`READ_TIMEOUT`]).
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// An attempt dropped by its caller after waiting at least this long counts as a failure.
+pub const ABANDONED_AFTER: Duration = Duration::from_millis(250);
 
 /// Errors building the client.
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +72,135 @@ pub enum FailoverError {
     Empty,
 }
 
+/// Told about every failed attempt (the metrics implement it).
+pub trait ApiObserver: Send + Sync {
+    /// One attempt on one API server failed; `reason` is `connect`, `timeout`, `abandoned` or
+    /// `transport`.
+    fn request_failed(&self, reason: &'static str);
+}
+
+/// Whether the API servers answer: shared by the client (which records) and `/ready` (which
+/// reads). Any HTTP response counts as an answer, whatever its status.
+#[derive(Clone)]
+pub struct ApiReachability(Arc<ReachInner>);
+
+struct ReachInner {
+    created: Instant,
+    last_ok: Mutex<Option<Instant>>,
+    failures: AtomicU64,
+    observer: OnceLock<Arc<dyn ApiObserver>>,
+}
+
+impl std::fmt::Debug for ApiReachability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiReachability")
+            .field("last_success", &self.last_success())
+            .field("consecutive_failures", &self.consecutive_failures())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ApiReachability {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ApiReachability {
+    /// Nothing answered yet; the silence counts from now.
+    pub fn new() -> Self {
+        Self(Arc::new(ReachInner {
+            created: Instant::now(),
+            last_ok: Mutex::new(None),
+            failures: AtomicU64::new(0),
+            observer: OnceLock::new(),
+        }))
+    }
+
+    /// Reports every failed attempt to `observer` from now on (only the first call counts).
+    pub fn set_observer(&self, observer: Arc<dyn ApiObserver>) {
+        let _ = self.0.observer.set(observer);
+    }
+
+    /// When an API server last answered.
+    pub fn last_success(&self) -> Option<Instant> {
+        *self
+            .0
+            .last_ok
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Failed attempts since the last answer.
+    pub fn consecutive_failures(&self) -> u64 {
+        self.0.failures.load(Ordering::Relaxed)
+    }
+
+    /// How long no API server has answered (since creation when none ever did).
+    pub fn silent_for(&self) -> Duration {
+        self.last_success().unwrap_or(self.0.created).elapsed()
+    }
+
+    /// Whether an API server answered within `window`.
+    pub fn answered_within(&self, window: Duration) -> bool {
+        self.silent_for() <= window
+    }
+
+    /// Records an answer.
+    pub fn record_success(&self) {
+        *self
+            .0
+            .last_ok
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        self.0.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a failed attempt.
+    pub fn record_failure(&self, reason: &'static str) {
+        self.0.failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = self.0.observer.get() {
+            o.request_failed(reason);
+        }
+    }
+}
+
 /// The tower service behind the client.
 #[derive(Clone)]
 struct Failover {
     clients: Arc<Vec<(String, kube::Client)>>,
     current: Arc<AtomicUsize>,
+    reach: ApiReachability,
+}
+
+impl Failover {
+    /// `idx` failed: later requests start at the next address (unless another request has
+    /// already moved on).
+    fn skip(&self, idx: usize, reason: &'static str) {
+        self.reach.record_failure(reason);
+        let n = self.clients.len();
+        let _ = self
+            .current
+            .compare_exchange(idx, (idx + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+/// Counts an attempt dropped by its caller after [`ABANDONED_AFTER`] as a failure of its server.
+struct Attempt<'a> {
+    failover: &'a Failover,
+    idx: usize,
+    started: Instant,
+    done: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.started.elapsed() >= ABANDONED_AFTER {
+            let url = &self.failover.clients[self.idx].0;
+            tracing::debug!(api_server = %url, "request abandoned by its caller; trying the next API server from now on");
+            self.failover.skip(self.idx, "abandoned");
+        }
+    }
 }
 
 impl tower::Service<Request<Body>> for Failover {
@@ -52,11 +215,14 @@ impl tower::Service<Request<Body>> for Failover {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            if let Some(uri) = bounded_watch(&parts.uri, WATCH_TIMEOUT) {
+                parts.uri = uri;
+            }
             let bytes = body.collect_bytes().await?;
             let n = this.clients.len();
             let start = this.current.load(Ordering::Relaxed);
-            let mut last: Option<kube::Error> = None;
+            let mut last: Option<BoxError> = None;
             for i in 0..n {
                 let idx = (start + i) % n;
                 let mut builder = Request::builder()
@@ -68,28 +234,109 @@ impl tower::Service<Request<Body>> for Failover {
                 }
                 let req = builder.body(Body::from(bytes.clone()))?;
                 let (url, client) = &this.clients[idx];
-                match client.send(req).await {
-                    Ok(resp) => {
+                let mut attempt = Attempt {
+                    failover: &this,
+                    idx,
+                    started: Instant::now(),
+                    done: false,
+                };
+                let result = tokio::time::timeout(REQUEST_TIMEOUT, client.send(req)).await;
+                attempt.done = true;
+                match result {
+                    Ok(Ok(resp)) => {
                         if idx != start {
                             tracing::info!(api_server = %url, "switched to another API server");
                         }
                         this.current.store(idx, Ordering::Relaxed);
+                        this.reach.record_success();
                         return Ok(resp);
                     }
-                    Err(error) => {
-                        tracing::debug!(api_server = %url, %error, "API server unreachable; trying the next");
-                        last = Some(error);
+                    Ok(Err(error)) => {
+                        let reason = classify(&error);
+                        tracing::debug!(api_server = %url, %error, reason, "API server unreachable; trying the next");
+                        this.skip(idx, reason);
+                        last = Some(Box::new(error));
+                    }
+                    Err(_) => {
+                        tracing::debug!(api_server = %url, timeout = ?REQUEST_TIMEOUT, "API server did not answer in time; trying the next");
+                        this.skip(idx, "timeout");
+                        last = Some(
+                            format!("API server {url} did not answer within {REQUEST_TIMEOUT:?}").into(),
+                        );
                     }
                 }
             }
-            Err(last.map_or_else(|| "no API server".into(), |e| Box::new(e) as BoxError))
+            Err(last.unwrap_or_else(|| "no API server".into()))
         })
     }
 }
 
+/// The failure reason of a transport error, from the io errors in its source chain.
+fn classify(error: &kube::Error) -> &'static str {
+    use std::io::ErrorKind;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                ErrorKind::TimedOut => return "timeout",
+                ErrorKind::ConnectionRefused
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::NotConnected
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable => return "connect",
+                _ => {}
+            }
+        }
+        source = e.source();
+    }
+    "transport"
+}
+
+/// For a watch request (`watch=true` or `watch=1`), the same URI with `timeoutSeconds` lowered to
+/// at most `max` (added when missing); `None` for any other request or when nothing changes.
+fn bounded_watch(uri: &http::Uri, max: Duration) -> Option<http::Uri> {
+    let query = uri.query()?;
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect();
+    if !pairs
+        .iter()
+        .any(|(k, v)| k == "watch" && matches!(v.as_str(), "true" | "1"))
+    {
+        return None;
+    }
+    let max = max.as_secs();
+    let current = pairs
+        .iter()
+        .find(|(k, _)| k == "timeoutSeconds")
+        .and_then(|(_, v)| v.parse::<u64>().ok());
+    if current.is_some_and(|t| t > 0 && t <= max) {
+        return None;
+    }
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in &pairs {
+        if k != "timeoutSeconds" {
+            out.append_pair(k, v);
+        }
+    }
+    out.append_pair("timeoutSeconds", &max.to_string());
+    let path_and_query = format!("{}?{}", uri.path(), out.finish());
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
 /// A client for `base` (credentials, CA, TLS server name) that sends each request to the first
-/// reachable of `urls`, starting from the last one that answered.
-pub fn client(base: &kube::Config, urls: &[String]) -> Result<kube::Client, FailoverError> {
+/// reachable of `urls`, starting from the last one that answered, with the time limits of this
+/// module, recording every attempt in `reach`. Used with one URL too (the kubeconfig's server):
+/// the time limits and the reachability record matter there as much.
+pub fn client(
+    base: &kube::Config,
+    urls: &[String],
+    reach: &ApiReachability,
+) -> Result<kube::Client, FailoverError> {
     if urls.is_empty() {
         return Err(FailoverError::Empty);
     }
@@ -105,9 +352,12 @@ pub fn client(base: &kube::Config, urls: &[String]) -> Result<kube::Client, Fail
         // A dead API server must cost little: fail the connection fast and try the next.
         cfg.connect_timeout = Some(
             cfg.connect_timeout
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(1)),
+                .map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT)),
         );
+        cfg.read_timeout = Some(READ_TIMEOUT);
+        cfg.write_timeout = Some(cfg.write_timeout.map_or(READ_TIMEOUT, |t| t.min(READ_TIMEOUT)));
+        // Count the read timeout from each request, not from when a pooled connection went idle.
+        cfg.reset_reader_on_write = true;
         let c = kube::Client::try_from(cfg).map_err(|source| FailoverError::Client {
             url: url.clone(),
             source,
@@ -119,7 +369,67 @@ pub fn client(base: &kube::Config, urls: &[String]) -> Result<kube::Client, Fail
         Failover {
             clients: Arc::new(clients),
             current: Arc::new(AtomicUsize::new(0)),
+            reach: reach.clone(),
         },
         ns,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(s: &str) -> http::Uri {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn watches_are_bounded_and_nothing_else_is_touched() {
+        let five = Duration::from_secs(5);
+        let w = bounded_watch(
+            &uri("/api/v1/nodes?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=12"),
+            five,
+        )
+        .map(|u| u.to_string());
+        assert_eq!(
+            w.as_deref(),
+            Some("/api/v1/nodes?watch=true&allowWatchBookmarks=true&resourceVersion=12&timeoutSeconds=5")
+        );
+        let w = bounded_watch(&uri("https://h:6443/api/v1/pods?watch=1"), five).map(|u| u.to_string());
+        assert_eq!(
+            w.as_deref(),
+            Some("https://h:6443/api/v1/pods?watch=1&timeoutSeconds=5")
+        );
+        assert_eq!(
+            bounded_watch(&uri("/api/v1/nodes?watch=true&timeoutSeconds=3"), five),
+            None
+        );
+        assert_eq!(bounded_watch(&uri("/api/v1/nodes?limit=500"), five), None);
+        assert_eq!(bounded_watch(&uri("/api/v1/nodes"), five), None);
+        assert_eq!(bounded_watch(&uri("/api/v1/nodes?watch=false"), five), None);
+    }
+
+    #[tokio::test]
+    async fn reachability_counts_silence_and_failures() {
+        struct Count(AtomicU64);
+        impl ApiObserver for Count {
+            fn request_failed(&self, _: &'static str) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let r = ApiReachability::new();
+        let count = Arc::new(Count(AtomicU64::new(0)));
+        r.set_observer(Arc::clone(&count) as _);
+        let window = Duration::from_millis(200);
+        assert!(r.answered_within(window), "grace from creation");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(!r.answered_within(window));
+        r.record_failure("timeout");
+        r.record_failure("connect");
+        assert_eq!(r.consecutive_failures(), 2);
+        assert_eq!(count.0.load(Ordering::Relaxed), 2);
+        r.record_success();
+        assert_eq!(r.consecutive_failures(), 0);
+        assert!(r.answered_within(window));
+    }
 }

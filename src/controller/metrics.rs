@@ -19,6 +19,11 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabel {
     target: String,
     result: String,
@@ -35,6 +40,9 @@ pub struct Metrics {
     failover_fenced: Counter,
     failover_held: Counter,
     cloud_stale: Gauge,
+    api_reachable: Gauge,
+    api_failed: Family<ReasonLabel, Counter>,
+    task_up: Family<TaskLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -99,8 +107,29 @@ impl Default for Metrics {
             "1 while the cloud cannot be read and failover decisions use the last IP list read",
             cloud_stale.clone(),
         );
+        let api_reachable = Gauge::default();
+        let api_failed = Family::<ReasonLabel, Counter>::default();
+        let task_up = Family::<TaskLabel, Gauge>::default();
+        registry.register(
+            "api_server_reachable",
+            "1 while an API server answered within the readiness window, else 0",
+            api_reachable.clone(),
+        );
+        registry.register(
+            "api_requests_failed",
+            "Failed Kubernetes API attempts (one per API server tried), by reason",
+            api_failed.clone(),
+        );
+        registry.register(
+            "task_up",
+            "1 while a supervised controller task runs, 0 once it ended unexpectedly",
+            task_up.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            api_reachable,
+            api_failed,
+            task_up,
             failovers,
             failover_errors,
             stuck,
@@ -153,6 +182,20 @@ impl Metrics {
         self.cloud_stale.set(i64::from(stale));
     }
 
+    /// Sets `baton_api_server_reachable`.
+    pub fn set_api_reachable(&self, reachable: bool) {
+        self.api_reachable.set(i64::from(reachable));
+    }
+
+    /// Sets `baton_task_up{task}`.
+    pub fn set_task_up(&self, task: &str, up: bool) {
+        self.task_up
+            .get_or_create(&TaskLabel {
+                task: task.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -171,5 +214,15 @@ impl ProbeObserver for Metrics {
                 result: if ok { "ok" } else { "fail" }.to_owned(),
             })
             .observe(latency.as_secs_f64());
+    }
+}
+
+impl crate::kube_failover::ApiObserver for Metrics {
+    fn request_failed(&self, reason: &'static str) {
+        self.api_failed
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 }

@@ -19,6 +19,7 @@
 pub mod bgp;
 pub mod context;
 pub mod endpoint;
+pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod mirror;

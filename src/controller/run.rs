@@ -13,11 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::endpoint::{self, EndpointOptions};
+use super::health::{READY_WINDOW, Supervisor};
 use super::lease::{self, LeaseConfig};
 use super::metrics::Metrics;
 use super::probe::ProbeSettings;
 use super::{Context, LeaderGate};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
+use crate::kube_failover::ApiReachability;
 
 /// Flags of `baton controller` (plus every configuration setting).
 #[derive(Debug, Args)]
@@ -175,12 +177,12 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     };
     let kube_cfg = kube_config(&args).await?;
     let ca_der = cluster_ca(&args, &kube_cfg)?;
-    let client = if args.api_servers.is_empty() {
-        kube::Client::try_from(kube_cfg).map_err(|e| ControllerError::KubeConfig(e.to_string()))?
-    } else {
-        crate::kube_failover::client(&kube_cfg, &args.api_servers)
-            .map_err(|e| ControllerError::KubeConfig(e.to_string()))?
-    };
+    let metrics = Arc::new(Metrics::default());
+    let reach = ApiReachability::new();
+    reach.set_observer(Arc::clone(&metrics) as _);
+    let client = kube_client(&kube_cfg, &args.api_servers, &reach)?;
+    let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
+
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "baton".into(), |h| h.trim().to_owned())
@@ -191,11 +193,12 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let cherry = CherryClient::new(cloud_config)?;
 
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
-    let (leader, lease_task) = if args.no_leader_election {
-        (LeaderGate::always(), None)
+    let leader = if args.no_leader_election {
+        LeaderGate::always()
     } else {
         let (gate, task) = lease::spawn(client.clone(), lease_cfg, shutdown.clone());
-        (gate, Some(task))
+        sup.spawn("lease", joined(task));
+        gate
     };
     // Every cloud write is fenced by the leader deadline: checked right before each attempt
     // leaves, not only when the decision is made (docs/controller.md, "Fencing at the write").
@@ -203,22 +206,15 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
-    let metrics = Arc::new(Metrics::default());
 
     if let Some(addr) = admin {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ControllerError::Admin { addr, source })?;
-        let app = admin_router(Arc::clone(&metrics), ctx.leader.clone());
-        let token = shutdown.clone();
-        tokio::spawn(
-            async move {
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { token.cancelled().await })
-                    .await;
-            }
-            .instrument(tracing::info_span!("admin")),
+        let app = admin_router(
+            Arc::clone(&metrics),
+            ctx.leader.clone(),
+            sup.clone(),
+            reach.clone(),
         );
+        spawn_admin(&sup, addr, app, shutdown.clone()).await?;
     }
 
     let hc = &config.health_check;
@@ -238,35 +234,33 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(60),
     };
-    // The cloud-controller duties: a FIP per LoadBalancer Service (when a load balancer is
-    // configured; otherwise only deletions in flight are finished) and node initialisation.
-    let shared = Arc::new(ctx.clone());
-    let services = tokio::spawn(
-        super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
-            .instrument(tracing::info_span!("services")),
+    spawn_cloud_controllers(&sup, &config, Arc::new(ctx.clone()), &shutdown);
+    // The endpoint loop is supervised like the rest; its only error (bad probe settings, at
+    // start) still ends the process with that error.
+    let (result_tx, mut result_rx) = tokio::sync::oneshot::channel();
+    let token = shutdown.clone();
+    sup.spawn(
+        "endpoints",
+        async move {
+            let _ = result_tx.send(endpoint::run(ctx, opts, metrics, token).await);
+        }
+        .instrument(tracing::info_span!("endpoints")),
     );
-    let bgp = tokio::spawn(
-        super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
-            .instrument(tracing::info_span!("bgp")),
-    );
-    let nodes = tokio::spawn(
-        super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
-            .instrument(tracing::info_span!("nodes")),
-    );
-    let result = endpoint::run(ctx, opts, metrics, shutdown.clone())
-        .instrument(tracing::info_span!("endpoints"))
-        .await;
+    let result = tokio::select! {
+        () = shutdown.cancelled() => Ok(()),
+        r = &mut result_rx => {
+            if let Ok(Err(e)) = r {
+                Err(e)
+            } else {
+                // Ended or panicked: reported by the supervisor (/health); run until told to stop.
+                shutdown.cancelled().await;
+                Ok(())
+            }
+        }
+    };
     shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = services.await;
-        let _ = nodes.await;
-        let _ = bgp.await;
-    })
-    .await;
-    if let Some(task) = lease_task {
-        // Lets the lease task release the Lease.
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
+    // Lets the lease task release the Lease and the controllers finish.
+    sup.join(Duration::from_secs(5)).await;
     result.map_err(Into::into)
 }
 
@@ -288,18 +282,139 @@ fn lease_config(
     Ok(cfg)
 }
 
-fn admin_router(metrics: Arc<Metrics>, leader: LeaderGate) -> axum::Router {
+/// The cloud-controller duties, supervised: a FIP per LoadBalancer Service (when a load balancer
+/// is configured; otherwise only deletions in flight are finished), BGP, node initialisation.
+/// Their watch and reconcile errors are logged inside run_services / run_bgp / run_nodes.
+fn spawn_cloud_controllers(
+    sup: &Supervisor,
+    config: &Config,
+    shared: Arc<Context>,
+    shutdown: &CancellationToken,
+) {
+    sup.spawn(
+        "services",
+        super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("services")),
+    );
+    // Without a load balancer run_bgp returns at once (not a failure): spawn it only with one.
+    if config.load_balancer.is_some() {
+        sup.spawn(
+            "bgp",
+            super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+                .instrument(tracing::info_span!("bgp")),
+        );
+    } else {
+        tracing::info!("no loadbalancer configured: BGP is off");
+    }
+    sup.spawn(
+        "nodes",
+        super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("nodes")),
+    );
+}
+
+/// Binds the admin server and runs it as the supervised task `admin`.
+async fn spawn_admin(
+    sup: &Supervisor,
+    addr: SocketAddr,
+    app: axum::Router,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ControllerError::Admin { addr, source })?;
+    sup.spawn(
+        "admin",
+        async move {
+            if let Err(error) = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+            {
+                tracing::error!(%error, "admin server failed");
+            }
+        }
+        .instrument(tracing::info_span!("admin")),
+    );
+    Ok(())
+}
+
+/// The controller's Kubernetes client: `--api-servers` when given, else the kubeconfig's own
+/// server, always through [`crate::kube_failover`] (its time limits and reachability record).
+fn kube_client(
+    cfg: &kube::Config,
+    api_servers: &[String],
+    reach: &ApiReachability,
+) -> Result<kube::Client, ControllerError> {
+    let urls = if api_servers.is_empty() {
+        vec![cfg.cluster_url.to_string()]
+    } else {
+        api_servers.to_vec()
+    };
+    crate::kube_failover::client(cfg, &urls, reach).map_err(|e| ControllerError::KubeConfig(e.to_string()))
+}
+
+/// A task spawned elsewhere, as a future for the supervisor (its panic is passed on).
+async fn joined(task: tokio::task::JoinHandle<()>) {
+    if let Err(e) = task.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+fn admin_router(
+    metrics: Arc<Metrics>,
+    leader: LeaderGate,
+    sup: Supervisor,
+    reach: ApiReachability,
+) -> axum::Router {
+    use axum::http::StatusCode;
     use axum::routing::get;
+    let metrics_reach = reach.clone();
     axum::Router::new()
         .route(
             "/metrics",
             get(move || {
                 let metrics = Arc::clone(&metrics);
-                async move { metrics.encode() }
+                let reach = metrics_reach.clone();
+                async move {
+                    metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
+                    metrics.encode()
+                }
             }),
         )
-        .route("/health", get(|| async { "ok" }))
-        .route("/ready", get(|| async { "ok" }))
+        .route(
+            "/health",
+            get(move || {
+                let sup = sup.clone();
+                async move {
+                    match sup.unhealthy() {
+                        None => (StatusCode::OK, "ok".to_owned()),
+                        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/ready",
+            get(move || {
+                let reach = reach.clone();
+                async move {
+                    if reach.answered_within(READY_WINDOW) {
+                        (StatusCode::OK, "ok".to_owned())
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "no API server answered for {}s ({} failed attempts)",
+                                reach.silent_for().as_secs(),
+                                reach.consecutive_failures()
+                            ),
+                        )
+                    }
+                }
+            }),
+        )
         .route(
             "/leader",
             get(move || {

@@ -1,0 +1,330 @@
+//! `/health`, `/ready` and the client's time limits of the real `baton controller` binary against
+//! real API servers that hang (SIGSTOP): an API server that accepts connections and never answers.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_cloud::sim::{Faults, SimHandle, Topology};
+use baton_cloud::{CherryClient, Cloud};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+/// Each test has its own network namespace, so a fixed port is free.
+const ADMIN: &str = "127.0.0.1:9590";
+
+struct Bed {
+    cp: ControlPlane,
+    sim: SimHandle,
+    cloud: CherryClient,
+    fip: baton_cloud::model::IpAddress,
+}
+
+async fn bed(servers: u8) -> Bed {
+    let cp = ControlPlane::start(Options::servers(servers)).await.unwrap();
+    let sim = common::sim(Faults::none(), Topology::default()).await;
+    let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+    Bed { cp, sim, cloud, fip }
+}
+
+/// `baton controller` talking to API server 0 (plus `extra` flags), admin server on [`ADMIN`].
+fn controller(bed: &Bed, log: &Path, extra: &[String], env: &[(&str, &str)]) -> Child {
+    let kubeconfig = bed.cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("controller")
+        .args(extra)
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--identity", "replica-a", "--admin-listen", ADMIN])
+        .env("CHERRY_API_KEY", "sim-token")
+        .env("CHERRY_PROJECT_ID", "123456")
+        .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+        .env("CHERRY_BASE_URL", bed.sim.base_url().as_str())
+        .env("BATON_API_RATE_LIMIT", "4")
+        .env("BATON_LOG", "info,baton=debug")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGSTOPs a process; SIGCONTs it when dropped (also when the test fails).
+struct Frozen(Pid);
+
+impl Frozen {
+    fn apiserver(cp: &ControlPlane, i: usize) -> Self {
+        let pid = Pid::from_raw(i32::try_from(cp.apiserver_pid(i).unwrap()).unwrap());
+        kill(pid, Signal::SIGSTOP).unwrap();
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = kill(self.0, Signal::SIGCONT);
+    }
+}
+
+/// Status and body of `GET http://ADMIN/<path>` (`None`: no answer).
+async fn admin(path: &str) -> Option<(u16, String)> {
+    let client = baton_testbed::http_client(None).unwrap();
+    let r = client
+        .get(format!("http://{ADMIN}{path}"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    let status = r.status().as_u16();
+    Some((status, r.text().await.ok()?))
+}
+
+async fn status(path: &str) -> Option<u16> {
+    admin(path).await.map(|(s, _)| s)
+}
+
+async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the metric line starting with `prefix` (`name{labels}`).
+async fn metric(prefix: &str) -> Option<f64> {
+    let (_, text) = admin("/metrics").await?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
+    lab::run(|| async {
+        let bed = bed(1).await;
+        let logs = tempfile::tempdir().unwrap();
+        let _c = controller(&bed, &logs.path().join("a.log"), &[], &[]);
+        wait_for("/ready", Duration::from_secs(30), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+        assert_eq!(admin("/health").await, Some((200, "ok".into())));
+        // Let the lease and the watches settle on their connections first.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(status("/ready").await, Some(200));
+
+        let frozen = Frozen::apiserver(&bed.cp, 0);
+        let hung = Instant::now();
+        wait_for("/ready to fail", Duration::from_secs(20), || async {
+            status("/ready").await == Some(503)
+        })
+        .await;
+        let took = hung.elapsed();
+        eprintln!("/ready failed {took:?} after the API server hung");
+        // READY_WINDOW is 8 s: not before it, and not much after.
+        assert!(took >= Duration::from_secs(7), "too early: {took:?}");
+        let (_, why) = admin("/ready").await.unwrap();
+        assert!(why.contains("no API server answered"), "{why}");
+        assert_eq!(metric("baton_api_server_reachable ").await, Some(0.0));
+        assert!(metric("baton_api_requests_failed_total{").await.unwrap_or(0.0) >= 1.0);
+        // An unreachable API server is not a dead task: liveness stays good.
+        assert_eq!(admin("/health").await, Some((200, "ok".into())));
+
+        drop(frozen);
+        let back = Instant::now();
+        wait_for("/ready to recover", Duration::from_secs(20), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+        eprintln!(
+            "/ready recovered {:?} after the API server resumed",
+            back.elapsed()
+        );
+        assert_eq!(metric("baton_api_server_reachable ").await, Some(1.0));
+        drop(logs);
+    });
+}
+
+#[test]
+fn health_fails_naming_a_controller_task_that_died() {
+    lab::run(|| async {
+        let bed = bed(1).await;
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("a.log");
+        // The hidden test hook: the supervised "nodes" task panics a second after it started.
+        let mut c = controller(&bed, &log, &[], &[("BATON_TEST_FAIL_TASK", "nodes")]);
+        wait_for("/health to fail", Duration::from_secs(30), || async {
+            status("/health").await == Some(503)
+        })
+        .await;
+        let (_, why) = admin("/health").await.unwrap();
+        assert!(why.contains("task nodes panicked"), "{why}");
+        assert_eq!(metric("baton_task_up{task=\"nodes\"}").await, Some(0.0));
+        assert_eq!(metric("baton_task_up{task=\"services\"}").await, Some(1.0));
+        assert_eq!(metric("baton_task_up{task=\"lease\"}").await, Some(1.0));
+        // The rest keeps running: the process is up, the API answers.
+        assert!(c.try_wait().unwrap().is_none(), "the controller exited");
+        wait_for("/ready", Duration::from_secs(10), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("controller task stopped unexpectedly"),
+            "no error line:\n{text}"
+        );
+        drop(logs);
+    });
+}
+
+async fn lease(client: &kube::Client) -> Option<(String, String)> {
+    let spec = Api::<Lease>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-controller")
+        .await
+        .ok()
+        .flatten()?
+        .spec?;
+    Some((
+        spec.holder_identity?,
+        serde_json::to_string(&spec.renew_time?).ok()?,
+    ))
+}
+
+fn ip_writes(sim: &SimHandle) -> usize {
+    sim.log(0)
+        .into_iter()
+        .filter(|e| matches!(e.method.as_str(), "PUT" | "POST" | "DELETE") && e.path.starts_with("/v1/ips/"))
+        .count()
+}
+
+async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
+    let client = baton_testbed::http_client(Some(ca)).unwrap();
+    matches!(
+        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
+        Ok(r) if r.status().is_success()
+    )
+}
+
+/// Registers Nodes cp-0…cp-2 with the simulator's provider IDs (then only Nodes are candidates).
+async fn register_nodes(client: &kube::Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (i, id) in CP.iter().enumerate() {
+        let node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cp-{i}"), "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"providerID": format!("cherryservers://{id}")}
+        }))
+        .unwrap();
+        nodes
+            .create(&kube::api::PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+}
+
+async fn holder(bed: &Bed) -> Option<u64> {
+    bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
+}
+
+#[test]
+fn a_controller_whose_first_api_server_hangs_keeps_working_through_the_next() {
+    lab::run(|| async {
+        let bed = bed(3).await;
+        let logs = tempfile::tempdir().unwrap();
+        // The worst placement: the replica uses the FIP holder's API server first. Unlike a
+        // killed one, a hung API server accepts connections and never answers.
+        let urls: Vec<String> = (0..3).map(|i| bed.cp.url(i)).collect();
+        let extra = vec!["--api-servers".to_owned(), urls.join(",")];
+        let observer = bed.cp.client(2).unwrap();
+        register_nodes(&observer).await;
+        let _c = controller(&bed, &logs.path().join("a.log"), &extra, &[]);
+        wait_for("replica-a to lead", Duration::from_secs(30), || async {
+            lease(&observer).await.is_some_and(|(h, _)| h == "replica-a")
+        })
+        .await;
+        wait_for("/ready", Duration::from_secs(30), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(ip_writes(&bed.sim), 1, "only the test's own assignment");
+
+        let ca = bed.cp.ca_der().to_vec();
+        let fip = SocketAddr::new(bed.fip.address, 6443);
+        let _frozen = Frozen::apiserver(&bed.cp, 0);
+        let hung = Instant::now();
+
+        // Lease renewals continue through cp-1/cp-2: renewTime keeps advancing, same holder.
+        let mut renewals = 0;
+        let mut last = lease(&observer).await.unwrap().1;
+        while hung.elapsed() < Duration::from_secs(8) {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let (holder, renew) = lease(&observer).await.unwrap();
+            assert_eq!(holder, "replica-a", "kept the lease");
+            if renew != last {
+                renewals += 1;
+                last = renew;
+            }
+        }
+        eprintln!("{renewals} renewals seen in the first 8 s of the hang");
+        assert!(renewals >= 4, "only {renewals} renewals seen in 8 s");
+
+        // The FIP left the hung holder (probes fail, the leader acts through another server).
+        wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            readyz(&ca, fip)
+        })
+        .await;
+        let moved_to = holder(&bed).await;
+        assert!(
+            matches!(moved_to, Some(id) if id == CP[1] || id == CP[2]),
+            "{moved_to:?}"
+        );
+        assert_eq!(ip_writes(&bed.sim), 2, "exactly one move");
+
+        // The watches left the hung API server too (they were opened on it): cordoning the new
+        // holder is seen only through the Node watch, and moves the FIP to the last healthy one.
+        let name = if moved_to == Some(CP[1]) { "cp-1" } else { "cp-2" };
+        let cordoned = Instant::now();
+        Api::<Node>::all(observer.clone())
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+            )
+            .await
+            .unwrap();
+        wait_for(
+            "the FIP to leave the cordoned node",
+            Duration::from_secs(15),
+            || async {
+                let now = holder(&bed).await;
+                now.is_some() && now != moved_to
+            },
+        )
+        .await;
+        eprintln!(
+            "cordon seen {:?} after it was made, {:?} after the hang",
+            cordoned.elapsed(),
+            hung.elapsed()
+        );
+        assert_ne!(holder(&bed).await, Some(CP[0]), "never to the hung API server");
+        assert_eq!(lease(&observer).await.unwrap().0, "replica-a");
+        drop(logs);
+    });
+}
