@@ -292,6 +292,8 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
                 ..Faults::none()
             })
             .unwrap();
+        // The bucket starts with one token (shared by every client on 127.0.0.1): spend it.
+        bed.cloud.ip(&bed.fip.id).await.unwrap();
         bed.cp.kill_apiserver(holder).await;
         // The leader tries (and is refused) while it still leads …
         wait_for("the leader's first refused move", Duration::from_secs(10), || {
@@ -340,7 +342,25 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
             .iter()
             .filter(|e| e.method == "PUT" && e.status == 429)
             .count();
-        assert!(refused >= 2, "the storm held moves back ({refused} refused)");
+        let puts: Vec<String> = bed
+            .sim
+            .log(from)
+            .iter()
+            .filter(|e| e.method == "PUT")
+            .map(|e| format!("{} {} {} {:?}", e.unix_ms, e.status, e.user_agent, e.fault))
+            .collect();
+        assert!(
+            refused >= 1,
+            "the storm held moves back ({refused} refused): {puts:#?}\n{}",
+            bed.logs()
+        );
+        // The deposed leader's fence engaged: it gave moves up rather than wait past its lease.
+        let deposed = std::fs::read_to_string(bed.log(leader)).unwrap();
+        assert!(
+            deposed.contains("this replica's leadership ended first"),
+            "the deposed leader never gave a move up\n{}",
+            bed.logs()
+        );
         bed.assert_only_leaders_wrote();
         bed.cp.heal(leader).await.unwrap();
     });

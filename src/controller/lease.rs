@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::LeaderGate;
 use super::context::Handover;
+use super::health::LogThrottle;
 
 /// The annotation carrying the exact lease duration in milliseconds.
 pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
@@ -181,9 +182,12 @@ async fn run(
         tx: &tx,
         seen: &seen_tx,
         mine: None,
+        failures: 0,
+        throttle: LogThrottle::new(Duration::from_secs(10)),
     };
     let mut next = Instant::now();
-    // A failed attempt is not retried at once (an API server that refuses must not be hammered).
+    // A failed attempt is not retried at once (an API server that refuses must not be hammered):
+    // a follower backs off from renew_interval / 2, doubling, up to 2 s.
     let mut last_io: Option<Instant> = None;
     loop {
         // A follower also wakes exactly when the record it saw expires.
@@ -208,7 +212,7 @@ async fn run(
         let expiry = foreign.map(|h| h.takeover);
         let mut wake = expiry.map_or(next, |e| e.min(next));
         if let Some(t) = last_io {
-            wake = wake.max(t + cfg.renew_interval / 2);
+            wake = wake.max(t + election.retry_gap());
         }
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -254,9 +258,22 @@ struct Election<'a> {
     seen: &'a watch::Sender<Option<Observed>>,
     /// The Lease as this replica last wrote it while holding it.
     mine: Option<Lease>,
+    /// Failed attempts in a row, and how loudly they are logged.
+    failures: u32,
+    throttle: LogThrottle,
 }
 
 impl Election<'_> {
+    /// The least time between two attempts after the last one.
+    fn retry_gap(&self) -> Duration {
+        if self.failures == 0 || self.mine.is_some() {
+            return self.cfg.renew_interval / 2;
+        }
+        (self.cfg.renew_interval / 2)
+            .saturating_mul(2u32.saturating_pow(self.failures.min(8)))
+            .min(Duration::from_secs(2))
+    }
+
     fn leading(&self) -> bool {
         self.tx.borrow().is_some_and(|t| Instant::now() < t)
     }
@@ -276,6 +293,7 @@ impl Election<'_> {
         };
         match outcome {
             Ok(Ok(true)) => {
+                self.failures = 0;
                 let until = attempt + self.cfg.renew_deadline;
                 let identity = &self.cfg.identity;
                 self.tx.send_if_modified(|v| {
@@ -288,6 +306,7 @@ impl Election<'_> {
                 });
             }
             Ok(Ok(false)) => {
+                self.failures = 0;
                 self.mine = None;
                 let identity = &self.cfg.identity;
                 self.tx.send_if_modified(|v| {
@@ -300,10 +319,16 @@ impl Election<'_> {
                 });
             }
             Ok(Err(error)) => {
-                tracing::warn!(%error, lease = %self.cfg.name, leading = self.leading(), "lease update failed");
+                self.failures = self.failures.saturating_add(1);
+                if let Some(repeats) = self.throttle.allow() {
+                    tracing::warn!(%error, lease = %self.cfg.name, leading = self.leading(), repeats, "lease update failed");
+                }
             }
             Err(_) => {
-                tracing::warn!(lease = %self.cfg.name, leading = self.leading(), timeout_ms = timeout.as_millis(), "lease update timed out");
+                self.failures = self.failures.saturating_add(1);
+                if let Some(repeats) = self.throttle.allow() {
+                    tracing::warn!(lease = %self.cfg.name, leading = self.leading(), timeout_ms = timeout.as_millis(), repeats, "lease update timed out");
+                }
             }
         }
         true
