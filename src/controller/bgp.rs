@@ -132,17 +132,22 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
     let (services, service_writer) = reflector::store::<Service>();
     let watch_nodes = {
         let changed = Arc::clone(&changed);
+        let errors = super::health::StreamErrors::new("BGP Node watch");
         watcher(Api::<Node>::all(ctx.client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(node_writer)
             .touched_objects()
-            .for_each(move |_| {
-                changed.notify_one();
+            .for_each(move |item| {
+                match item {
+                    Ok(_) => changed.notify_one(),
+                    Err(error) => errors.warn(&error),
+                }
                 async {}
             })
     };
     let watch_services = {
         let changed = Arc::clone(&changed);
+        let errors = super::health::StreamErrors::new("BGP Service watch");
         watcher(
             Api::<Service>::all(ctx.client.clone()),
             watcher::Config::default(),
@@ -150,8 +155,11 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
         .default_backoff()
         .reflect(service_writer)
         .touched_objects()
-        .for_each(move |_| {
-            changed.notify_one();
+        .for_each(move |item| {
+            match item {
+                Ok(_) => changed.notify_one(),
+                Err(error) => errors.warn(&error),
+            }
             async {}
         })
     };

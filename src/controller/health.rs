@@ -221,3 +221,32 @@ mod tests {
         assert_eq!(sup.dead().len(), 2, "stopping at shutdown is no failure");
     }
 }
+
+/// Errors of one long-lived watch or controller stream, logged at warn at most once per 30 s
+/// (an RBAC denial repeats on every retry), with the count of repeats in between.
+#[derive(Debug)]
+pub struct StreamErrors {
+    what: &'static str,
+    throttle: std::sync::Mutex<LogThrottle>,
+}
+
+impl StreamErrors {
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            throttle: std::sync::Mutex::new(LogThrottle::new(std::time::Duration::from_secs(30))),
+        }
+    }
+
+    /// Logs `error` unless one was logged in the last 30 s.
+    pub fn warn(&self, error: &dyn std::fmt::Display) {
+        let allowed = self
+            .throttle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .allow();
+        if let Some(repeats) = allowed {
+            tracing::warn!(%error, what = self.what, repeats, "watch error (retrying)");
+        }
+    }
+}

@@ -407,19 +407,23 @@ pub fn facts_of(node: &Node) -> NodeFacts {
 pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
     let api = Api::<Node>::all(ctx.client.clone());
+    let errors = Arc::new(super::health::StreamErrors::new("node controller"));
     Controller::new(api, watcher::Config::default())
         .with_config(controller::Config::default().concurrency(8))
         // Followers do nothing; a new leader initialises every Node at once.
         .reconcile_all_on(ctx.leader.elected())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, node_ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(node = %obj.name, "reconciled"),
-                Err(controller::Error::ReconcilerFailed(error, obj)) => {
-                    debug!(node = %obj.name, category = error.category(), "reconcile failed");
+        .for_each(|result| {
+            let errors = Arc::clone(&errors);
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(node = %obj.name, "reconciled"),
+                    Err(controller::Error::ReconcilerFailed(error, obj)) => {
+                        debug!(node = %obj.name, category = error.category(), "reconcile failed");
+                    }
+                    Err(error) => errors.warn(&error),
                 }
-                Err(error) => warn!(%error, "node controller"),
             }
         })
         .await;

@@ -272,6 +272,7 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
     let svc_ctx = Arc::new(ServiceContext::new(ctx.clone()));
     let api = Api::<Service>::all(ctx.client.clone());
     let controller = Controller::new(api, watcher::Config::default());
+    let errors = Arc::new(super::health::StreamErrors::new("Service controller"));
     let store = controller.store();
     let _ = svc_ctx.store.set(store.clone());
     let run = controller
@@ -281,13 +282,16 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
         .reconcile_all_on(ctx.leader.elected())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, svc_ctx.clone())
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(service = %obj, "reconciled"),
-                Err(controller::Error::ReconcilerFailed(error, obj)) => {
-                    debug!(service = %obj, category = error.category(), "reconcile failed");
+        .for_each(|result| {
+            let errors = Arc::clone(&errors);
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(service = %obj, "reconciled"),
+                    Err(controller::Error::ReconcilerFailed(error, obj)) => {
+                        debug!(service = %obj, category = error.category(), "reconcile failed");
+                    }
+                    Err(error) => errors.warn(&error),
                 }
-                Err(error) => warn!(%error, "Service controller"),
             }
         });
     let sweeper = async {
