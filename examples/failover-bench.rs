@@ -19,9 +19,9 @@
 //!   created (and deleted 40 behind) at 4/s, so the controller's Service work always has more
 //!   queued cloud calls than the limit lets through.
 //!
-//! For kill/hang/blackhole/dead-node/busy the FIP is first placed (by the benchmark's own cloud
-//! client) on a node whose replica is *not* the leader; for leader-node and partition on the
-//! leader's node. Every cloud write a replica sends is attributed by its User-Agent
+//! The victim is always the node holding the FIP. For kill/hang/blackhole/dead-node/busy the
+//! leader must be elsewhere, for leader-node and partition on the victim: the benchmark restarts
+//! the leading replica gracefully (it hands the Lease over) until that holds. Every cloud write a replica sends is attributed by its User-Agent
 //! (`controller/<identity>`) and checked against the Lease history: `nonleader_writes` counts
 //! writes that arrived when their sender did not hold the Lease. A client that keeps one HTTP/2
 //! connection open through the FIP and sends a request every 100 ms reports its longest gap.
@@ -45,8 +45,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_cloud::Cloud as _;
-use baton_cloud::model::{IpAddress, ServerId};
+use baton_cloud::model::IpAddress;
 use baton_cloud::sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::leases::LeaseHistory;
@@ -226,13 +225,13 @@ async fn run_class(class: String, a: Args) -> Report {
         Topology::default(),
     )
     .await;
-    let (bench_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
+    let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
     let history = LeaseHistory::record(
         (0..3).map(|i| cp.client(i).unwrap()).collect(),
         "baton-controller",
     );
     let mut replicas: Vec<Option<Child>> = (0..3)
-        .map(|i| Some(start_replica(&cp, &sim, &a.bin, i, busy)))
+        .map(|i| Some(start_replica(&cp, &sim, &a.bin, i, &class)))
         .collect();
 
     let ca = cp.ca_der().to_vec();
@@ -268,33 +267,32 @@ async fn run_class(class: String, a: Args) -> Report {
 
     let mut report = Report::default();
     for run in 0..a.runs {
-        let leader = history
-            .holder()
-            .and_then(|h| h.strip_prefix("cp-").and_then(|i| i.parse::<usize>().ok()))
-            .expect("a leader");
         let on_leader = matches!(class.as_str(), "leader-node" | "partition");
         let holder = holder_of(&sim, &fip).expect("the FIP is routed");
-        let victim = if on_leader {
-            leader
-        } else if holder == leader {
-            (leader + 1) % 3
-        } else {
-            holder
-        };
-        if victim != holder {
-            // Place the FIP on the victim (the benchmark's own write, not a replica's).
-            bench_cloud
-                .retarget_ip(&fip.id, ServerId(CP[victim]))
-                .await
-                .unwrap();
-            wait_until(
-                "the FIP answers from its new place",
-                Duration::from_secs(10),
-                || answers(&probe, &url),
-            )
+        // The victim is always the FIP's holder; leadership is moved (a graceful restart of
+        // the leading replica, which hands the Lease over) until the leader is on the victim
+        // (leader-node, partition) or elsewhere (the other classes). The FIP itself is never
+        // moved behind the replicas' back: they would act on a holder they have not read yet.
+        for attempt in 0.. {
+            let leader = leader_of(&history);
+            if (leader == holder) == on_leader {
+                break;
+            }
+            assert!(
+                attempt < 20,
+                "could not arrange the leader (holder cp-{holder}, leader cp-{leader})"
+            );
+            stop_gracefully(&mut replicas, leader).await;
+            wait_until("a new leader", Duration::from_secs(10), || {
+                let h = history.holder();
+                let old = format!("cp-{leader}");
+                async move { h.is_some_and(|h| h != old) }
+            })
             .await;
+            replicas[leader] = Some(start_replica(&cp, &sim, &a.bin, leader, &class));
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        let victim = holder;
         let seq0 = next_seq(&sim);
         let t0 = Instant::now();
         let t0_unix = unix_ms();
@@ -320,7 +318,7 @@ async fn run_class(class: String, a: Args) -> Report {
             "blackhole" | "partition" => cp.heal(victim).await.unwrap(),
             "dead-node" | "leader-node" => {
                 cp.heal(victim).await.unwrap();
-                replicas[victim] = Some(start_replica(&cp, &sim, &a.bin, victim, busy));
+                replicas[victim] = Some(start_replica(&cp, &sim, &a.bin, victim, &class));
             }
             _ => unreachable!(),
         }
@@ -389,6 +387,31 @@ async fn run_class(class: String, a: Args) -> Report {
     report
 }
 
+fn leader_of(history: &LeaseHistory) -> usize {
+    history
+        .holder()
+        .and_then(|h| h.strip_prefix("cp-").and_then(|i| i.parse::<usize>().ok()))
+        .expect("a leader")
+}
+
+/// SIGTERM to replica `i`: it releases the Lease and exits.
+async fn stop_gracefully(replicas: &mut [Option<Child>], i: usize) {
+    if let Some(mut r) = replicas[i].take() {
+        if let Some(pid) = r.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), r.wait())
+            .await
+            .is_err()
+        {
+            let _ = r.kill().await;
+        }
+    }
+}
+
 /// Waits until the FIP answers `/readyz` from a node other than `victim`; returns the time
 /// since `t0`. Probes start every 20 ms on fresh connections, overlapping, so a probe stuck on
 /// the failed node does not hide the recovery.
@@ -441,13 +464,30 @@ where
     }
 }
 
+/// Where the replicas' logs go: `$BATON_BENCH_LOGS`, or a directory per process under the
+/// temporary directory (kept after the run, for a look at a slow or failed failover).
+fn logs_dir() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("BATON_BENCH_LOGS").map_or_else(
+            || std::env::temp_dir().join(format!("baton-failover-bench-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        eprintln!("replica logs: {}", dir.display());
+        dir
+    })
+    .clone()
+}
+
 /// `baton controller` replica `i`: identity cp-i, talking only to API server i.
-fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, busy: bool) -> Child {
+fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, class: &str) -> Child {
+    let busy = class == "busy";
     let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(cp.dir().join(format!("controller-{i}.log")))
+        .open(logs_dir().join(format!("{class}-cp-{i}.log")))
         .unwrap();
     let mut controller = tokio::process::Command::new(bin);
     if busy {
@@ -457,6 +497,7 @@ fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, busy: 
             .env("CHERRY_LOAD_BALANCER", "kube-vip://");
     }
     controller
+        .env("BATON_LOG", "info,baton=debug")
         .arg("controller")
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(["--identity", &format!("cp-{i}"), "--admin-listen", "off"])

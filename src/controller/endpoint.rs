@@ -83,7 +83,14 @@ struct EndpointState {
     retry_at: Option<Instant>,
     /// Holds back moves for an unreachable FIP right after a move (no flapping).
     hold: HoldDown,
+    /// Whether the holder was read afresh in the current unreachable-FIP episode.
+    route_checked: bool,
+    /// Since when the FIP has been unreachable while its holder answers directly.
+    unreachable_since: Option<Instant>,
 }
+
+/// How long the FIP must fail while its holder answers directly before that is a reason to act.
+const FIP_GRACE: Duration = Duration::from_millis(800);
 
 /// After a move, a FIP that does not answer through the cloud's route (while its holder answers
 /// directly) is not moved again at once: the route may still be propagating, or the path may be
@@ -176,10 +183,12 @@ pub async fn run(
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
 
+    let mut again = false;
     loop {
         let prefetch_at = takeover.prefetch_at(&ctx.leader);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
+            () = std::future::ready(()), if std::mem::take(&mut again) => {}
             _ = tick.tick() => {}
             _ = health_rx.changed() => {}
             // A new leader acts at once, not at the next tick.
@@ -231,21 +240,17 @@ pub async fn run(
 
         let candidates = candidates(&probe_addrs, &servers, &nodes.state(), &prober);
 
-        let services_now = services.state();
-        for ep in &endpoints {
-            let state = states.entry(ep.fip.id.as_str().to_owned()).or_default();
-            let step = Step {
-                ctx: &ctx,
-                opts: &opts,
-                metrics: &metrics,
-                services: &services_now,
-                candidates: &candidates,
-                api_servers: &api_servers,
-            };
-            if let Some(moved) = step.endpoint(ep, state, &mut prober).await? {
-                cloud_view.moved(moved);
-            }
-        }
+        let step = Step {
+            ctx: &ctx,
+            opts: &opts,
+            metrics: &metrics,
+            services: &services.state(),
+            candidates: &candidates,
+            api_servers: &api_servers,
+        };
+        again = step
+            .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
+            .await?;
     }
 }
 
@@ -408,6 +413,15 @@ impl CloudView {
     }
 }
 
+/// What handling one endpoint did.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// The FIP as the cloud answered a move of it.
+    moved: Option<IpAddress>,
+    /// Run the loop again at once.
+    again: bool,
+}
+
 /// One iteration's view, shared by the endpoints handled in it.
 struct Step<'a> {
     ctx: &'a Context,
@@ -419,19 +433,43 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
+    /// Nothing moved, and the loop should run again at once (with a fresh FIP list).
+    const AGAIN: Outcome = Outcome {
+        moved: None,
+        again: true,
+    };
+
+    /// Handles every endpoint; returns whether the loop should run again at once.
+    async fn all(
+        &self,
+        endpoints: &[EndpointRef],
+        states: &mut BTreeMap<String, EndpointState>,
+        prober: &mut Prober,
+        cloud_view: &mut CloudView,
+    ) -> Result<bool, EndpointError> {
+        let mut again = false;
+        for ep in endpoints {
+            let state = states.entry(ep.fip.id.as_str().to_owned()).or_default();
+            let outcome = self.endpoint(ep, state, prober).await?;
+            if let Some(moved) = outcome.moved {
+                cloud_view.moved(moved);
+            }
+            again |= outcome.again;
+        }
+        Ok(again)
+    }
+
     /// Decides and acts for one endpoint, then keeps its Service's status and endpoints current.
-    /// Returns the FIP as the cloud answered a move of it.
     async fn endpoint(
         &self,
         ep: &EndpointRef,
         ep_state: &mut EndpointState,
         prober: &mut Prober,
-    ) -> Result<Option<IpAddress>, EndpointError> {
+    ) -> Result<Outcome, EndpointError> {
         let Self {
             ctx,
             metrics,
             candidates,
-            api_servers,
             ..
         } = *self;
         let state = ep_state;
@@ -447,10 +485,38 @@ impl Step<'_> {
         };
         let decision = decide(&obs);
         let mut moved = None;
+        if !matches!(
+            decision,
+            Decision::Move {
+                reason: Reason::FipUnreachable,
+                ..
+            }
+        ) {
+            state.unreachable_since = None;
+        }
         match decision {
             Decision::Keep => {
                 state.down_since = None;
                 state.stuck_reported = false;
+                state.route_checked = false;
+            }
+            // The FIP does not answer but the holder we know of does. A holder that is failing
+            // often fails through the FIP a probe earlier than directly: give it a moment to
+            // show as down (then it moves at once, for that reason).
+            Decision::Move {
+                reason: Reason::FipUnreachable,
+                ..
+            } if state.unreachable_since.get_or_insert_with(Instant::now).elapsed() < FIP_GRACE => {}
+            // Still so: first make sure we know the holder (someone may have moved the FIP since
+            // the list was read), once per episode.
+            Decision::Move {
+                reason: Reason::FipUnreachable,
+                ..
+            } if !state.route_checked => {
+                state.route_checked = true;
+                ctx.cloud.invalidate_ips();
+                tracing::debug!(fip = %ep.fip.address, "the FIP does not answer through its route: reading its holder afresh");
+                return Ok(Step::AGAIN);
             }
             Decision::Stuck { reason } => {
                 state.down_since.get_or_insert_with(Instant::now);
@@ -481,16 +547,23 @@ impl Step<'_> {
                 // Only the current lease holder writes to the cloud; the cloud client's fence
                 // checks again right before the request leaves.
                 if !ctx.leader.is_leader() {
-                    return Ok(None);
+                    return Ok(Outcome::default());
                 }
                 moved = self.move_fip(ep, state, prober, to, reason).await?;
+                state.route_checked = false;
             }
         }
-        // Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change
-        // (and every 30 s, to repair edits). Leader only.
+        self.keep_status(ep, state).await;
+        Ok(Outcome { moved, again: false })
+    }
+
+    /// Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change (and
+    /// every 30 s, to repair edits). Leader only.
+    async fn keep_status(&self, ep: &EndpointRef, state: &mut EndpointState) {
+        let ctx = self.ctx;
         let inputs = (
             ep.service.clone(),
-            api_servers.iter().copied().collect::<BTreeSet<_>>(),
+            self.api_servers.iter().copied().collect::<BTreeSet<_>>(),
         );
         let outdated = state.last_applied.as_ref() != Some(&inputs)
             || state
@@ -510,8 +583,8 @@ impl Step<'_> {
                 }
             }
         }
-        Ok(moved)
     }
+
     /// Retargets the FIP to `to` in one call (urgent priority), reads it back, and reports.
     async fn move_fip(
         &self,
@@ -852,6 +925,46 @@ fn discover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ip(id: &str, target: Option<u64>) -> IpAddress {
+        serde_json::from_value(serde_json::json!({
+            "id": id,
+            "address": "203.0.113.1",
+            "type": "floating-ip",
+            "targeted_to": target.map(|t| serde_json::json!({"id": t})),
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_cloud_cannot_be_read_decisions_use_the_last_list_and_its_own_moves() {
+        let metrics = Metrics::default();
+        let mut view = CloudView::default();
+        let error = baton_cloud::CloudError::Config("outage".into());
+        assert!(
+            view.stale(&error, &metrics).is_none(),
+            "nothing read yet: nothing to go on"
+        );
+
+        let list = Arc::new(vec![ip("a", Some(1)), ip("b", Some(2))]);
+        view.read(&list, &metrics);
+        let stale = view.stale(&error, &metrics).expect("the last list");
+        assert_eq!(stale.len(), 2);
+        assert!(metrics.encode().contains("baton_cloud_ip_list_stale 1"));
+        assert!(!view.should_report(), "a short outage is not reported");
+        tokio::time::advance(CloudView::REPORT_AFTER).await;
+        assert!(view.should_report(), "a long one is");
+
+        // A move made during the outage is part of the list decisions use.
+        view.moved(ip("a", Some(3)));
+        let stale = view.stale(&error, &metrics).unwrap();
+        assert_eq!(stale[0].target().map(|s| s.0), Some(3));
+        assert_eq!(stale[1].target().map(|s| s.0), Some(2));
+
+        view.read(&list, &metrics);
+        assert!(metrics.encode().contains("baton_cloud_ip_list_stale 0"));
+        assert!(!view.should_report());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn an_unreachable_fip_is_held_after_a_move_and_the_hold_doubles() {

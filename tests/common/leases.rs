@@ -67,11 +67,15 @@ impl LeaseHistory {
         history
     }
 
-    /// The holder the Lease named last (by renew time).
+    /// The holder the Lease named last (by renew time; a release keeps its last renew time and
+    /// names nobody, so at equal times nobody wins).
     pub fn holder(&self) -> Option<String> {
-        let mut e = self.entries.lock().unwrap().clone();
-        e.sort();
-        e.last().map(|(_, h)| h.clone()).filter(|h| !h.is_empty())
+        let e = self.entries.lock().unwrap().clone();
+        let last = e.iter().map(|(t, _)| *t).max()?;
+        if e.iter().any(|(t, h)| *t == last && h.is_empty()) {
+            return None;
+        }
+        e.iter().find(|(t, _)| *t == last).map(|(_, h)| h.clone())
     }
 
     /// Cloud writes (POST/PUT/DELETE) sent by a controller replica (User-Agent `… controller/<id>`)
