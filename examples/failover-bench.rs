@@ -236,6 +236,9 @@ async fn run_class(class: String, a: Args) -> Report {
 
     let ca = cp.ca_der().to_vec();
     let probe = baton_testbed::http_client(Some(&ca)).unwrap();
+    // Recovery is what a new client sees: a new connection through the FIP for every probe
+    // (no pooled connection left over from before the failure).
+    let fresh = fresh_client(&ca);
     let fip_addr = SocketAddr::new(fip.address, 6443);
     let url = format!("https://{fip_addr}/readyz");
     wait_until("the FIP answers", Duration::from_secs(60), || {
@@ -309,7 +312,7 @@ async fn run_class(class: String, a: Args) -> Report {
             }
             _ => unreachable!(),
         }
-        let total = recover(&probe, &url, &sim, &fip, victim, t0).await;
+        let total = recover(&fresh, &url, &sim, &fip, victim, t0).await;
         let total_ms = total.as_secs_f64() * 1000.0;
         // Heal, and let every replica see the node healthy again before the next run.
         match class.as_str() {
@@ -509,6 +512,25 @@ fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, class:
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("starting {bin}: {e}"))
+}
+
+/// A client that opens a new connection for every request.
+fn fresh_client(ca: &[u8]) -> reqwest::Client {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca.to_vec()))
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .pool_max_idle_per_host(0)
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
 }
 
 /// A client like kubectl's: one HTTP/2 connection kept open through the FIP, a request every

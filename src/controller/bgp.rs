@@ -134,7 +134,7 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
         let changed = Arc::clone(&changed);
         let errors = super::health::StreamErrors::new("BGP Node watch");
         watcher(Api::<Node>::all(ctx.client.clone()), watcher::Config::default())
-            .default_backoff()
+            .backoff(super::health::WatchBackoff::default())
             .reflect(node_writer)
             .touched_objects()
             .for_each(move |item| {
@@ -152,7 +152,7 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
             Api::<Service>::all(ctx.client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff()
+        .backoff(super::health::WatchBackoff::default())
         .reflect(service_writer)
         .touched_objects()
         .for_each(move |item| {

@@ -698,7 +698,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let stream = watcher(api, cfg)
-        .default_backoff()
+        .backoff(super::health::WatchBackoff::default())
         .reflect(writer)
         .applied_objects();
     let token = shutdown.clone();

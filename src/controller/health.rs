@@ -250,3 +250,54 @@ impl StreamErrors {
         }
     }
 }
+
+/// Retry delays of a watch that failed: 100 ms, doubling, at most 2 s; back to 100 ms after any
+/// success. kube-runtime's default (800 ms doubling to 30 s) means a replica whose API server was
+/// unreachable for a few seconds goes on without its watches for up to 30 s after it is back —
+/// too long for a follower that must see the leader's Lease change to take over on time.
+#[derive(Debug, Clone)]
+pub struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(2);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let now = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(now)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+#[cfg(test)]
+mod watch_backoff_tests {
+    use super::*;
+    use kube::runtime::utils::Backoff as _;
+
+    #[test]
+    fn watch_retries_stay_within_two_seconds_and_start_over_after_a_success() {
+        let mut b = WatchBackoff::default();
+        let first: Vec<u128> = b.by_ref().take(7).map(|d| d.as_millis()).collect();
+        assert_eq!(first, [100, 200, 400, 800, 1600, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.next().map(|d| d.as_millis()), Some(100));
+    }
+}

@@ -236,7 +236,7 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
         api,
         watcher::Config::default().fields(&format!("metadata.name={name}")),
     )
-    .default_backoff()
+    .backoff(super::health::WatchBackoff::default())
     .touched_objects();
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
