@@ -686,17 +686,18 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
         );
     }
     let bottom = top + row * runs.len() as f64;
-    for (label, v, color) in [
-        ("p50", p50, "#2a9d3a"),
-        ("p99", p99, "#c0392b"),
-        ("target", 1500.0, "#888"),
+    // p50 to the left of its line, p99 to the right: they are often close.
+    for (label, v, color, anchor, dx) in [
+        ("p50", p50, "#2a9d3a", "end", -3.0),
+        ("p99", p99, "#c0392b", "start", 3.0),
+        ("target", 1500.0, "#888", "middle", 0.0),
     ] {
         let _ = write!(
             s,
-            r#"<line x1="{:.1}" x2="{:.1}" y1="{top}" y2="{bottom:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{label} {v:.0}</text>"#,
+            r#"<line x1="{:.1}" x2="{:.1}" y1="{top}" y2="{bottom:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="{anchor}">{label} {v:.0}</text>"#,
             x(v),
             x(v),
-            x(v),
+            x(v) + dx,
             top - 4.0
         );
     }
