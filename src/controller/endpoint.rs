@@ -7,8 +7,8 @@
 //!                                                       ▼
 //!  Prober: /readyz on every candidate and every FIP ─► health (rise/fall) ─► core::failover::decide
 //!                                                                               │ Move (leader only,
-//!                                                                               ▼  lease re-checked)
-//!                                               one retarget call (urgent priority), read back, Event
+//!                                                                               ▼  hold-down)
+//!                           one retarget call (urgent priority, fenced by the lease), read back, Event
 //! ```
 //!
 //! Endpoints are the FIP named by `fipTag` (with the mirror Service
