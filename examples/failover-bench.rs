@@ -43,7 +43,7 @@ mod common;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use baton_cloud::model::IpAddress;
 use baton_cloud::sim::{Faults, SimHandle, Topology};
@@ -189,10 +189,6 @@ fn main() {
     }
 }
 
-fn unix_ms() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
-}
-
 /// Successful PUTs of `fip` sent by a controller replica, from log sequence `from` on.
 fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_cloud::sim::LogEntry> {
     let path = format!("/v1/ips/{}", fip.id.as_str());
@@ -241,11 +237,11 @@ async fn run_class(class: String, a: Args) -> Report {
     let fresh = fresh_client(&ca);
     let fip_addr = SocketAddr::new(fip.address, 6443);
     let url = format!("https://{fip_addr}/readyz");
-    wait_until("the FIP answers", Duration::from_secs(60), || {
+    common::wait_for("the FIP answers", Duration::from_secs(60), || {
         answers(&probe, &url)
     })
     .await;
-    wait_until("a leader", Duration::from_secs(30), || {
+    common::wait_for("a leader", Duration::from_secs(30), || {
         let h = history.holder();
         async move { h.is_some() }
     })
@@ -286,7 +282,7 @@ async fn run_class(class: String, a: Args) -> Report {
                 "could not arrange the leader (holder cp-{holder}, leader cp-{leader})"
             );
             stop_gracefully(&mut replicas, leader).await;
-            wait_until("a new leader", Duration::from_secs(10), || {
+            common::wait_for("a new leader", Duration::from_secs(10), || {
                 let h = history.holder();
                 let old = format!("cp-{leader}");
                 async move { h.is_some_and(|h| h != old) }
@@ -298,7 +294,7 @@ async fn run_class(class: String, a: Args) -> Report {
         let victim = holder;
         let seq0 = next_seq(&sim);
         let t0 = Instant::now();
-        let t0_unix = unix_ms();
+        let t0_unix = common::unix_ms();
         match class.as_str() {
             "kill" | "busy" => cp.kill_apiserver(victim).await,
             "hang" => cp.hang(victim).unwrap(),
@@ -326,7 +322,7 @@ async fn run_class(class: String, a: Args) -> Report {
             _ => unreachable!(),
         }
         let direct = format!("https://{}/readyz", SocketAddr::new(cp.addresses()[victim], 6443));
-        wait_until("the healed node answers", Duration::from_secs(60), || {
+        common::wait_for("the healed node answers", Duration::from_secs(60), || {
             answers(&probe, &direct)
         })
         .await;
@@ -453,18 +449,6 @@ async fn answers(probe: &reqwest::Client, url: &str) -> bool {
         probe.get(url).timeout(Duration::from_millis(300)).send().await,
         Ok(r) if r.status().is_success()
     )
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Where the replicas' logs go: `$BATON_BENCH_LOGS`, or a directory per process under the

@@ -83,28 +83,8 @@ fn controller_with(
         .unwrap()
 }
 
-async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
-    let client = baton_testbed::http_client(Some(ca)).unwrap();
-    matches!(
-        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
-        Ok(r) if r.status().is_success()
-    )
-}
-
 async fn holder(bed: &Bed) -> Option<u64> {
     bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
-}
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn mirror_has_ingress(client: &kube::Client) -> bool {
@@ -127,11 +107,11 @@ fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
         let ca = bed.cp.ca_der().to_vec();
         let fip = SocketAddr::new(bed.fip.address, 6443);
 
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&client)
         })
         .await;
-        assert!(readyz(&ca, fip).await, "the FIP answers through cp-0");
+        assert!(common::readyz(&ca, fip).await, "the FIP answers through cp-0");
         // Steady state: the healthy holder keeps the FIP (probes run for a few seconds).
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
@@ -142,8 +122,8 @@ fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
 
         let stopped = Instant::now();
         bed.cp.kill_apiserver(0).await;
-        wait_for("the FIP to answer again", Duration::from_secs(20), || {
-            readyz(&ca, fip)
+        common::wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            common::readyz(&ca, fip)
         })
         .await;
         let recovered = stopped.elapsed();
@@ -164,7 +144,7 @@ fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
         assert_eq!(puts, 2, "the test's own assignment + one move");
 
         // An Event on the mirror Service says what happened.
-        wait_for("the FloatingIPMoved Event", Duration::from_secs(10), || {
+        common::wait_for("the FloatingIPMoved Event", Duration::from_secs(10), || {
             let client = client.clone();
             async move {
                 Api::<Event>::namespaced(client, "kube-system")
@@ -188,7 +168,7 @@ fn a_short_hiccup_of_the_holder_does_not_move_the_fip() {
         let logs = tempfile::tempdir().unwrap();
         let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
         let client = bed.cp.client(1).unwrap();
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&client)
         })
         .await;
@@ -235,13 +215,13 @@ fn losing_the_holder_and_the_leader_together_still_moves_the_fip_exactly_once() 
         // Replica A talks to the holder's own API server (the worst case), replica B to cp-1's.
         let mut a = controller(&bed, 0, "replica-a", &logs.path().join("a.log"));
         let observer = bed.cp.client(2).unwrap();
-        wait_for("replica-a to lead", Duration::from_secs(30), || {
+        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
             let c = observer.clone();
             async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
         })
         .await;
         let _b = controller(&bed, 1, "replica-b", &logs.path().join("b.log"));
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&observer)
         })
         .await;
@@ -257,8 +237,8 @@ fn losing_the_holder_and_the_leader_together_still_moves_the_fip_exactly_once() 
         let fip = SocketAddr::new(bed.fip.address, 6443);
         bed.cp.kill_apiserver(0).await;
         a.kill().await.unwrap();
-        wait_for("the FIP to answer again", Duration::from_secs(30), || {
-            readyz(&ca, fip)
+        common::wait_for("the FIP to answer again", Duration::from_secs(30), || {
+            common::readyz(&ca, fip)
         })
         .await;
         assert_eq!(lease_holder(&observer).await.as_deref(), Some("replica-b"));
@@ -274,21 +254,11 @@ fn cordoning_the_holder_moves_the_fip_away() {
     lab::run(|| async {
         let bed = bed(0).await;
         let client = bed.cp.client(1).unwrap();
+        common::register_cp_nodes(&client, &CP).await;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        for (i, id) in CP.iter().enumerate() {
-            let node = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": format!("cp-{i}"), "labels": {"node-role.kubernetes.io/control-plane": ""}},
-                "spec": {"providerID": format!("cherryservers://{id}")}
-            }))
-            .unwrap();
-            nodes
-                .create(&kube::api::PostParams::default(), &node)
-                .await
-                .unwrap();
-        }
         let logs = tempfile::tempdir().unwrap();
         let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&client)
         })
         .await;
@@ -304,13 +274,13 @@ fn cordoning_the_holder_moves_the_fip_away() {
             )
             .await
             .unwrap();
-        wait_for(
+        common::wait_for(
             "the FIP to leave the cordoned node",
             Duration::from_secs(15),
             || async { holder(&bed).await != Some(CP[0]) },
         )
         .await;
-        assert!(readyz(bed.cp.ca_der(), SocketAddr::new(bed.fip.address, 6443)).await);
+        assert!(common::readyz(bed.cp.ca_der(), SocketAddr::new(bed.fip.address, 6443)).await);
     });
 }
 
@@ -336,15 +306,15 @@ fn the_shipped_rbac_is_enough_for_a_failover() {
         let log = logs.path().join("a.log");
         let _c = controller_as(&bed, 1, "replica-a", &log, SA_TOKEN);
         let client = bed.cp.client(1).unwrap();
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&client)
         })
         .await;
         bed.cp.kill_apiserver(0).await;
         let ca = bed.cp.ca_der().to_vec();
         let fip = SocketAddr::new(bed.fip.address, 6443);
-        wait_for("the FIP to answer again", Duration::from_secs(20), || {
-            readyz(&ca, fip)
+        common::wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            common::readyz(&ca, fip)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -375,7 +345,7 @@ fn a_controller_whose_api_server_is_the_holder_fails_over_on_the_client_side() {
             &extra,
         );
         let observer = bed.cp.client(2).unwrap();
-        wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&observer)
         })
         .await;
@@ -385,8 +355,8 @@ fn a_controller_whose_api_server_is_the_holder_fails_over_on_the_client_side() {
         let fip = SocketAddr::new(bed.fip.address, 6443);
         let stopped = Instant::now();
         bed.cp.kill_apiserver(0).await;
-        wait_for("the FIP to answer again", Duration::from_secs(20), || {
-            readyz(&ca, fip)
+        common::wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            common::readyz(&ca, fip)
         })
         .await;
         // Well inside the lease duration: the replica never lost leadership.

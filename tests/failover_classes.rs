@@ -10,7 +10,7 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use baton_cloud::CherryClient;
 use baton_cloud::Cloud as _;
@@ -108,7 +108,7 @@ impl Bed {
     }
 
     async fn leader(&self) -> usize {
-        wait_for("a leader", Duration::from_secs(30), || {
+        common::wait_for("a leader", Duration::from_secs(30), || {
             let h = self.history.holder();
             async move { h.is_some() }
         })
@@ -132,7 +132,10 @@ impl Bed {
         }
         let ca = self.cp.ca_der().to_vec();
         let fip = SocketAddr::new(self.fip.address, 6443);
-        wait_for("the FIP to answer", Duration::from_secs(30), || readyz(&ca, fip)).await;
+        common::wait_for("the FIP to answer", Duration::from_secs(30), || {
+            common::readyz(&ca, fip)
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
@@ -141,7 +144,7 @@ impl Bed {
         let fip = SocketAddr::new(self.fip.address, 6443);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if self.holder().is_some_and(|h| h != victim) && readyz(&ca, fip).await {
+            if self.holder().is_some_and(|h| h != victim) && common::readyz(&ca, fip).await {
                 return;
             }
             assert!(
@@ -185,33 +188,9 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
-    let client = baton_testbed::http_client(Some(ca)).unwrap();
-    matches!(
-        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
-        Ok(r) if r.status().is_success()
-    )
-}
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn signal(child: &Child, sig: Signal) {
     let pid = i32::try_from(child.id().expect("running")).unwrap();
     nix::sys::signal::kill(Pid::from_raw(pid), sig).unwrap();
-}
-
-fn unix_ms() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
 /// A hung API server (SIGSTOP: the kernel still accepts TCP, nothing answers) on the FIP's
@@ -296,7 +275,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
         bed.cloud.ip(&bed.fip.id).await.unwrap();
         bed.cp.kill_apiserver(holder).await;
         // The leader tries (and is refused) while it still leads …
-        wait_for("the leader's first refused move", Duration::from_secs(10), || {
+        common::wait_for("the leader's first refused move", Duration::from_secs(10), || {
             let tried = bed
                 .sim
                 .log(from)
@@ -307,7 +286,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
         .await;
         // … then loses its API server, and so the Lease, and keeps reaching the cloud.
         bed.cp.partition(leader).await.unwrap();
-        wait_for(
+        common::wait_for(
             "another replica to take the Lease",
             Duration::from_secs(10),
             || {
@@ -416,7 +395,7 @@ fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
                 .await
                 .unwrap();
             if common::ingress(&svc).is_some() {
-                break unix_ms();
+                break common::unix_ms();
             }
             assert!(Instant::now() < deadline, "no FIP\n{}", bed.logs());
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -95,18 +95,6 @@ async fn status(path: &str) -> Option<u16> {
     admin(path).await.map(|(s, _)| s)
 }
 
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The value of the metric line starting with `prefix` (`name{labels}`).
 async fn metric(prefix: &str) -> Option<f64> {
     let (_, text) = admin("/metrics").await?;
@@ -121,7 +109,7 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
         let bed = bed(1).await;
         let logs = tempfile::tempdir().unwrap();
         let _c = controller(&bed, &logs.path().join("a.log"), &[], &[]);
-        wait_for("/ready", Duration::from_secs(30), || async {
+        common::wait_for("/ready", Duration::from_secs(30), || async {
             status("/ready").await == Some(200)
         })
         .await;
@@ -132,7 +120,7 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
 
         let frozen = Frozen::apiserver(&bed.cp, 0);
         let hung = Instant::now();
-        wait_for("/ready to fail", Duration::from_secs(20), || async {
+        common::wait_for("/ready to fail", Duration::from_secs(20), || async {
             status("/ready").await == Some(503)
         })
         .await;
@@ -149,7 +137,7 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
 
         drop(frozen);
         let back = Instant::now();
-        wait_for("/ready to recover", Duration::from_secs(20), || async {
+        common::wait_for("/ready to recover", Duration::from_secs(20), || async {
             status("/ready").await == Some(200)
         })
         .await;
@@ -170,7 +158,7 @@ fn health_fails_naming_a_controller_task_that_died() {
         let log = logs.path().join("a.log");
         // The hidden test hook: the supervised "nodes" task panics a second after it started.
         let mut c = controller(&bed, &log, &[], &[("BATON_TEST_FAIL_TASK", "nodes")]);
-        wait_for("/health to fail", Duration::from_secs(30), || async {
+        common::wait_for("/health to fail", Duration::from_secs(30), || async {
             status("/health").await == Some(503)
         })
         .await;
@@ -181,7 +169,7 @@ fn health_fails_naming_a_controller_task_that_died() {
         assert_eq!(metric("baton_task_up{task=\"lease\"}").await, Some(1.0));
         // The rest keeps running: the process is up, the API answers.
         assert!(c.try_wait().unwrap().is_none(), "the controller exited");
-        wait_for("/ready", Duration::from_secs(10), || async {
+        common::wait_for("/ready", Duration::from_secs(10), || async {
             status("/ready").await == Some(200)
         })
         .await;
@@ -214,30 +202,6 @@ fn ip_writes(sim: &SimHandle) -> usize {
         .count()
 }
 
-async fn readyz(ca: &[u8], addr: SocketAddr) -> bool {
-    let client = baton_testbed::http_client(Some(ca)).unwrap();
-    matches!(
-        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
-        Ok(r) if r.status().is_success()
-    )
-}
-
-/// Registers Nodes cp-0…cp-2 with the simulator's provider IDs (then only Nodes are candidates).
-async fn register_nodes(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    for (i, id) in CP.iter().enumerate() {
-        let node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cp-{i}"), "labels": {"node-role.kubernetes.io/control-plane": ""}},
-            "spec": {"providerID": format!("cherryservers://{id}")}
-        }))
-        .unwrap();
-        nodes
-            .create(&kube::api::PostParams::default(), &node)
-            .await
-            .unwrap();
-    }
-}
-
 async fn holder(bed: &Bed) -> Option<u64> {
     bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
 }
@@ -252,13 +216,13 @@ fn a_controller_whose_first_api_server_hangs_keeps_working_through_the_next() {
         let urls: Vec<String> = (0..3).map(|i| bed.cp.url(i)).collect();
         let extra = vec!["--api-servers".to_owned(), urls.join(",")];
         let observer = bed.cp.client(2).unwrap();
-        register_nodes(&observer).await;
+        common::register_cp_nodes(&observer, &CP).await;
         let _c = controller(&bed, &logs.path().join("a.log"), &extra, &[]);
-        wait_for("replica-a to lead", Duration::from_secs(30), || async {
+        common::wait_for("replica-a to lead", Duration::from_secs(30), || async {
             lease(&observer).await.is_some_and(|(h, _)| h == "replica-a")
         })
         .await;
-        wait_for("/ready", Duration::from_secs(30), || async {
+        common::wait_for("/ready", Duration::from_secs(30), || async {
             status("/ready").await == Some(200)
         })
         .await;
@@ -286,8 +250,8 @@ fn a_controller_whose_first_api_server_hangs_keeps_working_through_the_next() {
         assert!(renewals >= 4, "only {renewals} renewals seen in 8 s");
 
         // The FIP left the hung holder (probes fail, the leader acts through another server).
-        wait_for("the FIP to answer again", Duration::from_secs(20), || {
-            readyz(&ca, fip)
+        common::wait_for("the FIP to answer again", Duration::from_secs(20), || {
+            common::readyz(&ca, fip)
         })
         .await;
         let moved_to = holder(&bed).await;
@@ -309,7 +273,7 @@ fn a_controller_whose_first_api_server_hangs_keeps_working_through_the_next() {
             )
             .await
             .unwrap();
-        wait_for(
+        common::wait_for(
             "the FIP to leave the cordoned node",
             Duration::from_secs(15),
             || async {

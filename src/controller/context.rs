@@ -67,12 +67,6 @@ impl LeaderGate {
         self.0.borrow().is_some_and(|until| Instant::now() < until)
     }
 
-    /// Until when this replica may act (`None`: not leader). The cloud client's write fence
-    /// reads this right before each request leaves.
-    pub fn valid_until(&self) -> Option<Instant> {
-        (*self.0.borrow()).filter(|until| Instant::now() < *until)
-    }
-
     /// The channel behind the gate (the cloud client's fence reads it).
     pub fn receiver(&self) -> watch::Receiver<Option<Instant>> {
         self.0.clone()

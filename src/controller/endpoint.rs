@@ -704,21 +704,14 @@ where
     let token = shutdown.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        // A persistent error (an RBAC denial) must be seen, but not flood the log: a warning at
-        // most every 30 s per watched kind, the repeats in between at debug.
-        let mut throttle = super::health::LogThrottle::new(Duration::from_secs(30));
+        // A persistent error (an RBAC denial) must be seen, but not flood the log.
+        let errors = super::health::StreamErrors::new(K::kind(&()));
         loop {
             tokio::select! {
                 () = token.cancelled() => return,
                 item = stream.next() => match item {
                     Some(Ok(_)) => {}
-                    Some(Err(error)) => {
-                        if let Some(repeats) = throttle.allow() {
-                            tracing::warn!(%error, kind = %K::kind(&()), repeats, "watch error (retrying)");
-                        } else {
-                            tracing::debug!(%error, kind = %K::kind(&()), "watch error (retrying)");
-                        }
-                    }
+                    Some(Err(error)) => errors.warn(&error),
                     None => return,
                 },
             }

@@ -226,14 +226,14 @@ mod tests {
 /// (an RBAC denial repeats on every retry), with the count of repeats in between.
 #[derive(Debug)]
 pub struct StreamErrors {
-    what: &'static str,
+    what: String,
     throttle: std::sync::Mutex<LogThrottle>,
 }
 
 impl StreamErrors {
-    pub fn new(what: &'static str) -> Self {
+    pub fn new(what: impl Into<String>) -> Self {
         Self {
-            what,
+            what: what.into(),
             throttle: std::sync::Mutex::new(LogThrottle::new(std::time::Duration::from_secs(30))),
         }
     }
@@ -246,7 +246,9 @@ impl StreamErrors {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .allow();
         if let Some(repeats) = allowed {
-            tracing::warn!(%error, what = self.what, repeats, "watch error (retrying)");
+            tracing::warn!(%error, what = %self.what, repeats, "watch error (retrying)");
+        } else {
+            tracing::debug!(%error, what = %self.what, "watch error (retrying)");
         }
     }
 }

@@ -239,14 +239,13 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
     .backoff(super::health::WatchBackoff::default())
     .touched_objects();
     let mut stream = std::pin::pin!(stream);
+    let errors = super::health::StreamErrors::new(format!("leader Lease {name}"));
     while let Some(item) = stream.next().await {
         match item {
             Ok(lease) => {
                 seen.send_if_modified(|s| observe(s, Record::of(&lease)));
             }
-            Err(error) => {
-                tracing::warn!(%error, lease = %name, "watching the leader Lease failed (retrying)");
-            }
+            Err(error) => errors.warn(&error),
         }
     }
 }

@@ -207,3 +207,53 @@ pub async fn control_plane_with_controllers() -> (baton_testbed::ControlPlane, k
     let client = cp.client(0).unwrap();
     (cp, client)
 }
+
+/// Waits until `f` holds, looking every 50 ms; fails naming `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `https://<addr>/readyz` answers 2xx within 500 ms (certificate verified against `ca`).
+pub async fn readyz(ca: &[u8], addr: std::net::SocketAddr) -> bool {
+    let client = baton_testbed::http_client(Some(ca)).unwrap();
+    matches!(
+        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
+        Ok(r) if r.status().is_success()
+    )
+}
+
+/// Wall-clock milliseconds since the Unix epoch (the simulator's `unix_ms`, a Lease's times).
+pub fn unix_ms() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// Registers Nodes cp-0, cp-1, … with the provider IDs of the simulator's servers `ids` (then
+/// only Nodes are failover candidates).
+pub async fn register_cp_nodes(client: &kube::Client, ids: &[u64]) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for (i, id) in ids.iter().enumerate() {
+        let node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cp-{i}"), "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"providerID": format!("cherryservers://{id}")}
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+}

@@ -450,27 +450,21 @@ impl CherryClient {
                 Err(e) if op == Op::DeleteIp && attempt > 0 && e.is_not_found() => return Ok(Bytes::new()),
                 Err(e) if op.is_idempotent() && e.is_retryable() && attempt < self.inner.max_retries => {
                     let delay = self.retry_delay(&e, attempt);
-                    if self.gives_up_before_retry(op, delay) {
-                        warn!(
-                            op = op.as_str(),
-                            object = %object,
-                            attempt = attempt + 1,
-                            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                            category = e.category(),
-                            error = %e,
-                            "cloud call failed; not retrying past the fence's deadline"
-                        );
-                        return Err(fenced_after(fenced(op, object), Some(e)));
-                    }
+                    // An urgent write does not wait past its fence's deadline.
+                    let give_up = self.gives_up_before_retry(op, delay);
                     warn!(
                         op = op.as_str(),
                         object = %object,
                         attempt = attempt + 1,
                         delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        retrying = !give_up,
                         category = e.category(),
                         error = %e,
-                        "cloud call failed; retrying"
+                        "cloud call failed"
                     );
+                    if give_up {
+                        return Err(fenced_after(fenced(op, object), Some(e)));
+                    }
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                     last = Some(e);
