@@ -314,12 +314,24 @@ impl ControlPlane {
 
     /// Hangs API server `i` (SIGSTOP): its socket still completes TCP handshakes into the
     /// kernel's backlog, but nothing is read or answered. No-op if it is not running.
+    ///
+    /// Returns once the kernel reports the process stopped (a signal is delivered
+    /// asynchronously; a Go server with many threads takes a moment to stop them all), so the
+    /// fault is in place when the caller starts its clock.
     pub fn hang(&mut self, i: usize) -> anyhow::Result<()> {
         let Some(pid) = self.apiserver_pid(i) else {
             return Ok(());
         };
         signal(pid, nix::sys::signal::Signal::SIGSTOP)?;
         self.apiservers[i].hung = true;
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !matches!(process_state(pid), Some('T' | 't') | None) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "API server {pid} did not stop within 2 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
@@ -490,6 +502,12 @@ impl Drop for ControlPlane {
         }
         self.firewall.remove_blocking();
     }
+}
+
+/// `R`, `S`, `T` (stopped), `Z`… of a process, from `/proc/<pid>/stat`; `None` once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }
 
 fn signal(pid: u32, sig: nix::sys::signal::Signal) -> anyhow::Result<()> {
