@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton::controller::bgp::{self, Kind, MANAGED_BY, MANAGED_BY_LABEL};
+use baton::controller::watches::Watches;
 use baton::controller::{Context, service};
 use baton_cloud::Cloud as _;
 use baton_cloud::model::ServerId;
@@ -39,8 +40,14 @@ fn start(ctx: &Arc<Context>) -> watch::Sender<bool> {
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    tokio::spawn(service::run_services(Arc::clone(ctx), stop(rx.clone())));
-    tokio::spawn(bgp::run_bgp(Arc::clone(ctx), stop(rx)));
+    let mut watches = Watches::new(&ctx.client);
+    tokio::spawn(service::run_services(
+        Arc::clone(ctx),
+        &mut watches,
+        stop(rx.clone()),
+    ));
+    tokio::spawn(bgp::run_bgp(Arc::clone(ctx), &mut watches, stop(rx.clone())));
+    tokio::spawn(watches.run(stop(rx)));
     tx
 }
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton::controller::node::{self, PROVIDED_NODE_IP_ANNOTATION, SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
+use baton::controller::watches::Watches;
 use baton_cloud::sim::{Faults, Topology};
 use baton_testbed::lab;
 use common::eventually;
@@ -141,10 +142,13 @@ fn nodes_are_initialised_and_deleted_with_their_servers() {
         .await
         .unwrap();
 
-        let (stop, mut rx) = watch::channel(false);
-        tokio::spawn(node::run_nodes(ctx, async move {
+        let (stop, rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
-        }));
+        };
+        let mut watches = Watches::new(&ctx.client);
+        tokio::spawn(node::run_nodes(ctx, &mut watches, stopped(rx.clone())));
+        tokio::spawn(watches.run(stopped(rx)));
 
         let cp0 = initialised(&api, "cp-0").await;
         assert_eq!(

@@ -14,6 +14,7 @@ use baton::controller::Context;
 use baton::controller::service::{
     self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, METALLB_IPS_ANNOTATION,
 };
+use baton::controller::watches::Watches;
 use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_fip_tags;
 use baton_testbed::lab;
@@ -27,10 +28,13 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Starts the Service controller on `ctx`; it stops when the sender drops or sends.
 fn start(ctx: Arc<Context>) -> watch::Sender<bool> {
-    let (tx, mut rx) = watch::channel(false);
-    tokio::spawn(service::run_services(ctx, async move {
+    let (tx, rx) = watch::channel(false);
+    let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
-    }));
+    };
+    let mut watches = Watches::new(&ctx.client);
+    tokio::spawn(service::run_services(ctx, &mut watches, stop(rx.clone())));
+    tokio::spawn(watches.run(stop(rx)));
     tx
 }
 

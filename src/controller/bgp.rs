@@ -29,20 +29,20 @@ use std::time::Duration;
 use baton_cloud::CloudError;
 use baton_cloud::model::ServerId;
 use baton_core::{LoadBalancerMode, ProviderId};
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::service::{self, Scope};
-use super::{Context, FIELD_MANAGER};
+use super::kit::{KubeCallError, NotLeader, timed};
+use super::service::{ServiceFacts, budget, facts_of, requested_ip};
+use super::watches::{Watches, any_changed};
+use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often everything is recomputed without a change, and how long a server's BGP facts are
 /// trusted before they are read again.
@@ -51,7 +51,6 @@ pub const RESYNC: Duration = Duration::from_secs(600);
 const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Errors of one BGP pass; each names the failed step and the object.
 #[derive(Debug, thiserror::Error)]
@@ -63,22 +62,15 @@ pub enum BgpError {
         #[source]
         source: Box<CloudError>,
     },
-    /// A Kubernetes call failed.
-    #[error("{step}: {source}")]
-    Kube {
-        step: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
-    /// A Kubernetes write did not finish in time.
-    #[error("{0} timed out")]
-    Timeout(String),
+    /// A Kubernetes call failed or timed out.
+    #[error(transparent)]
+    Kube(#[from] KubeCallError),
     /// The MetalLB CRDs are not installed.
     #[error("MetalLB's CRDs ({0}.metallb.io) are not installed: install MetalLB v0.13.2 or later")]
     NoCrds(&'static str),
     /// This replica lost the lease mid-pass.
-    #[error("not the leader")]
-    NotLeader,
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 impl BgpError {
@@ -86,10 +78,9 @@ impl BgpError {
     pub fn category(&self) -> &'static str {
         match self {
             Self::Cloud { source, .. } => source.category(),
-            Self::Kube { .. } => "kube",
-            Self::Timeout(_) => "timeout",
+            Self::Kube(e) => e.category(),
             Self::NoCrds(_) => "no_crds",
-            Self::NotLeader => "not_leader",
+            Self::NotLeader(_) => "not_leader",
         }
     }
 }
@@ -120,48 +111,29 @@ struct Bgp {
     reported: HashSet<String>,
 }
 
-/// Runs the BGP controller until `shutdown` resolves. Without a `loadbalancer`, BGP is off and
-/// this returns at once.
-pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 'static) {
+/// The BGP controller on the shared Node and Service watches, running until `shutdown`
+/// resolves. Without a `loadbalancer`, BGP is off and the future ends at once.
+pub fn run_bgp(
+    ctx: Arc<Context>,
+    watches: &mut Watches,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let inputs = (
+        watches.nodes(),
+        watches.services(),
+        [watches.node_changes(), watches.service_changes()],
+    );
+    run(ctx, inputs, shutdown)
+}
+
+async fn run(
+    ctx: Arc<Context>,
+    (nodes, services, mut changes): (Store<Node>, Store<Service>, [watch::Receiver<u64>; 2]),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     let Some(mode) = ctx.config.load_balancer.clone() else {
         info!("no loadbalancer configured: BGP is off");
         return;
-    };
-    let changed = Arc::new(Notify::new());
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (services, service_writer) = reflector::store::<Service>();
-    let watch_nodes = {
-        let changed = Arc::clone(&changed);
-        let errors = super::health::StreamErrors::new("BGP Node watch");
-        watcher(Api::<Node>::all(ctx.client.clone()), watcher::Config::default())
-            .backoff(super::health::WatchBackoff::default())
-            .reflect(node_writer)
-            .touched_objects()
-            .for_each(move |item| {
-                match item {
-                    Ok(_) => changed.notify_one(),
-                    Err(error) => errors.warn(&error),
-                }
-                async {}
-            })
-    };
-    let watch_services = {
-        let changed = Arc::clone(&changed);
-        let errors = super::health::StreamErrors::new("BGP Service watch");
-        watcher(
-            Api::<Service>::all(ctx.client.clone()),
-            watcher::Config::default(),
-        )
-        .backoff(super::health::WatchBackoff::default())
-        .reflect(service_writer)
-        .touched_objects()
-        .for_each(move |item| {
-            match item {
-                Ok(_) => changed.notify_one(),
-                Err(error) => errors.warn(&error),
-            }
-            async {}
-        })
     };
     let mut bgp = Bgp {
         ctx,
@@ -180,8 +152,12 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
         loop {
             leader.wait().await;
             let next = match bgp.pass().await {
-                Ok(()) => RESYNC,
+                Ok(()) => {
+                    bgp.ctx.metrics.reconciled("bgp");
+                    RESYNC
+                }
                 Err(error) => {
+                    bgp.ctx.metrics.reconcile_failed("bgp", error.category());
                     warn!(%error, category = error.category(), "BGP pass failed; retrying");
                     // Installing MetalLB takes a person: do not spin on it.
                     if matches!(error, BgpError::NoCrds(_)) {
@@ -191,27 +167,17 @@ pub async fn run_bgp(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Sen
                     }
                 }
             };
-            let _ = tokio::time::timeout(next, changed.notified()).await;
+            let _ = tokio::time::timeout(next, any_changed(&mut changes)).await;
             tokio::time::sleep(DEBOUNCE).await;
         }
     };
     tokio::select! {
         () = shutdown => {}
-        () = watch_nodes => {}
-        () = watch_services => {}
         () = work => {}
     }
 }
 
 impl Bgp {
-    fn ensure_leader(&self) -> Result<(), BgpError> {
-        if self.ctx.leader.is_leader() {
-            Ok(())
-        } else {
-            Err(BgpError::NotLeader)
-        }
-    }
-
     /// One level-triggered pass over every selected node and (MetalLB) every Service.
     async fn pass(&mut self) -> Result<(), BgpError> {
         let local_asn = self.local_asn().await?;
@@ -225,7 +191,7 @@ impl Bgp {
             match self.node(&node, local_asn).await {
                 Ok(Some(bgp)) => peered.push(bgp),
                 Ok(None) => {}
-                Err(e @ BgpError::NotLeader) => return Err(e),
+                Err(e @ BgpError::NotLeader(_)) => return Err(e),
                 Err(e) => {
                     warn!(node = %node.name_any(), error = %e, "BGP for the node failed");
                     failed = Some(e);
@@ -244,7 +210,7 @@ impl Bgp {
         if let Some(asn) = self.local_asn {
             return Ok(asn);
         }
-        self.ensure_leader()?;
+        self.ctx.leader.ensure("enabling Local BGP on the project")?;
         let project = self
             .ctx
             .cloud
@@ -332,7 +298,7 @@ impl Bgp {
                 .await
                 .map_err(cloud_err("reading its server"))?;
             if !server.bgp.enabled {
-                self.ensure_leader()?;
+                self.ctx.leader.ensure("enabling BGP on a server")?;
                 let ips = std::mem::take(&mut server.ip_addresses);
                 server = self
                     .ctx
@@ -367,12 +333,11 @@ impl Bgp {
         let desired = desired_node_annotations(&bgp, &self.ctx.config.annotations);
         let patch = node_annotation_patch(node.annotations(), &desired, &self.ctx.config.annotations);
         if !patch.is_empty() {
-            self.ensure_leader()?;
+            self.ctx.leader.ensure("annotating a node")?;
             let body = json!({"metadata": {"annotations": patch}});
             let api = Api::<Node>::all(self.ctx.client.clone());
-            let step = format!("annotating node {name}");
             timed(
-                &step,
+                format!("annotating node {name}"),
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)),
             )
             .await?;
@@ -382,24 +347,27 @@ impl Bgp {
     }
 
     /// The Services MetalLB announces: managed, not being deleted, within the prefix budget,
-    /// with an IP (baton's FIP or the user's own).
+    /// with an IP (baton's FIP or the user's own). Each Service's facts are read once.
     fn lb_services(&self) -> Vec<LbService> {
-        let services = self.services.state();
-        let admission = admitted(&services, &self.ctx.config);
-        let mut out = Vec::new();
-        for svc in services {
-            let facts = service::facts_of(&svc);
-            if !admission.admitted.contains(&facts.key()) {
-                continue;
-            }
-            if let Ok(Some(ip)) = service::requested_ip(&facts, &self.mode) {
-                out.push(LbService {
-                    namespace: facts.namespace,
-                    name: facts.name,
+        let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
+        let mirror_name = mirror::service_name(&self.ctx.config.prefix);
+        let admission = budget::admitted(
+            &facts,
+            ("kube-system", &mirror_name),
+            self.ctx.config.bgp_prefix_limit,
+        );
+        let mut out: Vec<LbService> = facts
+            .into_iter()
+            .filter(|f| admission.admitted.contains(&f.key()))
+            .filter_map(|f| {
+                let ip = requested_ip(&f, &self.mode).ok()??;
+                Some(LbService {
+                    namespace: f.namespace,
+                    name: f.name,
                     ip,
-                });
-            }
-        }
+                })
+            })
+            .collect();
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
     }
@@ -428,10 +396,11 @@ impl Bgp {
                     return Err(BgpError::NoCrds(kind.plural()));
                 }
                 Err(source) => {
-                    return Err(BgpError::Kube {
-                        step: format!("listing {} in {namespace}", kind.plural()),
-                        source: Box::new(source),
-                    });
+                    return Err(KubeCallError::failed(
+                        format!("listing {} in {namespace}", kind.plural()),
+                        source,
+                    )
+                    .into());
                 }
             };
             for obj in list.items {
@@ -448,7 +417,7 @@ impl Bgp {
         for action in metallb_actions(&desired, &existing) {
             match action {
                 Action::Apply(obj) => {
-                    self.ensure_leader()?;
+                    self.ctx.leader.ensure("applying a MetalLB object")?;
                     let api: Api<DynamicObject> =
                         Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(obj.kind));
                     let body = json!({
@@ -457,9 +426,8 @@ impl Bgp {
                         "metadata": {"name": obj.name, "namespace": namespace, "labels": obj.labels},
                         "spec": obj.spec,
                     });
-                    let step = format!("applying {} {namespace}/{}", obj.kind.kind(), obj.name);
                     timed(
-                        &step,
+                        format!("applying {} {namespace}/{}", obj.kind.kind(), obj.name),
                         api.patch(
                             &obj.name,
                             &PatchParams::apply(FIELD_MANAGER).force(),
@@ -470,18 +438,14 @@ impl Bgp {
                     info!(kind = obj.kind.kind(), name = %obj.name, %namespace, "MetalLB object applied");
                 }
                 Action::Delete(kind, name) => {
-                    self.ensure_leader()?;
+                    self.ctx.leader.ensure("deleting a MetalLB object")?;
                     let api: Api<DynamicObject> =
                         Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
-                    match api.delete(&name, &DeleteParams::default()).await {
+                    let step = format!("deleting {} {namespace}/{name}", kind.kind());
+                    match timed(step, api.delete(&name, &DeleteParams::default())).await {
                         Ok(_) => info!(kind = kind.kind(), %name, %namespace, "MetalLB object deleted"),
-                        Err(kube::Error::Api(status)) if status.code == 404 => {}
-                        Err(source) => {
-                            return Err(BgpError::Kube {
-                                step: format!("deleting {} {namespace}/{name}", kind.kind()),
-                                source: Box::new(source),
-                            });
-                        }
+                        Err(e) if e.status() == Some(404) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
                 Action::Conflict(kind, name) => {
@@ -498,47 +462,6 @@ impl Bgp {
         }
         Ok(())
     }
-}
-
-async fn timed<T>(step: &str, f: impl Future<Output = Result<T, kube::Error>>) -> Result<T, BgpError> {
-    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(source)) => Err(BgpError::Kube {
-            step: step.to_owned(),
-            source: Box::new(source),
-        }),
-        Err(_) => Err(BgpError::Timeout(step.to_owned())),
-    }
-}
-
-/// The prefix budget over `services`: the managed LoadBalancer Services not being deleted,
-/// oldest first (see [`admit`]). The Service controller and the MetalLB writer both use it, so
-/// a refused Service gets neither its IP annotation nor a pool.
-pub fn admitted(services: &[Arc<Service>], config: &crate::config::Config) -> Admission {
-    let mirror_name = format!("{}-kubernetes-external", config.prefix);
-    let candidates = services
-        .iter()
-        .filter(|s| s.metadata.deletion_timestamp.is_none())
-        .filter_map(|s| {
-            let facts = service::facts_of(s);
-            (service::scope(&facts, ("kube-system", &mirror_name)) == Scope::Managed).then(|| Candidate {
-                key: facts.key(),
-                created: s
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map_or(0, |t| t.0.as_second()),
-            })
-        })
-        .collect();
-    admit(candidates, config.bgp_prefix_limit)
-}
-
-/// Whether the Service `key` is refused by the prefix budget, given every Service.
-pub fn refused_by_budget(services: &[Arc<Service>], config: &crate::config::Config, key: &str) -> bool {
-    config.load_balancer.is_some()
-        && config.bgp_prefix_limit.is_some()
-        && admitted(services, config).refused.iter().any(|k| k == key)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::metrics::Metrics;
 use crate::config::Config;
 
 /// Whether this replica may write to the cloud (and to status fields). Only the holder of the
@@ -123,6 +124,8 @@ pub struct Context {
     pub cluster_id: String,
     /// Leadership.
     pub leader: LeaderGate,
+    /// The process's metrics (served on the admin port).
+    pub metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Context {
@@ -150,6 +153,7 @@ impl Context {
         cloud: Arc<dyn Cloud>,
         config: Arc<Config>,
         leader: LeaderGate,
+        metrics: Arc<Metrics>,
         reporter_instance: Option<String>,
     ) -> Result<Self, ContextError> {
         let ns = Api::<Namespace>::all(client.clone())
@@ -168,6 +172,7 @@ impl Context {
             config,
             cluster_id,
             leader,
+            metrics,
         })
     }
 

@@ -26,19 +26,19 @@ use baton_cloud::Cloud;
 use baton_cloud::model::{IpAddress, IpType, Server, ServerId};
 use baton_core::failover::{Candidate, Decision, Observation, Reason, decide};
 use baton_core::health::Health;
-use futures::{FutureExt as _, StreamExt as _};
+use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, ResourceExt as _};
+use kube::runtime::reflector::Store;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::context::Handover;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::probe::{ProbeError, ProbeSettings, Prober};
+use super::watches::Watches;
 use super::{Context, LeaderGate, metrics::Metrics};
 
 /// Settings of the endpoint manager.
@@ -137,28 +137,25 @@ impl HoldDown {
     }
 }
 
-/// Runs until `shutdown`.
-pub async fn run(
+/// The endpoint manager on the shared watches (the API servers' EndpointSlices, Nodes,
+/// Services), running until `shutdown`.
+pub fn run(
     ctx: Context,
+    watches: &mut Watches,
     opts: EndpointOptions,
-    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> impl Future<Output = Result<(), EndpointError>> + Send + 'static {
+    let stores = (watches.api_slices(), watches.nodes(), watches.services());
+    run_on(ctx, stores, opts, shutdown)
+}
+
+async fn run_on(
+    ctx: Context,
+    (slices, nodes, services): (Store<EndpointSlice>, Store<Node>, Store<Service>),
+    opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> Result<(), EndpointError> {
-    let slices = reflect::<EndpointSlice>(
-        Api::namespaced(ctx.client.clone(), "default"),
-        watcher::Config::default().labels(&format!("{}=kubernetes", mirror::SERVICE_NAME_LABEL)),
-        &shutdown,
-    );
-    let nodes = reflect::<Node>(
-        Api::all(ctx.client.clone()),
-        watcher::Config::default(),
-        &shutdown,
-    );
-    let services = reflect::<Service>(
-        Api::all(ctx.client.clone()),
-        watcher::Config::default(),
-        &shutdown,
-    );
+    let metrics = Arc::clone(&ctx.metrics);
 
     // Decide nothing before the first full lists: a half-filled store would look like a
     // vanished holder.
@@ -686,40 +683,6 @@ impl Step<'_> {
     }
 }
 
-fn reflect<K>(api: Api<K>, cfg: watcher::Config, shutdown: &CancellationToken) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, cfg)
-        .backoff(super::health::WatchBackoff::default())
-        .reflect(writer)
-        .applied_objects();
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        // A persistent error (an RBAC denial) must be seen, but not flood the log.
-        let errors = super::health::StreamErrors::new(K::kind(&()));
-        loop {
-            tokio::select! {
-                () = token.cancelled() => return,
-                item = stream.next() => match item {
-                    Some(Ok(_)) => {}
-                    Some(Err(error)) => errors.warn(&error),
-                    None => return,
-                },
-            }
-        }
-    });
-    reader
-}
-
 /// The API servers listed by `default/kubernetes` (ready or without conditions), as address:port.
 fn api_server_addresses(slices: &[Arc<EndpointSlice>]) -> Vec<SocketAddr> {
     let mut out = BTreeSet::new();
@@ -874,7 +837,7 @@ fn discover(
             tracing::warn!(%tag, "floating IP not found: create one with this tag");
         }
     }
-    let mirror_name = format!("{}-kubernetes-external", ctx.config.prefix);
+    let mirror_name = mirror::service_name(&ctx.config.prefix);
     for svc in services {
         let annotated = svc
             .annotations()

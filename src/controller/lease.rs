@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use super::LeaderGate;
 use super::context::Handover;
 use super::health::LogThrottle;
+use super::kit::Backoff;
 
 /// The annotation carrying the exact lease duration in milliseconds.
 pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
@@ -236,10 +237,10 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
         api,
         watcher::Config::default().fields(&format!("metadata.name={name}")),
     )
-    .backoff(super::health::WatchBackoff::default())
+    .backoff(super::watches::WatchBackoff::default())
     .touched_objects();
     let mut stream = std::pin::pin!(stream);
-    let errors = super::health::StreamErrors::new(format!("leader Lease {name}"));
+    let errors = super::watches::StreamErrors::new(format!("leader Lease {name}"));
     while let Some(item) = stream.next().await {
         match item {
             Ok(lease) => {
@@ -265,12 +266,16 @@ struct Election<'a> {
 impl Election<'_> {
     /// The least time between two attempts after the last one.
     fn retry_gap(&self) -> Duration {
+        let first = self.cfg.renew_interval / 2;
         if self.failures == 0 || self.mine.is_some() {
-            return self.cfg.renew_interval / 2;
+            return first;
         }
-        (self.cfg.renew_interval / 2)
-            .saturating_mul(2u32.saturating_pow(self.failures.min(8)))
-            .min(Duration::from_secs(2))
+        Backoff {
+            base: first,
+            cap: Duration::from_secs(2),
+            jitter: false,
+        }
+        .delay(self.failures.saturating_add(1))
     }
 
     fn leading(&self) -> bool {

@@ -19,6 +19,17 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    controller: String,
+    category: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabel {
     task: String,
 }
@@ -43,6 +54,8 @@ pub struct Metrics {
     api_reachable: Gauge,
     api_failed: Family<ReasonLabel, Counter>,
     task_up: Family<TaskLabel, Gauge>,
+    reconciles: Family<ControllerLabel, Counter>,
+    reconcile_errors: Family<ErrorLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -125,8 +138,22 @@ impl Default for Metrics {
             "1 while a supervised controller task runs, 0 once it ended unexpectedly",
             task_up.clone(),
         );
+        let reconciles = Family::<ControllerLabel, Counter>::default();
+        let reconcile_errors = Family::<ErrorLabel, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Successful reconciles (a BGP pass counts as one), by controller",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by controller and error category",
+            reconcile_errors.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            reconciles,
+            reconcile_errors,
             api_reachable,
             api_failed,
             task_up,
@@ -185,6 +212,25 @@ impl Metrics {
     /// Sets `baton_api_server_reachable`.
     pub fn set_api_reachable(&self, reachable: bool) {
         self.api_reachable.set(i64::from(reachable));
+    }
+
+    /// Records a successful reconcile by `controller`.
+    pub fn reconciled(&self, controller: &str) {
+        self.reconciles
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records a failed reconcile by `controller`, by the error's category.
+    pub fn reconcile_failed(&self, controller: &str, category: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabel {
+                controller: controller.to_owned(),
+                category: category.to_owned(),
+            })
+            .inc();
     }
 
     /// Sets `baton_task_up{task}`.

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, LoadBalancerIngress, LoadBalancerStatus,
@@ -20,9 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource as _, ResourceExt as _};
-use std::future::Future;
 
 use super::FIELD_MANAGER;
+use super::kit::{KubeCallError, timed};
 
 /// The MetalLB annotation that keeps MetalLB away from the Service (CPEM #258).
 pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
@@ -48,21 +47,19 @@ pub enum MirrorError {
     ReadSource(#[source] kube::Error),
     #[error("default/kubernetes has no port")]
     NoPort,
-    #[error("applying {kind} {name}: {source}")]
-    Apply {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Apply(#[from] KubeCallError),
     #[error("deleting stale EndpointSlice {name}: {source}")]
     DeleteStale {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("timed out writing {0}")]
-    Timeout(String),
+}
+
+/// The mirror Service's name for `prefix`: `<prefix>-kubernetes-external` (in `kube-system`).
+pub fn service_name(prefix: &str) -> String {
+    format!("{prefix}-kubernetes-external")
 }
 
 /// What the mirror Service is built from.
@@ -86,7 +83,7 @@ impl MirrorSpec {
     pub fn new(prefix: &str, fip: IpAddr, fip_port: u16) -> Self {
         Self {
             namespace: "kube-system".into(),
-            name: format!("{prefix}-kubernetes-external"),
+            name: service_name(prefix),
             manage_spec: true,
             fip,
             fip_port,
@@ -279,14 +276,6 @@ fn strip_target(a: EndpointAddress) -> EndpointAddress {
     }
 }
 
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn timed<T>(name: &str, f: impl Future<Output = T>) -> Result<T, MirrorError> {
-    tokio::time::timeout(WRITE_TIMEOUT, f)
-        .await
-        .map_err(|_| MirrorError::Timeout(name.to_owned()))
-}
-
 /// Reads `default/kubernetes` and applies the mirror Service, its status, EndpointSlices and
 /// Endpoints by server-side apply; deletes mirror slices that no longer have a source.
 pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), MirrorError> {
@@ -309,24 +298,22 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
 
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let services: Api<Service> = Api::namespaced(client.clone(), &spec.namespace);
-    let apply_err = |kind, name: &str| {
-        let name = name.to_owned();
-        move |source| MirrorError::Apply { kind, name, source }
-    };
+    let step = |kind: &str, name: &str| format!("applying {kind} {}/{name}", spec.namespace);
     let applied = if spec.manage_spec {
         let svc = desired_service(spec, &kubernetes)?;
-        timed(&spec.name, services.patch(&spec.name, &pp, &Patch::Apply(&svc)))
-            .await?
-            .map_err(apply_err("Service", &spec.name))?
+        timed(
+            step("Service", &spec.name),
+            services.patch(&spec.name, &pp, &Patch::Apply(&svc)),
+        )
+        .await?
     } else {
         services.get(&spec.name).await.map_err(MirrorError::ReadSource)?
     };
     timed(
-        &spec.name,
+        step("Service status", &spec.name),
         services.patch_status(&spec.name, &pp, &Patch::Apply(&desired_status(spec))),
     )
-    .await?
-    .map_err(apply_err("Service status", &spec.name))?;
+    .await?;
     let owner = applied
         .controller_owner_ref(&())
         .expect("an applied Service has a name and uid");
@@ -335,9 +322,11 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
     let desired = desired_slices(spec, &owner, &source_slices);
     for s in &desired {
         let name = s.name_any();
-        timed(&name, slices.patch(&name, &pp, &Patch::Apply(s)))
-            .await?
-            .map_err(apply_err("EndpointSlice", &name))?;
+        timed(
+            step("EndpointSlice", &name),
+            slices.patch(&name, &pp, &Patch::Apply(s)),
+        )
+        .await?;
     }
     let ours = slices
         .list(&ListParams::default().labels(&format!(
@@ -361,9 +350,11 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
 
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &spec.namespace);
     let eps = desired_endpoints(spec, &owner, source_endpoints.as_ref());
-    timed(&spec.name, endpoints.patch(&spec.name, &pp, &Patch::Apply(&eps)))
-        .await?
-        .map_err(apply_err("Endpoints", &spec.name))?;
+    timed(
+        step("Endpoints", &spec.name),
+        endpoints.patch(&spec.name, &pp, &Patch::Apply(&eps)),
+    )
+    .await?;
     tracing::debug!(service = %spec.name, slices = desired.len(), "mirror applied");
     Ok(())
 }

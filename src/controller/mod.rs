@@ -20,6 +20,7 @@ pub mod bgp;
 pub mod context;
 pub mod endpoint;
 pub mod health;
+pub mod kit;
 pub mod lease;
 pub mod metrics;
 pub mod mirror;
@@ -28,6 +29,7 @@ pub mod probe;
 pub mod run;
 pub mod service;
 pub mod standalone;
+pub mod watches;
 
 pub use context::{Context, LeaderGate};
 

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
@@ -29,12 +29,14 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{ReflectHandle, Store};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
-use tracing::{debug, info, instrument, warn};
+use tracing::{debug, info, instrument};
 
 use super::Context;
+use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
+use super::watches::{StreamErrors, Watches};
 
 /// The taint kubelet sets with `--cloud-provider=external` until a cloud controller initialises
 /// the Node.
@@ -56,7 +58,6 @@ pub const PROVIDED_NODE_IP_ANNOTATION: &str = "alpha.kubernetes.io/provided-node
 pub const RESYNC: Duration = Duration::from_secs(600);
 /// How often a Node that is not Ready has its server checked.
 pub const NOT_READY_RECHECK: Duration = Duration::from_secs(30);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
 // ---------------------------------------------------------------------------------------------
 // Pure part.
@@ -310,20 +311,16 @@ pub enum NodeError {
         #[source]
         source: Box<CloudError>,
     },
-    /// A Kubernetes call failed.
-    #[error("Node {node}: {step}: {source}")]
+    /// A Kubernetes call failed or timed out.
+    #[error("Node {node}: {source}")]
     Kube {
         node: String,
-        step: &'static str,
         #[source]
-        source: Box<kube::Error>,
+        source: KubeCallError,
     },
-    /// A Kubernetes write did not finish in time.
-    #[error("Node {node}: {step} timed out")]
-    Timeout { node: String, step: &'static str },
     /// Not the leader.
-    #[error("Node {node}: not the leader, {step} deferred")]
-    NotLeader { node: String, step: &'static str },
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 impl NodeError {
@@ -334,9 +331,8 @@ impl NodeError {
             Self::NodeIp { .. } => "node_ip",
             Self::NoAddress { .. } => "no_address",
             Self::Cloud { source, .. } => source.category(),
-            Self::Kube { .. } => "kube",
-            Self::Timeout { .. } => "timeout",
-            Self::NotLeader { .. } => "not_leader",
+            Self::Kube { source, .. } => source.category(),
+            Self::NotLeader(_) => "not_leader",
         }
     }
 }
@@ -345,7 +341,7 @@ impl NodeError {
 pub struct NodeContext {
     /// What every reconciler shares.
     pub base: Arc<Context>,
-    failures: Mutex<BTreeMap<String, u32>>,
+    retries: Retries,
 }
 
 impl std::fmt::Debug for NodeContext {
@@ -361,24 +357,7 @@ impl NodeContext {
     pub fn new(base: Arc<Context>) -> Self {
         Self {
             base,
-            failures: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    fn failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u32>> {
-        self.failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn ensure_leader(&self, node: &str, step: &'static str) -> Result<(), NodeError> {
-        if self.base.leader.is_leader() {
-            Ok(())
-        } else {
-            Err(NodeError::NotLeader {
-                node: node.to_owned(),
-                step,
-            })
+            retries: Retries::new("nodes"),
         }
     }
 }
@@ -403,12 +382,27 @@ pub fn facts_of(node: &Node) -> NodeFacts {
     }
 }
 
-/// Runs the node controller until `shutdown` resolves.
-pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// The node controller on the shared Node watch, running until `shutdown` resolves (subscribes
+/// at once; the watch runs once [`Watches::run`] does).
+pub fn run_nodes(
+    ctx: Arc<Context>,
+    watches: &mut Watches,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let store = watches.nodes();
+    let trigger = watches.subscribe_nodes();
+    run(ctx, store, trigger, shutdown)
+}
+
+async fn run(
+    ctx: Arc<Context>,
+    store: Store<Node>,
+    trigger: ReflectHandle<Node>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
-    let api = Api::<Node>::all(ctx.client.clone());
-    let errors = Arc::new(super::health::StreamErrors::new("node controller"));
-    Controller::new(api, watcher::Config::default())
+    let errors = Arc::new(StreamErrors::new("node controller"));
+    Controller::for_shared_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(8))
         // Followers do nothing; a new leader initialises every Node at once.
         .reconcile_all_on(ctx.leader.elected())
@@ -416,9 +410,13 @@ pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + S
         .run(reconcile, error_policy, node_ctx)
         .for_each(|result| {
             let errors = Arc::clone(&errors);
+            let metrics = Arc::clone(&ctx.metrics);
             async move {
                 match result {
-                    Ok((obj, _)) => debug!(node = %obj.name, "reconciled"),
+                    Ok((obj, _)) => {
+                        metrics.reconciled("nodes");
+                        debug!(node = %obj.name, "reconciled");
+                    }
                     Err(controller::Error::ReconcilerFailed(error, obj)) => {
                         debug!(node = %obj.name, category = error.category(), "reconcile failed");
                     }
@@ -429,31 +427,22 @@ pub async fn run_nodes(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + S
         .await;
 }
 
-/// Retries with exponential backoff (2 s … 5 min) per Node.
+/// Retries ([`Retries::policy`]): a 429 waits its `Retry-After`; other failures back off
+/// exponentially per Node.
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(node: Arc<Node>, error: &NodeError, ctx: Arc<NodeContext>) -> Action {
-    let name = node.name_any();
-    if matches!(error, NodeError::NotLeader { .. }) {
-        // Leadership ended mid-reconcile: the next leader reconciles everything when it wins.
-        return Action::await_change();
-    }
-    let attempt = {
-        let mut failures = ctx.failures();
-        let n = failures.entry(name.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    let delay = error
-        .retry_after()
-        .unwrap_or_else(|| {
-            Duration::from_secs(2).saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
-        })
-        .min(Duration::from_secs(300));
-    warn!(node = %name, %error, category = error.category(), attempt, "node reconcile failed");
-    Action::requeue(delay)
+    ctx.retries.policy(&node.name_any(), error, &ctx.base.metrics)
 }
 
-impl NodeError {
+impl ReconcileError for NodeError {
+    fn category(&self) -> &'static str {
+        Self::category(self)
+    }
+
+    fn is_not_leader(&self) -> bool {
+        matches!(self, Self::NotLeader(_))
+    }
+
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Cloud { source, .. } => source.retry_after(),
@@ -488,28 +477,21 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action,
         }
     };
     if result.is_ok() {
-        ctx.failures().remove(&facts.name);
+        ctx.retries.succeeded(&facts.name);
     }
     result
 }
 
+/// A Kubernetes call for Node `node` within the write time limit.
 async fn timed<T>(
     node: &str,
     step: &'static str,
     f: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, NodeError> {
-    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(source)) => Err(NodeError::Kube {
-            node: node.to_owned(),
-            step,
-            source: Box::new(source),
-        }),
-        Err(_) => Err(NodeError::Timeout {
-            node: node.to_owned(),
-            step,
-        }),
-    }
+    kit::timed(step, f).await.map_err(|source| NodeError::Kube {
+        node: node.to_owned(),
+        source,
+    })
 }
 
 /// The server by id (`None` on 404), or by hostname in the project's servers.
@@ -613,7 +595,7 @@ async fn initialise(
         };
     }
     let api: Api<Node> = Api::all(ctx.base.client.clone());
-    ctx.ensure_leader(name, "initialising the Node")?;
+    ctx.base.leader.ensure("initialising the Node")?;
     // Addresses first: once the taint is gone, the Node is taken as initialised.
     let status = json!({"status": {"addresses": addresses}});
     let updated = timed(
@@ -683,17 +665,17 @@ async fn check_lifecycle(
             ctx.base
                 .event(node, EventType::Warning, "DeletingNode", "DeleteNode", message)
                 .await;
-            ctx.ensure_leader(name, "deleting the Node")?;
-            match api.delete(name, &DeleteParams::default()).await {
+            ctx.base.leader.ensure("deleting the Node")?;
+            match timed(
+                name,
+                "deleting the Node",
+                api.delete(name, &DeleteParams::default()),
+            )
+            .await
+            {
                 Ok(_) => info!(server = id.server_id(), "Node deleted: its server is gone"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => {
-                    return Err(NodeError::Kube {
-                        node: name.to_owned(),
-                        step: "deleting the Node",
-                        source: Box::new(source),
-                    });
-                }
+                Err(NodeError::Kube { source, .. }) if source.status() == Some(404) => {}
+                Err(e) => return Err(e),
             }
             return Ok(Action::await_change());
         }
@@ -707,7 +689,7 @@ async fn check_lifecycle(
                     format!("server {} is shut down (state inactive)", id.server_id()),
                 )
                 .await;
-            ctx.ensure_leader(name, "tainting the Node")?;
+            ctx.base.leader.ensure("tainting the Node")?;
             let mut taints = node
                 .spec
                 .as_ref()
@@ -721,7 +703,7 @@ async fn check_lifecycle(
             set_taints(&api, node, name, &taints).await?;
         }
         Lifecycle::ClearShutdown => {
-            ctx.ensure_leader(name, "untainting the Node")?;
+            ctx.base.leader.ensure("untainting the Node")?;
             let taints: Vec<Taint> = node
                 .spec
                 .as_ref()

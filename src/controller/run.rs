@@ -17,6 +17,7 @@ use super::health::{READY_WINDOW, Supervisor};
 use super::lease::{self, LeaseConfig};
 use super::metrics::Metrics;
 use super::probe::ProbeSettings;
+use super::watches::Watches;
 use super::{Context, LeaderGate};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::kube_failover::ApiReachability;
@@ -205,7 +206,15 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
-    let ctx = Context::new(client, cloud, Arc::clone(&config), leader, Some(identity)).await?;
+    let ctx = Context::new(
+        client,
+        cloud,
+        Arc::clone(&config),
+        leader,
+        Arc::clone(&metrics),
+        Some(identity),
+    )
+    .await?;
 
     if let Some(addr) = admin {
         let app = admin_router(
@@ -234,18 +243,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(60),
     };
-    spawn_cloud_controllers(&sup, &config, Arc::new(ctx.clone()), &shutdown);
-    // The endpoint loop is supervised like the rest; its only error (bad probe settings, at
-    // start) still ends the process with that error.
-    let (result_tx, mut result_rx) = tokio::sync::oneshot::channel();
-    let token = shutdown.clone();
-    sup.spawn(
-        "endpoints",
-        async move {
-            let _ = result_tx.send(endpoint::run(ctx, opts, metrics, token).await);
-        }
-        .instrument(tracing::info_span!("endpoints")),
-    );
+    let mut result_rx = spawn_controllers(&sup, ctx, opts, &shutdown);
     let result = tokio::select! {
         () = shutdown.cancelled() => Ok(()),
         r = &mut result_rx => {
@@ -282,6 +280,36 @@ fn lease_config(
     Ok(cfg)
 }
 
+/// Every controller, supervised, on one set of shared watches (each subscribes before the
+/// watches run). The endpoint loop's only error (bad probe settings, at start) comes back
+/// through the returned channel and ends the process with that error.
+fn spawn_controllers(
+    sup: &Supervisor,
+    ctx: Context,
+    opts: EndpointOptions,
+    shutdown: &CancellationToken,
+) -> tokio::sync::oneshot::Receiver<Result<(), endpoint::EndpointError>> {
+    let mut watches = Watches::new(&ctx.client);
+    let config = Arc::clone(&ctx.config);
+    spawn_cloud_controllers(sup, &config, Arc::new(ctx.clone()), &mut watches, shutdown);
+    let (result_tx, result_rx) = tokio::sync::oneshot::channel();
+    let endpoints = endpoint::run(ctx, &mut watches, opts, shutdown.clone());
+    sup.spawn(
+        "endpoints",
+        async move {
+            let _ = result_tx.send(endpoints.await);
+        }
+        .instrument(tracing::info_span!("endpoints")),
+    );
+    sup.spawn(
+        "watches",
+        watches
+            .run(shutdown.clone().cancelled_owned())
+            .instrument(tracing::info_span!("watches")),
+    );
+    result_rx
+}
+
 /// The cloud-controller duties, supervised: a FIP per LoadBalancer Service (when a load balancer
 /// is configured; otherwise only deletions in flight are finished), BGP, node initialisation.
 /// Their watch and reconcile errors are logged inside run_services / run_bgp / run_nodes.
@@ -289,18 +317,19 @@ fn spawn_cloud_controllers(
     sup: &Supervisor,
     config: &Config,
     shared: Arc<Context>,
+    watches: &mut Watches,
     shutdown: &CancellationToken,
 ) {
     sup.spawn(
         "services",
-        super::service::run_services(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+        super::service::run_services(Arc::clone(&shared), watches, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("services")),
     );
     // Without a load balancer run_bgp returns at once (not a failure): spawn it only with one.
     if config.load_balancer.is_some() {
         sup.spawn(
             "bgp",
-            super::bgp::run_bgp(Arc::clone(&shared), shutdown.clone().cancelled_owned())
+            super::bgp::run_bgp(Arc::clone(&shared), watches, shutdown.clone().cancelled_owned())
                 .instrument(tracing::info_span!("bgp")),
         );
     } else {
@@ -308,7 +337,7 @@ fn spawn_cloud_controllers(
     }
     sup.spawn(
         "nodes",
-        super::node::run_nodes(shared, shutdown.clone().cancelled_owned())
+        super::node::run_nodes(shared, watches, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("nodes")),
     );
 }

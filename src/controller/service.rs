@@ -27,12 +27,13 @@
 //! Service costs one cloud write (the `POST`) and no read of its own; a steady-state resync every
 //! [`RESYNC`] reads the cached list only.
 
+pub mod budget;
 mod plan;
 
 pub use plan::*;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
@@ -47,23 +48,21 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ReflectHandle;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt as _};
-use rand::Rng as _;
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
-use super::{Context, FIELD_MANAGER};
+use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
+use super::watches::{StreamErrors, Watches};
+use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often a settled Service is looked at again (reads the cached IP list only).
 pub const RESYNC: Duration = Duration::from_secs(600);
 /// Reconciles running at once. Cloud calls queue in the client's shared rate limiter anyway;
 /// this bounds the load on the API server.
 pub const CONCURRENCY: u16 = 64;
-const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
-const BACKOFF_BASE: Duration = Duration::from_secs(1);
-const BACKOFF_CAP: Duration = Duration::from_secs(300);
 const REJECTED_RETRY: Duration = Duration::from_secs(300);
 /// How often a Service refused by the BGP prefix budget is looked at again.
 const BUDGET_RETRY: Duration = Duration::from_secs(30);
@@ -102,36 +101,40 @@ pub enum ServiceError {
         #[source]
         source: Box<CloudError>,
     },
-    /// A Kubernetes call failed.
-    #[error("Service {svc}: {step}: {source}")]
+    /// A Kubernetes call failed or timed out.
+    #[error("Service {svc}: {source}")]
     Kube {
         svc: String,
-        step: &'static str,
         #[source]
-        source: Box<kube::Error>,
+        source: KubeCallError,
     },
-    /// A Kubernetes write did not finish in time.
-    #[error("Service {svc}: {step} timed out")]
-    Timeout { svc: String, step: &'static str },
     /// This replica does not lead; the write waits.
-    #[error("Service {svc}: not the leader, {step} deferred")]
-    NotLeader { svc: String, step: &'static str },
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// The finalizer helper failed (adding/removing the finalizer, or Apply/Cleanup).
     #[error(transparent)]
     Finalizer(#[from] Box<finalizer::Error<Self>>),
 }
 
 impl ServiceError {
+    fn kube(facts: &ServiceFacts, source: KubeCallError) -> Self {
+        Self::Kube {
+            svc: facts.key(),
+            source,
+        }
+    }
+}
+
+impl ReconcileError for ServiceError {
     /// A stable category: the failure metric label and the Event reason's source.
-    pub fn category(&self) -> &'static str {
+    fn category(&self) -> &'static str {
         match self {
             Self::InvalidField { .. } => "invalid_annotation",
             Self::Region { .. } => "no_region",
             Self::CreateRejected { .. } => "create_rejected",
             Self::Cloud { source, .. } => source.category(),
-            Self::Kube { .. } => "kube",
-            Self::Timeout { .. } => "timeout",
-            Self::NotLeader { .. } => "not_leader",
+            Self::Kube { source, .. } => source.category(),
+            Self::NotLeader(_) => "not_leader",
             Self::Finalizer(e) => match &**e {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
                 _ => "finalizer",
@@ -139,8 +142,19 @@ impl ServiceError {
         }
     }
 
+    fn is_not_leader(&self) -> bool {
+        match self {
+            Self::NotLeader(_) => true,
+            Self::Finalizer(e) => matches!(
+                &**e,
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) if e.is_not_leader()
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether only a change of the Service (or the configuration) can fix it: no retry.
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         match self {
             Self::InvalidField { .. } | Self::Region { .. } => true,
             Self::Finalizer(e) => match &**e {
@@ -166,15 +180,14 @@ impl ServiceError {
     }
 }
 
-/// The Service controller's context: the shared [`Context`] plus per-Service failure counts
-/// (exponential backoff in [`error_policy`]).
+/// The Service controller's context: the shared [`Context`], its retries, and every Service.
 pub struct ServiceContext {
     /// What every reconciler shares.
     pub base: Arc<Context>,
-    failures: Mutex<HashMap<String, u32>>,
+    retries: Retries,
     mirror: (String, String),
-    /// Every Service (the controller's reflector), for the BGP prefix budget.
-    store: OnceLock<Store<Service>>,
+    /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
+    store: Store<Service>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -187,16 +200,16 @@ impl std::fmt::Debug for ServiceContext {
 
 impl ServiceContext {
     /// Wraps the shared context.
-    pub fn new(base: Arc<Context>) -> Self {
+    pub fn new(base: Arc<Context>, store: Store<Service>) -> Self {
         let mirror = (
             "kube-system".to_owned(),
-            format!("{}-kubernetes-external", base.config.prefix),
+            mirror::service_name(&base.config.prefix),
         );
         Self {
             base,
-            failures: Mutex::new(HashMap::new()),
+            retries: Retries::new("services"),
             mirror,
-            store: OnceLock::new(),
+            store,
         }
     }
 
@@ -204,78 +217,51 @@ impl ServiceContext {
         self.base.config.load_balancer.as_ref()
     }
 
-    /// Whether the BGP prefix budget refuses the Service its hand-off to the load balancer
-    /// (`controller::bgp::admitted`: the oldest Services within `bgpPrefixLimit` are announced).
-    /// Waits for the reflector's first full list, so that no Service is judged on a partial one.
+    fn mirror(&self) -> (&str, &str) {
+        (self.mirror.0.as_str(), self.mirror.1.as_str())
+    }
+
+    /// Whether the BGP prefix budget ([`budget`]) refuses the Service its hand-off to the load
+    /// balancer. Waits for the watch's first full list, so that no Service is judged on a
+    /// partial one.
     async fn refused_by_budget(&self, facts: &ServiceFacts) -> bool {
-        if self.base.config.bgp_prefix_limit.is_none() {
+        let limit = self.base.config.bgp_prefix_limit;
+        if limit.is_none() || self.mode().is_none() || self.store.wait_until_ready().await.is_err() {
             return false;
         }
-        let Some(store) = self.store.get() else {
-            return false;
-        };
-        if store.wait_until_ready().await.is_err() {
-            return false;
-        }
-        super::bgp::refused_by_budget(&store.state(), &self.base.config, &facts.key())
-    }
-
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn ensure_leader(&self, svc: &str, step: &'static str) -> Result<(), ServiceError> {
-        if self.base.leader.is_leader() {
-            Ok(())
-        } else {
-            Err(ServiceError::NotLeader {
-                svc: svc.to_owned(),
-                step,
-            })
-        }
+        let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
+        budget::admitted(&all, self.mirror(), limit).refuses(&facts.key())
     }
 }
 
-/// Reads the facts the planner needs off a Service.
-pub fn facts_of(svc: &Service) -> ServiceFacts {
-    let spec = svc.spec.as_ref();
-    ServiceFacts {
-        namespace: svc.namespace().unwrap_or_default(),
-        name: svc.name_any(),
-        type_: spec.and_then(|s| s.type_.clone()),
-        class: spec.and_then(|s| s.load_balancer_class.clone()),
-        load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.clone()),
-        annotations: svc.annotations().clone(),
-        deleting: svc.metadata.deletion_timestamp.is_some(),
-        has_finalizer: svc.finalizers().iter().any(|f| f == FINALIZER),
-        ingress_ips: svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .map(|ing| ing.iter().filter_map(|i| i.ip.clone()).collect())
-            .unwrap_or_default(),
-    }
-}
-
-/// Runs the Service FIP controller until `shutdown` resolves.
+/// The Service FIP controller on the shared Service watch, running until `shutdown` resolves
+/// (subscribes at once; the watch runs once [`Watches::run`] does).
 ///
 /// With no `loadbalancer` configured, live Services are left as they are; the controller still
 /// runs so that a Service carrying baton's finalizer (from when it was configured) can be
 /// deleted: its FIP is released and the finalizer removed.
-pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub fn run_services(
+    ctx: Arc<Context>,
+    watches: &mut Watches,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let store = watches.services();
+    let trigger = watches.subscribe_services();
+    run(ctx, store, trigger, shutdown)
+}
+
+async fn run(
+    ctx: Arc<Context>,
+    store: Store<Service>,
+    trigger: ReflectHandle<Service>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     if ctx.config.load_balancer.is_none() {
         info!("no loadbalancer configured: Service Floating IPs are off (only deletions are finished)");
     }
-    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone()));
-    let api = Api::<Service>::all(ctx.client.clone());
-    let controller = Controller::new(api, watcher::Config::default());
-    let errors = Arc::new(super::health::StreamErrors::new("Service controller"));
-    let store = controller.store();
-    let _ = svc_ctx.store.set(store.clone());
-    let run = controller
+    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone()));
+    let errors = Arc::new(StreamErrors::new("Service controller"));
+    let run = Controller::for_shared_stream(trigger, store.clone())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         // Followers do nothing; the moment this replica wins the Lease it reconciles every
         // Service (work that arrived while there was no leader does not wait for a resync).
@@ -284,9 +270,13 @@ pub async fn run_services(ctx: Arc<Context>, shutdown: impl Future<Output = ()> 
         .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| {
             let errors = Arc::clone(&errors);
+            let metrics = Arc::clone(&ctx.metrics);
             async move {
                 match result {
-                    Ok((obj, _)) => debug!(service = %obj, "reconciled"),
+                    Ok((obj, _)) => {
+                        metrics.reconciled("services");
+                        debug!(service = %obj, "reconciled");
+                    }
                     Err(controller::Error::ReconcilerFailed(error, obj)) => {
                         debug!(service = %obj, category = error.category(), "reconcile failed");
                     }
@@ -336,7 +326,7 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Store<Service>) -> Result<(
     if tagged.is_empty() {
         return Ok(());
     }
-    let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
+    let mirror = ctx.mirror();
     let owners: BTreeMap<String, bool> = store
         .state()
         .iter()
@@ -395,8 +385,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         resource_version = svc.resource_version().unwrap_or_default(),
         "reconcile"
     );
-    let mirror = (ctx.mirror.0.as_str(), ctx.mirror.1.as_str());
-    let result = match (scope(&facts, mirror), ctx.mode()) {
+    let result = match (scope(&facts, ctx.mirror()), ctx.mode()) {
         (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => Ok(Action::await_change()),
         (Scope::Managed, Some(mode)) => {
             match requested_ip(&facts, mode) {
@@ -428,7 +417,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         _ => Ok(Action::await_change()),
     };
     if result.is_ok() {
-        ctx.failures().remove(&facts.key());
+        ctx.retries.succeeded(&facts.key());
     }
     result
 }
@@ -446,41 +435,13 @@ async fn run_finalizer(svc: &Arc<Service>, ctx: &Arc<ServiceContext>) -> Result<
     .map_err(|e| ServiceError::Finalizer(Box::new(e)))
 }
 
-/// Retries: spec errors wait for a change; a 429 waits its `Retry-After`; a refused create is
-/// tried again after 5 minutes; other failures back off exponentially (1 s … 5 min, jittered) per
-/// Service.
+/// Retries ([`Retries::policy`]): spec errors wait for a change; a 429 waits its
+/// `Retry-After`; a refused create is tried again after 5 minutes; other failures back off
+/// exponentially per Service.
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(svc: Arc<Service>, error: &ServiceError, ctx: Arc<ServiceContext>) -> Action {
     let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
-    if matches!(error, ServiceError::NotLeader { .. }) {
-        // Leadership ended mid-reconcile: the next leader reconciles everything when it wins.
-        debug!(service = %key, "not the leader any more; leaving it to the next one");
-        return Action::await_change();
-    }
-    if error.is_invalid_spec() {
-        info!(service = %key, %error, "waiting for the Service or the configuration to change");
-        return Action::await_change();
-    }
-    let attempt = {
-        let mut failures = ctx.failures();
-        let n = failures.entry(key.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    let delay = error
-        .retry_after()
-        .unwrap_or_else(|| backoff(attempt))
-        .min(BACKOFF_CAP);
-    warn!(service = %key, %error, category = error.category(), attempt, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconcile failed");
-    Action::requeue(delay)
-}
-
-fn backoff(attempt: u32) -> Duration {
-    let full = BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
-        .min(BACKOFF_CAP);
-    let half = full / 2;
-    half + rand::rng().random_range(Duration::ZERO..=full.saturating_sub(half))
+    ctx.retries.policy(&key, error, &ctx.base.metrics)
 }
 
 async fn warn_event(ctx: &ServiceContext, svc: &Service, reason: &str, err: &ServiceError) {
@@ -571,7 +532,7 @@ async fn release(
             .await;
         return Ok(false);
     }
-    ctx.ensure_leader(&facts.key(), "releasing a Floating IP")?;
+    ctx.base.leader.ensure("releasing a Floating IP")?;
     match ctx.base.cloud.delete_ip(&ip.id).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => return Ok(false),
@@ -675,8 +636,7 @@ async fn publish_or_release(
     handoff: bool,
 ) -> Result<(), ServiceError> {
     match publish(ctx, facts, mode, fip, handoff).await {
-        Err(ServiceError::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 404) =>
-        {
+        Err(ServiceError::Kube { source, .. }) if source.status() == Some(404) => {
             warn!(fip = %fip.id, "the Service is gone (despite the finalizer); releasing its Floating IP");
             let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
                 svc: facts.key(),
@@ -727,7 +687,7 @@ async fn create(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts) -> Re
             return Err(err);
         }
     };
-    ctx.ensure_leader(&facts.key(), "reserving a Floating IP")?;
+    ctx.base.leader.ensure("reserving a Floating IP")?;
     let request = CreateIpRequest {
         region: choice.region.clone(),
         tags: tags_of(ctx, facts),
@@ -770,25 +730,6 @@ async fn create(ctx: &ServiceContext, svc: &Service, facts: &ServiceFacts) -> Re
     }
 }
 
-async fn timed<T>(
-    facts: &ServiceFacts,
-    step: &'static str,
-    f: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, ServiceError> {
-    match tokio::time::timeout(WRITE_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(source)) => Err(ServiceError::Kube {
-            svc: facts.key(),
-            step,
-            source: Box::new(source),
-        }),
-        Err(_) => Err(ServiceError::Timeout {
-            svc: facts.key(),
-            step,
-        }),
-    }
-}
-
 /// Writes what differs: the annotations (merge patch) and the status ingress (server-side apply).
 /// Without `handoff` (refused by the prefix budget) only baton's record is written.
 async fn publish(
@@ -808,14 +749,13 @@ async fn publish(
         merge_patch(ctx, facts, "annotating the Service", &patch).await?;
     }
     if changes.status {
-        ctx.ensure_leader(&facts.key(), "setting the Service's ingress")?;
+        ctx.base.leader.ensure("setting the Service's ingress")?;
         let status = json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": facts.name, "namespace": facts.namespace},
             "status": {"loadBalancer": {"ingress": [{"ip": fip.address.to_string()}]}},
         });
-        timed(
-            facts,
+        kit::timed(
             "setting the Service's ingress",
             api.patch_status(
                 &facts.name,
@@ -823,7 +763,8 @@ async fn publish(
                 &Patch::Apply(&status),
             ),
         )
-        .await?;
+        .await
+        .map_err(|source| ServiceError::kube(facts, source))?;
     }
     if !changes.annotations.is_empty() || changes.status {
         debug!(address = %fip.address, "Service shows its Floating IP");
@@ -862,14 +803,14 @@ async fn merge_patch(
     step: &'static str,
     patch: &serde_json::Value,
 ) -> Result<(), ServiceError> {
-    ctx.ensure_leader(&facts.key(), step)?;
+    ctx.base.leader.ensure(step)?;
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
-    timed(
-        facts,
+    kit::timed(
         step,
         api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(patch)),
     )
-    .await?;
+    .await
+    .map_err(|source| ServiceError::kube(facts, source))?;
     Ok(())
 }
 
@@ -878,14 +819,13 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
     if facts.ingress_ips.is_empty() || facts.deleting {
         return Ok(());
     }
-    ctx.ensure_leader(&facts.key(), "clearing the Service's ingress")?;
+    ctx.base.leader.ensure("clearing the Service's ingress")?;
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     let status = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": facts.name, "namespace": facts.namespace},
     });
-    timed(
-        facts,
+    kit::timed(
         "clearing the Service's ingress",
         api.patch_status(
             &facts.name,
@@ -893,7 +833,8 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
             &Patch::Apply(&status),
         ),
     )
-    .await?;
+    .await
+    .map_err(|source| ServiceError::kube(facts, source))?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@ use baton_cloud::CherryClient;
 use clap::Args;
 use tracing::info;
 
+use super::watches::Watches;
 use super::{Context, LeaderGate, node, service};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::subcommand_error;
@@ -44,6 +45,7 @@ pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
             Arc::new(cloud),
             Arc::new(config),
             LeaderGate::always(),
+            Arc::default(),
             None,
         )
         .await
@@ -57,16 +59,26 @@ pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
         info!("signal received; stopping");
         on_signal.cancel();
     });
-    let services = async {
-        if !no_services {
-            service::run_services(ctx.clone(), shutdown.clone().cancelled_owned()).await;
-        }
-    };
-    let nodes = async {
-        if nodes {
-            node::run_nodes(ctx.clone(), shutdown.clone().cancelled_owned()).await;
-        }
-    };
-    tokio::join!(services, nodes);
+    let mut watches = Watches::new(&ctx.client);
+    let services = (!no_services)
+        .then(|| service::run_services(ctx.clone(), &mut watches, shutdown.clone().cancelled_owned()));
+    let nodes = nodes.then(|| node::run_nodes(ctx.clone(), &mut watches, shutdown.clone().cancelled_owned()));
+    // Boxed: the controllers' futures are large.
+    Box::pin(async {
+        tokio::join!(
+            async {
+                if let Some(services) = services {
+                    services.await;
+                }
+            },
+            async {
+                if let Some(nodes) = nodes {
+                    nodes.await;
+                }
+            },
+            watches.run(shutdown.clone().cancelled_owned()),
+        );
+    })
+    .await;
     Ok(())
 }

@@ -56,6 +56,7 @@ pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Ar
             Arc::new(cloud),
             Arc::new(config),
             LeaderGate::always(),
+            Arc::default(),
             None,
         )
         .await

@@ -1,10 +1,10 @@
 //! The pure part of the BGP controller: what a node's BGP session looks like, the node
-//! annotations that describe it, the MetalLB objects that configure it, and the prefix budget.
+//! annotations that describe it, and the MetalLB objects that configure it.
 //!
 //! ```text
 //!  cloud Server + project ASN ──► node_bgp() ──► NodeBgp ──► desired_node_annotations()
 //!                                                  │            └► node_annotation_patch()  (sets + stale nulls)
-//!  Services (ip, created) ──► admit(limit) ──► LbService ─┐
+//!  Services within the prefix budget (service::budget) ──► LbService ─┐
 //!                                                  └───────┴► desired_metallb_objects(mode)
 //!                                                              IPAddressPool per IP, BGPAdvertisement,
 //!                                                              BGPPeers per node (native) / region (frr)
@@ -175,44 +175,6 @@ pub fn node_annotation_patch(
         }
     }
     patch
-}
-
-/// A Service that may be announced: its key and creation time (seconds), for the budget.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    /// `namespace/name`.
-    pub key: String,
-    /// `metadata.creationTimestamp`, seconds since the epoch (0 when unknown).
-    pub created: i64,
-}
-
-/// Which Services fit the per-session prefix budget.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Admission {
-    /// Announced.
-    pub admitted: BTreeSet<String>,
-    /// Refused (in order): each gets a Warning Event instead.
-    pub refused: Vec<String>,
-}
-
-/// The prefix budget: every Service is announced over every session, so a session carries one
-/// prefix per Service. With `limit`, the oldest `limit` Services (creation time, then key) are
-/// announced and the rest refused — a new Service never pushes an announced one out, and the
-/// router's max-prefix limit is never reached (which would tear the session down and withdraw
-/// everything).
-pub fn admit(mut candidates: Vec<Candidate>, limit: Option<u32>) -> Admission {
-    candidates.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.key.cmp(&b.key)));
-    candidates.dedup_by(|a, b| a.key == b.key);
-    let limit = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
-    let mut out = Admission::default();
-    for (i, c) in candidates.into_iter().enumerate() {
-        if i < limit {
-            out.admitted.insert(c.key);
-        } else {
-            out.refused.push(c.key);
-        }
-    }
-    out
 }
 
 /// A Service handed to MetalLB: its key and the IP it announces.

@@ -166,31 +166,6 @@ fn peer_annotation_keys(#[case] key: &str, #[case] want: bool) {
     assert_eq!(is_peer_annotation(key, &names()), want);
 }
 
-fn cand(key: &str, created: i64) -> Candidate {
-    Candidate {
-        key: key.into(),
-        created,
-    }
-}
-
-#[test]
-fn the_budget_keeps_the_oldest_services() {
-    let all = vec![
-        cand("a/new", 30),
-        cand("a/old", 10),
-        cand("b/mid", 20),
-        cand("a/mid", 20),
-    ];
-    let got = admit(all.clone(), Some(2));
-    assert_eq!(
-        got.admitted,
-        ["a/old", "a/mid"].iter().map(|s| (*s).to_owned()).collect()
-    );
-    assert_eq!(got.refused, vec!["b/mid".to_owned(), "a/new".to_owned()]);
-    assert!(admit(all.clone(), None).refused.is_empty());
-    assert_eq!(admit(all, Some(0)).admitted.len(), 0);
-}
-
 fn svc(ns: &str, name: &str, address: &str) -> LbService {
     LbService {
         namespace: ns.into(),
@@ -365,71 +340,4 @@ fn actions_apply_delete_and_never_touch_user_objects() {
             Action::Delete(Kind::BgpPeer, "lt-siauliai-0".into()),
         ]
     );
-}
-
-#[allow(clippy::needless_pass_by_value)] // called with json! literals
-fn k8s_service(
-    name: &str,
-    created: &str,
-    extra: serde_json::Value,
-) -> std::sync::Arc<k8s_openapi::api::core::v1::Service> {
-    let mut v = json!({
-        "metadata": {"name": name, "namespace": "apps", "creationTimestamp": created},
-        "spec": {"type": "LoadBalancer"},
-    });
-    if let (Some(obj), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
-        for (k, val) in extra {
-            if k == "metadata" {
-                for (mk, mv) in val.as_object().unwrap() {
-                    obj["metadata"][mk] = mv.clone();
-                }
-            } else {
-                obj.insert(k.clone(), val.clone());
-            }
-        }
-    }
-    std::sync::Arc::new(serde_json::from_value(v).unwrap())
-}
-
-#[test]
-fn the_budget_counts_only_managed_live_load_balancers() {
-    let env: BTreeMap<String, String> = [
-        ("CHERRY_LOAD_BALANCER", "kube-vip://"),
-        ("BATON_BGP_PREFIX_LIMIT", "1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let config = crate::config::Config::resolve(&crate::config::ConfigArgs::default(), &env).unwrap();
-    let services = vec![
-        // Older, but not baton's to announce: a control-plane endpoint, an opted-out one, one
-        // being deleted, a ClusterIP.
-        k8s_service(
-            "api",
-            "2026-01-01T00:00:00Z",
-            json!({"metadata": {"annotations": {"baton.dev/control-plane-endpoint": "true"}}}),
-        ),
-        k8s_service(
-            "mine",
-            "2026-01-01T00:00:01Z",
-            json!({"metadata": {"annotations": {"cherryservers.com/loadbalancer-managed": "false"}}}),
-        ),
-        k8s_service(
-            "going",
-            "2026-01-01T00:00:02Z",
-            json!({"metadata": {"deletionTimestamp": "2026-01-02T00:00:00Z", "finalizers": ["x"]}}),
-        ),
-        k8s_service(
-            "plain",
-            "2026-01-01T00:00:03Z",
-            json!({"spec": {"type": "ClusterIP"}}),
-        ),
-        k8s_service("web", "2026-01-01T00:00:05Z", json!({})),
-        k8s_service("db", "2026-01-01T00:00:04Z", json!({})),
-    ];
-    let got = admitted(&services, &config);
-    assert_eq!(got.admitted.iter().collect::<Vec<_>>(), vec!["apps/db"]);
-    assert_eq!(got.refused, vec!["apps/web".to_owned()]);
-    assert!(refused_by_budget(&services, &config, "apps/web"));
-    assert!(!refused_by_budget(&services, &config, "apps/db"));
 }

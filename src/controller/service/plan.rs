@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use baton_core::LoadBalancerMode;
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt as _;
 
 /// The finalizer that keeps a Service until its FIP is released.
 pub const FINALIZER: &str = "baton.dev/service-fip";
@@ -55,6 +57,35 @@ pub struct ServiceFacts {
     pub has_finalizer: bool,
     /// `status.loadBalancer.ingress[*].ip`.
     pub ingress_ips: Vec<String>,
+    /// `metadata.creationTimestamp`, seconds since the epoch (0 when unknown).
+    pub created: i64,
+}
+
+/// Reads the facts the planner needs off a Service.
+pub fn facts_of(svc: &Service) -> ServiceFacts {
+    let spec = svc.spec.as_ref();
+    ServiceFacts {
+        namespace: svc.namespace().unwrap_or_default(),
+        name: svc.name_any(),
+        type_: spec.and_then(|s| s.type_.clone()),
+        class: spec.and_then(|s| s.load_balancer_class.clone()),
+        load_balancer_ip: spec.and_then(|s| s.load_balancer_ip.clone()),
+        annotations: svc.annotations().clone(),
+        deleting: svc.metadata.deletion_timestamp.is_some(),
+        created: svc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+        has_finalizer: svc.finalizers().iter().any(|f| f == FINALIZER),
+        ingress_ips: svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|ing| ing.iter().filter_map(|i| i.ip.clone()).collect())
+            .unwrap_or_default(),
+    }
 }
 
 impl ServiceFacts {

@@ -1,0 +1,274 @@
+//! One watch per resource kind, shared by every controller of the process (kube-runtime's
+//! shared reflectors): Services and Nodes are each watched once, however many controllers read
+//! them, and the API servers are asked for each kind's changes once.
+//!
+//! ```text
+//!                        ┌─► Store<K>            read by any controller (endpoint loop, BGP, …)
+//!  watch K ─► reflector ─┼─► subscribe_K()       objects applied, for a kube Controller's trigger
+//!  (WatchBackoff)        └─► changes_K()         a counter bumped on every event, deletes too
+//! ```
+//!
+//! Watched kinds: Services (all namespaces), Nodes, and the EndpointSlices of
+//! `default/kubernetes` (the API servers). A kind nobody asked for is not watched, so a process
+//! that runs only some controllers needs only their permissions.
+//!
+//! Subscriptions are taken before [`Watches::run`], which consumes the set: a subscriber made
+//! later would miss the objects already listed.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::runtime::reflector::{self, ReflectHandle, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::{WatchStreamExt as _, reflector::store::Writer};
+use tokio::sync::watch;
+
+use super::health::LogThrottle;
+use super::kit::Backoff;
+use super::mirror::SERVICE_NAME_LABEL;
+
+/// How many object references a subscription may lag behind before the watch waits for it.
+/// Every subscriber is a kube Controller that drains its trigger at once.
+const BUFFER: usize = 1024;
+
+/// One kind's shared watch, before it runs.
+struct Kind<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    api: Api<K>,
+    config: watcher::Config,
+    writer: Writer<K>,
+    changes: watch::Sender<u64>,
+    used: bool,
+}
+
+impl<K> Kind<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    fn new(api: Api<K>, config: watcher::Config) -> Self {
+        Self {
+            api,
+            config,
+            writer: reflector::store_shared(BUFFER).1,
+            changes: watch::channel(0).0,
+            used: false,
+        }
+    }
+
+    fn store(&mut self) -> Store<K> {
+        self.used = true;
+        self.writer.as_reader()
+    }
+
+    fn subscribe(&mut self) -> ReflectHandle<K> {
+        self.used = true;
+        self.writer
+            .subscribe()
+            .expect("a shared writer can be subscribed")
+    }
+
+    fn changes(&mut self) -> watch::Receiver<u64> {
+        self.used = true;
+        self.changes.subscribe()
+    }
+
+    /// Drives the watch until the stream ends (never, with a backoff); errors are logged.
+    async fn run(self) {
+        if !self.used {
+            return std::future::pending().await;
+        }
+        let errors = StreamErrors::new(K::kind(&()));
+        let changes = self.changes;
+        watcher(self.api, self.config)
+            .backoff(WatchBackoff::default())
+            .reflect_shared(self.writer)
+            .for_each(|event| {
+                match event {
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(_) => {
+                        changes.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    Err(error) => errors.warn(&error),
+                }
+                std::future::ready(())
+            })
+            .await;
+    }
+}
+
+/// The shared watches of one process.
+pub struct Watches {
+    services: Kind<Service>,
+    nodes: Kind<Node>,
+    api_slices: Kind<EndpointSlice>,
+}
+
+impl std::fmt::Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watches")
+            .field("services", &self.services.used)
+            .field("nodes", &self.nodes.used)
+            .field("api_slices", &self.api_slices.used)
+            .finish()
+    }
+}
+
+impl Watches {
+    /// The watches through `client`; nothing runs until [`run`](Self::run).
+    pub fn new(client: &kube::Client) -> Self {
+        Self {
+            services: Kind::new(Api::all(client.clone()), watcher::Config::default()),
+            nodes: Kind::new(Api::all(client.clone()), watcher::Config::default()),
+            api_slices: Kind::new(
+                Api::namespaced(client.clone(), "default"),
+                watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")),
+            ),
+        }
+    }
+
+    /// Every Service.
+    pub fn services(&mut self) -> Store<Service> {
+        self.services.store()
+    }
+
+    /// Services as they are applied (a Controller's trigger).
+    pub fn subscribe_services(&mut self) -> ReflectHandle<Service> {
+        self.services.subscribe()
+    }
+
+    /// Bumped on every change of a Service (deletes too).
+    pub fn service_changes(&mut self) -> watch::Receiver<u64> {
+        self.services.changes()
+    }
+
+    /// Every Node.
+    pub fn nodes(&mut self) -> Store<Node> {
+        self.nodes.store()
+    }
+
+    /// Nodes as they are applied (a Controller's trigger).
+    pub fn subscribe_nodes(&mut self) -> ReflectHandle<Node> {
+        self.nodes.subscribe()
+    }
+
+    /// Bumped on every change of a Node (deletes too).
+    pub fn node_changes(&mut self) -> watch::Receiver<u64> {
+        self.nodes.changes()
+    }
+
+    /// The EndpointSlices of `default/kubernetes`.
+    pub fn api_slices(&mut self) -> Store<EndpointSlice> {
+        self.api_slices.store()
+    }
+
+    /// Runs every watch something asked for, until `shutdown`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        tokio::select! {
+            () = shutdown => {}
+            () = self.services.run() => {}
+            () = self.nodes.run() => {}
+            () = self.api_slices.run() => {}
+        }
+    }
+}
+
+/// Waits until something changed on any of `changes` (a closed channel never wakes).
+pub async fn any_changed(changes: &mut [watch::Receiver<u64>]) {
+    let waits = changes.iter_mut().map(|rx| {
+        Box::pin(async move {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    });
+    futures::future::select_all(waits).await;
+}
+
+/// Errors of one long-lived watch or controller stream, logged at warn at most once per 30 s
+/// (an RBAC denial repeats on every retry), with the count of repeats in between.
+#[derive(Debug)]
+pub struct StreamErrors {
+    what: String,
+    throttle: std::sync::Mutex<LogThrottle>,
+}
+
+impl StreamErrors {
+    pub fn new(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            throttle: std::sync::Mutex::new(LogThrottle::new(Duration::from_secs(30))),
+        }
+    }
+
+    /// Logs `error` unless one was logged in the last 30 s.
+    pub fn warn(&self, error: &dyn std::fmt::Display) {
+        let allowed = self
+            .throttle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .allow();
+        if let Some(repeats) = allowed {
+            tracing::warn!(%error, what = %self.what, repeats, "watch error (retrying)");
+        } else {
+            tracing::debug!(%error, what = %self.what, "watch error (retrying)");
+        }
+    }
+}
+
+/// Retry delays of a watch that failed: 100 ms, doubling, at most 2 s; back to 100 ms after any
+/// success. kube-runtime's default (800 ms doubling to 30 s) means a replica whose API server was
+/// unreachable for a few seconds goes on without its watches for up to 30 s after it is back —
+/// too long for a follower that must see the leader's Lease change to take over on time.
+#[derive(Debug, Clone, Default)]
+pub struct WatchBackoff {
+    failures: u32,
+}
+
+impl WatchBackoff {
+    const RULE: Backoff = Backoff {
+        base: Duration::from_millis(100),
+        cap: Duration::from_secs(2),
+        jitter: false,
+    };
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.failures = self.failures.saturating_add(1);
+        Some(Self::RULE.delay(self.failures))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff as _;
+
+    #[test]
+    fn watch_retries_stay_within_two_seconds_and_start_over_after_a_success() {
+        let mut b = WatchBackoff::default();
+        let first: Vec<u128> = b.by_ref().take(7).map(|d| d.as_millis()).collect();
+        assert_eq!(first, [100, 200, 400, 800, 1600, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.next().map(|d| d.as_millis()), Some(100));
+    }
+}
