@@ -32,7 +32,7 @@ use baton_core::{LoadBalancerMode, ProviderId};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::Store;
+
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tokio::sync::watch;
@@ -41,7 +41,7 @@ use tracing::{debug, info, warn};
 
 use super::kit::{KubeCallError, NotLeader, timed};
 use super::service::{ServiceFacts, budget, facts_of, requested_ip};
-use super::watches::{Watches, any_changed};
+use super::watches::{Cache, Watches, any_changed};
 use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often everything is recomputed without a change, and how long a server's BGP facts are
@@ -103,8 +103,8 @@ struct Cached {
 struct Bgp {
     ctx: Arc<Context>,
     mode: LoadBalancerMode,
-    nodes: Store<Node>,
-    services: Store<Service>,
+    nodes: Cache<Node>,
+    services: Cache<Service>,
     local_asn: Option<u32>,
     cache: HashMap<String, Cached>,
     /// Warnings already published (Event + log), so a steady problem is reported once.
@@ -128,7 +128,7 @@ pub fn run_bgp(
 
 async fn run(
     ctx: Arc<Context>,
-    (nodes, services, mut changes): (Store<Node>, Store<Service>, [watch::Receiver<u64>; 2]),
+    (nodes, services, mut changes): (Cache<Node>, Cache<Service>, [watch::Receiver<u64>; 2]),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let Some(mode) = ctx.config.load_balancer.clone() else {

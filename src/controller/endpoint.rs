@@ -31,14 +31,14 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::Store;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::context::Handover;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::probe::{ProbeError, ProbeSettings, Prober};
-use super::watches::Watches;
+use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
 
 /// Settings of the endpoint manager.
@@ -151,7 +151,7 @@ pub fn run(
 
 async fn run_on(
     ctx: Context,
-    (slices, nodes, services): (Store<EndpointSlice>, Store<Node>, Store<Service>),
+    (slices, nodes, services): (Cache<EndpointSlice>, Cache<Node>, Cache<Service>),
     opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> Result<(), EndpointError> {

@@ -29,14 +29,14 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::runtime::reflector::ReflectHandle;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument};
 
 use super::Context;
 use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
-use super::watches::{StreamErrors, Watches};
+use super::watches::{Cache, StreamErrors, Watches};
 
 /// The taint kubelet sets with `--cloud-provider=external` until a cloud controller initialises
 /// the Node.
@@ -396,13 +396,13 @@ pub fn run_nodes(
 
 async fn run(
     ctx: Arc<Context>,
-    store: Store<Node>,
+    store: Cache<Node>,
     trigger: ReflectHandle<Node>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
     let errors = Arc::new(StreamErrors::new("node controller"));
-    Controller::for_shared_stream(trigger, store)
+    Controller::for_shared_stream(trigger, store.store())
         .with_config(controller::Config::default().concurrency(8))
         // Followers do nothing; a new leader initialises every Node at once.
         .reconcile_all_on(ctx.leader.elected())

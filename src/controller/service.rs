@@ -49,13 +49,13 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ReflectHandle;
-use kube::runtime::reflector::Store;
+
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
-use super::watches::{StreamErrors, Watches};
+use super::watches::{Cache, StreamErrors, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often a settled Service is looked at again (reads the cached IP list only).
@@ -187,7 +187,7 @@ pub struct ServiceContext {
     retries: Retries,
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
-    store: Store<Service>,
+    store: Cache<Service>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -200,7 +200,7 @@ impl std::fmt::Debug for ServiceContext {
 
 impl ServiceContext {
     /// Wraps the shared context.
-    pub fn new(base: Arc<Context>, store: Store<Service>) -> Self {
+    pub fn new(base: Arc<Context>, store: Cache<Service>) -> Self {
         let mirror = (
             "kube-system".to_owned(),
             mirror::service_name(&base.config.prefix),
@@ -252,7 +252,7 @@ pub fn run_services(
 
 async fn run(
     ctx: Arc<Context>,
-    store: Store<Service>,
+    store: Cache<Service>,
     trigger: ReflectHandle<Service>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -261,7 +261,7 @@ async fn run(
     }
     let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone()));
     let errors = Arc::new(StreamErrors::new("Service controller"));
-    let run = Controller::for_shared_stream(trigger, store.clone())
+    let run = Controller::for_shared_stream(trigger, store.store())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         // Followers do nothing; the moment this replica wins the Lease it reconciles every
         // Service (work that arrived while there was no leader does not wait for a resync).
@@ -306,7 +306,7 @@ async fn run(
 
 /// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
 /// [`orphans`]). Reads the cached FIP list first, then the Services.
-async fn sweep_orphans(ctx: &ServiceContext, store: &Store<Service>) -> Result<(), CloudError> {
+async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(), CloudError> {
     let ips = ctx.base.cloud.ips().await?;
     let cluster = &ctx.base.cluster_id;
     let tagged: Vec<TaggedFip> = ips

@@ -14,6 +14,10 @@
 //!
 //! Subscriptions are taken before [`Watches::run`], which consumes the set: a subscriber made
 //! later would miss the objects already listed.
+//!
+//! Readiness (the first full list) is published on a `tokio::sync::watch` channel ([`Cache`]):
+//! kube's `Store::wait_until_ready` wakes only the last task that polled it, so two tasks
+//! waiting on one shared store could wait forever.
 
 use std::time::Duration;
 
@@ -43,6 +47,7 @@ where
     config: watcher::Config,
     writer: Writer<K>,
     changes: watch::Sender<u64>,
+    ready: watch::Sender<bool>,
     used: bool,
 }
 
@@ -62,13 +67,17 @@ where
             config,
             writer: reflector::store_shared(BUFFER).1,
             changes: watch::channel(0).0,
+            ready: watch::channel(false).0,
             used: false,
         }
     }
 
-    fn store(&mut self) -> Store<K> {
+    fn cache(&mut self) -> Cache<K> {
         self.used = true;
-        self.writer.as_reader()
+        Cache {
+            store: self.writer.as_reader(),
+            ready: self.ready.subscribe(),
+        }
     }
 
     fn subscribe(&mut self) -> ReflectHandle<K> {
@@ -89,14 +98,17 @@ where
             return std::future::pending().await;
         }
         let errors = StreamErrors::new(K::kind(&()));
-        let changes = self.changes;
+        let (changes, ready) = (self.changes, self.ready);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
             .reflect_shared(self.writer)
             .for_each(|event| {
                 match event {
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-                    Ok(_) => {
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) {
+                            ready.send_if_modified(|r| !std::mem::replace(r, true));
+                        }
                         changes.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     Err(error) => errors.warn(&error),
@@ -104,6 +116,37 @@ where
                 std::future::ready(())
             })
             .await;
+    }
+}
+
+/// A shared watch's store, and whether its first full list has arrived.
+#[derive(Clone)]
+pub struct Cache<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    ready: watch::Receiver<bool>,
+}
+
+impl<K> Cache<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// Every object, as last seen.
+    pub fn state(&self) -> Vec<std::sync::Arc<K>> {
+        self.store.state()
+    }
+
+    /// Waits for the first full list (any number of tasks may wait). `Err` once the watch is
+    /// gone without one.
+    pub async fn wait_until_ready(&self) -> Result<(), watch::error::RecvError> {
+        self.ready.clone().wait_for(|ready| *ready).await.map(|_| ())
+    }
+
+    /// The kube store behind the cache (for a kube `Controller`).
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
     }
 }
 
@@ -138,8 +181,8 @@ impl Watches {
     }
 
     /// Every Service.
-    pub fn services(&mut self) -> Store<Service> {
-        self.services.store()
+    pub fn services(&mut self) -> Cache<Service> {
+        self.services.cache()
     }
 
     /// Services as they are applied (a Controller's trigger).
@@ -153,8 +196,8 @@ impl Watches {
     }
 
     /// Every Node.
-    pub fn nodes(&mut self) -> Store<Node> {
-        self.nodes.store()
+    pub fn nodes(&mut self) -> Cache<Node> {
+        self.nodes.cache()
     }
 
     /// Nodes as they are applied (a Controller's trigger).
@@ -168,8 +211,8 @@ impl Watches {
     }
 
     /// The EndpointSlices of `default/kubernetes`.
-    pub fn api_slices(&mut self) -> Store<EndpointSlice> {
-        self.api_slices.store()
+    pub fn api_slices(&mut self) -> Cache<EndpointSlice> {
+        self.api_slices.cache()
     }
 
     /// Runs every watch something asked for, until `shutdown`.
