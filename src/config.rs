@@ -342,11 +342,7 @@ fn display_opt<T: fmt::Display, S: serde::Serializer>(v: &Option<T>, s: S) -> Re
 impl Config {
     /// Resolves the configuration from flags, the environment and the config file.
     pub fn resolve(args: &ConfigArgs, env: &dyn Env) -> Result<Self, ConfigError> {
-        let file_path = args.cloud_config.clone().or_else(|| {
-            env.var("BATON_CLOUD_CONFIG")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        });
+        let file_path = cloud_config_path(args, env);
         let file = match &file_path {
             Some(path) => Some(read_file(path)?),
             None => None,
@@ -364,11 +360,7 @@ impl Config {
         object: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Self, ConfigError> {
         let mut merged = object_values(origin, object);
-        let file_path = args.cloud_config.clone().or_else(|| {
-            env.var("BATON_CLOUD_CONFIG")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        });
+        let file_path = cloud_config_path(args, env);
         if let Some(path) = &file_path {
             merged.entries.extend(read_file(path)?.entries);
         }
@@ -551,6 +543,18 @@ impl Config {
         }
     }
 }
+
+/// The `--cloud-config` file: the flag, else `BATON_CLOUD_CONFIG` (empty counts as unset).
+pub fn cloud_config_path(args: &ConfigArgs, env: &dyn Env) -> Option<PathBuf> {
+    args.cloud_config.clone().or_else(|| {
+        env.var(CLOUD_CONFIG_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// The environment variable of `--cloud-config`.
+pub const CLOUD_CONFIG_ENV: &str = "BATON_CLOUD_CONFIG";
 
 fn missing(id: &str) -> ConfigError {
     let s = setting(id);
@@ -802,7 +806,7 @@ pub struct ShowRow {
 
 impl ConfigCommand {
     /// Runs the command, printing to stdout.
-    pub fn run(self, env: &dyn Env) -> Result<(), crate::Error> {
+    pub fn run(self, env: &dyn Env) -> Result<(), ConfigError> {
         let text = match self.action {
             ConfigAction::Show { config, output } => show(&config, env, output)?,
             ConfigAction::Reference => reference(),

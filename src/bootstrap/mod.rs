@@ -50,25 +50,7 @@ use self::state::{FipRecord, State, StateError, StateFile, Step, now_ms};
 use self::steps::Readiness;
 use crate::config::{ConfigArgs, Env};
 
-/// Exit codes of `baton bootstrap` (documented in docs/bootstrap.md).
-pub mod exit {
-    /// Complete.
-    pub const COMPLETE: u8 = crate::exit::OK;
-    /// Any other failure (state file unwritable, internal error).
-    pub const FAILURE: u8 = crate::exit::FAILURE;
-    /// Bad configuration: the message names the field.
-    pub const CONFIG: u8 = crate::exit::CONFIG;
-    /// A waiting step ran out of time.
-    pub const TIMEOUT: u8 = 4;
-    /// The cloud API failed (after retries) or disagrees with the state file.
-    pub const CLOUD: u8 = 5;
-    /// The Kubernetes API failed (after retries) or refused an object.
-    pub const KUBERNETES: u8 = 6;
-    /// DNS publishing failed (bind, RFC 2136 update refused or unauthenticated).
-    pub const DNS: u8 = 7;
-    /// Stopped by SIGTERM/SIGINT before completion; the state is saved, a rerun continues.
-    pub const INTERRUPTED: u8 = 8;
-}
+pub use crate::exit::bootstrap as exit;
 
 /// `baton bootstrap` arguments. Cloud settings come as in every subcommand (flag > env >
 /// `--cloud-config` file > the config file's `cloud:` section > default).
@@ -335,8 +317,7 @@ impl Runner {
             } else {
                 cfg.path.parent().map_or(file.clone(), |d| d.join(&file))
             };
-            if cloud_args.cloud_config.is_none() && env.var("BATON_CLOUD_CONFIG").is_none_or(|v| v.is_empty())
-            {
+            if crate::config::cloud_config_path(&cloud_args, env).is_none() {
                 cloud_args.cloud_config = Some(file);
             }
         }
@@ -358,12 +339,8 @@ impl Runner {
         let kubeconfig = args
             .kubeconfig
             .as_ref()
-            .and_then(|p| {
-                // KUBECONFIG may be a list; the first entry names the bootstrap API server.
-                p.to_str()
-                    .and_then(|s| s.split(':').find(|s| !s.is_empty()))
-                    .map(PathBuf::from)
-            })
+            // KUBECONFIG may be a list; the first entry names the bootstrap API server.
+            .and_then(|p| crate::kube::config::first_path(p))
             .or_else(|| cfg.kubernetes.kubeconfig.clone());
         if kubeconfig.is_none() {
             return Err(BootstrapError::Field {
@@ -432,12 +409,9 @@ impl Runner {
             field: "kubernetes.kubeconfig".into(),
             message,
         };
-        let kc = kube::config::Kubeconfig::read_from(&path)
-            .map_err(|e| field_err(format!("{}: {e}", path.display())))?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| field_err(format!("{}: {e}", path.display())))?;
+        let mut config = crate::kube::config::load(Some(&path))
+            .await
+            .map_err(|e| field_err(e.with_path()))?;
         config.connect_timeout = Some(Duration::from_secs(5));
         config.read_timeout = Some(Duration::from_secs(30));
         let url = config.cluster_url.to_string();
@@ -581,7 +555,6 @@ impl Runner {
         let hc = &self.cloud_cfg.health_check;
         let settings = ProbeSettings {
             server_name: self.cfg.kubernetes.api_server_name.clone(),
-            port: self.cfg.kubernetes.api_server_port,
             path: hc.path.clone(),
             interval: hc.interval,
             timeout: hc.timeout,
@@ -591,7 +564,11 @@ impl Runner {
             },
             ca_der: self.cfg.kubernetes.cluster_ca_der.clone(),
         };
-        let health = Arc::new(HealthChecker::new(settings, self.token.clone())?);
+        let health = Arc::new(HealthChecker::new(
+            settings,
+            self.cfg.kubernetes.api_server_port,
+            self.token.clone(),
+        )?);
         let names = self.names();
         for n in &names {
             health.watch(n.bootstrap)?;
