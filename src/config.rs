@@ -350,19 +350,22 @@ impl Config {
         Self::resolve_values(args, env, file.as_ref())
     }
 
-    /// Like [`Config::resolve`], with one more source of `cloud-sa.json` keys: `object`, read
-    /// from the file `origin` (the bootstrap config's `cloud:` section). It ranks with the
-    /// config file: flag > env > `--cloud-config` file > `object` > default.
-    pub fn resolve_with_object(
+    /// Like [`Config::resolve`], with the bootstrap config's `cloud:` section as one more layer:
+    /// flag > env > `--cloud-config` file (else the section's `configFile`) > the section's own
+    /// keys > default.
+    pub fn resolve_with_section(
         args: &ConfigArgs,
         env: &dyn Env,
-        origin: &Path,
-        object: serde_json::Map<String, serde_json::Value>,
+        section: Section,
     ) -> Result<Self, ConfigError> {
-        let mut merged = object_values(origin, object);
-        let file_path = cloud_config_path(args, env);
-        if let Some(path) = &file_path {
-            merged.entries.extend(read_file(path)?.entries);
+        let Section {
+            origin,
+            object,
+            config_file,
+        } = section;
+        let mut merged = object_values(&origin, object);
+        if let Some(path) = cloud_config_path(args, env).or(config_file) {
+            merged.entries.extend(read_file(&path)?.entries);
         }
         Self::resolve_values(args, env, Some(&merged))
     }
@@ -542,6 +545,18 @@ impl Config {
             unknown_file_keys: raw.unknown_file_keys.clone(),
         }
     }
+}
+
+/// `cloud-sa.json` keys from another file (the bootstrap config's `cloud:` section), and the
+/// `cloud-sa.json` it names (`configFile`), which ranks like `--cloud-config`, below it.
+#[derive(Debug, Clone)]
+pub struct Section {
+    /// The file the keys were read from (named by errors and `Source::File`).
+    pub origin: PathBuf,
+    /// The keys, as in `cloud-sa.json`.
+    pub object: serde_json::Map<String, serde_json::Value>,
+    /// A `cloud-sa.json`, used when neither `--cloud-config` nor `BATON_CLOUD_CONFIG` is set.
+    pub config_file: Option<PathBuf>,
 }
 
 /// The `--cloud-config` file: the flag, else `BATON_CLOUD_CONFIG` (empty counts as unset).
