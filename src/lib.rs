@@ -12,6 +12,11 @@
 //!
 //! Pure types and decision logic live in `baton-core`; the cloud client and simulator in
 //! `baton-cloud`; DNS in `baton-dns`. This crate wires them to the command line.
+//!
+//! Both halves use the same tools, from modules below them: `probe` (the one `/readyz` prober),
+//! `kube` (kubeconfig loader, cluster CA and TLS, the failover client), `names` (what both write
+//! on Kubernetes objects), `exit` (exit codes), `signal` (SIGTERM/SIGINT) and `error` (the
+//! top-level error). No module imports from one above it.
 
 pub mod bootstrap;
 pub mod cli;

@@ -24,8 +24,8 @@ use kube::{Api, ResourceExt as _};
 use serde::Serialize;
 use tracing::debug;
 
-use super::BootstrapError;
 use super::config::{BootstrapConfig, Endpoint, FipSource, ManifestObject, reserve_tags};
+use super::error::BootstrapError;
 use super::state::FipRecord;
 use crate::names::{
     CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,

@@ -5,10 +5,10 @@ use serde_json::json;
 
 use super::dns::Publisher;
 use super::error::BootstrapError;
-use super::exit;
 use super::progress::{self, Reporter};
 use super::runner::Runner;
 use super::state::now_ms;
+use crate::exit::bootstrap as exit;
 
 pub(super) fn summary(
     runner: Option<&Runner>,

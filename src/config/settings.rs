@@ -3,7 +3,7 @@
 //! ```text
 //!   settings! { Variant field => config.path: flag, env, file key, default, parse, show }
 //!        ├─▶ Id (typed: a misspelt setting is a compile error)   ├─▶ SETTINGS (docs, show, reference)
-//!        ├─▶ ConfigArgs (the flags)                               ├─▶ Config::parse (into config.path)
+//!        ├─▶ ConfigArgs (the flags)                               ├─▶ Config::parse_value (into config.path)
 //!        └─▶ Config::display_value (from config.path)
 //!   flags! { … }  the flags a subcommand reads outside the layered config (show only)
 //! ```
@@ -20,8 +20,6 @@ use serde::Serialize;
 use url::Url;
 
 use self::display::{duration, optional, redacted, text, zero_if_none};
-use super::sources::{RawValues, Source};
-use super::{ConfigError, InvalidValue};
 
 /// The official Cherry Servers API.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -127,17 +125,12 @@ macro_rules! settings {
                 }
             }
 
-            /// Parses every setting into its field; each bad value is recorded in `errors`.
-            pub(super) fn parse(raw: &RawValues, errors: &mut Vec<InvalidValue>) -> Self {
-                let mut cfg = Self::empty();
-                $(
-                    if let Some(v) = parse_one(raw, errors, Id::$id, $parse) {
-                        cfg.$($path).+ = v;
-                    }
-                )*
-                cfg.sources = raw.sources();
-                cfg.unknown_file_keys.clone_from(&raw.unknown_file_keys);
-                cfg
+            /// Parses `value` as setting `id` into its field; the reason if it is not valid.
+            pub(super) fn parse_value(&mut self, id: Id, value: &str) -> Result<(), String> {
+                match id {
+                    $( Id::$id => self.$($path).+ = parse_with(value, $parse)?, )*
+                }
+                Ok(())
             }
         }
     };
@@ -365,6 +358,34 @@ flags! {
         doc: "Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration" },
 }
 
+/// Where an effective value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Source {
+    /// A command-line flag.
+    Flag { flag: String },
+    /// An environment variable.
+    Env { var: String },
+    /// A key of the config file.
+    File { path: PathBuf, key: String },
+    /// The built-in default.
+    Default,
+    /// Not set anywhere, no default.
+    Unset,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Flag { flag } => write!(f, "flag --{flag}"),
+            Self::Env { var } => write!(f, "env {var}"),
+            Self::File { path, key } => write!(f, "file {} key {key}", path.display()),
+            Self::Default => f.write_str("default"),
+            Self::Unset => f.write_str("unset"),
+        }
+    }
+}
+
 /// The names of the node and Service annotations baton writes and reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Annotations {
@@ -438,7 +459,7 @@ fn display_opt<T: fmt::Display, S: serde::Serializer>(v: &Option<T>, s: S) -> Re
 impl Config {
     /// Every field at its zero value, before the table fills it in (every setting with a
     /// default always gets a value; the rest are `Option`s).
-    fn empty() -> Self {
+    pub(super) fn empty() -> Self {
         Self {
             api_key: None,
             project_id: None,
@@ -459,46 +480,12 @@ impl Config {
             unknown_file_keys: Vec::new(),
         }
     }
-
-    /// The API key, or an error naming where to set it.
-    pub fn require_api_key(&self) -> Result<&Secret, ConfigError> {
-        self.api_key
-            .as_ref()
-            .ok_or_else(|| ConfigError::missing(Id::ApiKey))
-    }
-
-    /// The project ID, or an error naming where to set it.
-    pub fn require_project_id(&self) -> Result<u64, ConfigError> {
-        self.project_id.ok_or_else(|| ConfigError::missing(Id::ProjectId))
-    }
 }
 
-/// Parses setting `id` with `f`; records an error and returns `None` if it fails.
-fn parse_one<T>(
-    raw: &RawValues,
-    errors: &mut Vec<InvalidValue>,
-    id: Id,
-    f: impl FnOnce(&str) -> Result<T, String>,
-) -> Option<T> {
-    let (value, source) = raw.values.get(&id)?;
-    let value = value.as_deref()?;
-    match f(value) {
-        Ok(v) => Some(v),
-        Err(reason) => {
-            let s = id.setting();
-            errors.push(InvalidValue {
-                key: s.file_key,
-                source: source.clone(),
-                value: if s.secret {
-                    "<redacted>".to_owned()
-                } else {
-                    value.to_owned()
-                },
-                reason,
-            });
-            None
-        }
-    }
+/// `f(value)`: names the field's type for a row's parser (a closure's types are inferred
+/// from it).
+fn parse_with<T>(value: &str, f: impl FnOnce(&str) -> Result<T, String>) -> Result<T, String> {
+    f(value)
 }
 
 // Value parsers shared by several rows.

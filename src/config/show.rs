@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use super::settings::{ConfigArgs, FLAGS, FlagArgs, SETTINGS};
-use super::sources::{Env, Source, flag_values};
-use super::{Config, ConfigError};
+use super::error::ConfigError;
+use super::settings::{Config, ConfigArgs, FLAGS, FlagArgs, SETTINGS, Source};
+use super::sources::{Env, flag_values};
 
 /// `baton config …`
 #[derive(Debug, Args)]

@@ -4,16 +4,15 @@
 //!   ConfigArgs ─┐
 //!   Env ────────┼─▶ RawValues::collect: per setting, the first non-empty value and its Source
 //!   FileValues ─┘     (--cloud-config / BATON_CLOUD_CONFIG, or a Section: the bootstrap's `cloud:`)
+//!        ▼ each value parsed into its field by the table (Config::parse_value)
+//!   Config::resolve*: the Config, or every invalid value at once
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
-use super::settings::{ConfigArgs, FLAGS, Flag, FlagArgs, Id, SETTINGS};
-use super::{ConfigError, InvalidValue};
+use super::error::{ConfigError, InvalidValue};
+use super::settings::{Config, ConfigArgs, FLAGS, Flag, FlagArgs, Id, SETTINGS, Source};
 
 /// The environment variable of `--cloud-config`.
 pub const CLOUD_CONFIG_ENV: &str = "BATON_CLOUD_CONFIG";
@@ -40,34 +39,6 @@ impl Env for BTreeMap<String, String> {
     }
 }
 
-/// Where an effective value came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Source {
-    /// A command-line flag.
-    Flag { flag: String },
-    /// An environment variable.
-    Env { var: String },
-    /// A key of the config file.
-    File { path: PathBuf, key: String },
-    /// The built-in default.
-    Default,
-    /// Not set anywhere, no default.
-    Unset,
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Flag { flag } => write!(f, "flag --{flag}"),
-            Self::Env { var } => write!(f, "env {var}"),
-            Self::File { path, key } => write!(f, "file {} key {key}", path.display()),
-            Self::Default => f.write_str("default"),
-            Self::Unset => f.write_str("unset"),
-        }
-    }
-}
-
 /// `cloud-sa.json` keys from another file (the bootstrap config's `cloud:` section), and the
 /// `cloud-sa.json` it names (`configFile`), which ranks like `--cloud-config`, below it.
 #[derive(Debug, Clone)]
@@ -87,6 +58,59 @@ pub fn cloud_config_path(args: &ConfigArgs, env: &dyn Env) -> Option<PathBuf> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     })
+}
+
+impl Config {
+    /// Resolves the configuration from flags, the environment and the config file.
+    pub fn resolve(args: &ConfigArgs, env: &dyn Env) -> Result<Self, ConfigError> {
+        let file = FileValues::layered(None, cloud_config_path(args, env).as_deref())?;
+        Self::resolve_values(args, env, file.as_ref())
+    }
+
+    /// Like [`Config::resolve`], with the bootstrap config's `cloud:` section as one more layer:
+    /// flag > env > `--cloud-config` file (else the section's `configFile`) > the section's own
+    /// keys > default.
+    pub fn resolve_with_section(
+        args: &ConfigArgs,
+        env: &dyn Env,
+        section: Section,
+    ) -> Result<Self, ConfigError> {
+        let file = cloud_config_path(args, env).or_else(|| section.config_file.clone());
+        let merged = FileValues::layered(Some(section), file.as_deref())?;
+        Self::resolve_values(args, env, merged.as_ref())
+    }
+
+    fn resolve_values(
+        args: &ConfigArgs,
+        env: &dyn Env,
+        file: Option<&FileValues>,
+    ) -> Result<Self, ConfigError> {
+        let raw = RawValues::collect(args, env, file);
+        let mut errors = raw.type_errors.clone();
+        let mut cfg = Self::empty();
+        for (id, (value, source)) in &raw.values {
+            let Some(value) = value else { continue };
+            if let Err(reason) = cfg.parse_value(*id, value) {
+                let s = id.setting();
+                errors.push(InvalidValue {
+                    key: s.file_key,
+                    source: source.clone(),
+                    value: if s.secret {
+                        "<redacted>".to_owned()
+                    } else {
+                        value.clone()
+                    },
+                    reason,
+                });
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid(errors));
+        }
+        cfg.sources = raw.sources();
+        cfg.unknown_file_keys = raw.unknown_file_keys;
+        Ok(cfg)
+    }
 }
 
 /// Empty values count as unset, like `os.Getenv` checks in the CCM.
@@ -131,20 +155,20 @@ pub fn flag_values(args: &FlagArgs, env: &dyn Env) -> Vec<(&'static Flag, Option
 }
 
 /// Each setting's raw (string) value and its source, before parsing.
-pub(super) struct RawValues {
-    pub(super) values: BTreeMap<Id, (Option<String>, Source)>,
-    pub(super) unknown_file_keys: Vec<String>,
-    pub(super) type_errors: Vec<InvalidValue>,
+struct RawValues {
+    values: BTreeMap<Id, (Option<String>, Source)>,
+    unknown_file_keys: Vec<String>,
+    type_errors: Vec<InvalidValue>,
 }
 
 /// The keys of the config file(s).
-pub(super) struct FileValues {
+struct FileValues {
     /// Lower-cased key -> (file, key as written, value as text or an error).
     entries: BTreeMap<String, (PathBuf, String, Result<String, String>)>,
 }
 
 impl RawValues {
-    pub(super) fn collect(args: &ConfigArgs, env: &dyn Env, file: Option<&FileValues>) -> Self {
+    fn collect(args: &ConfigArgs, env: &dyn Env, file: Option<&FileValues>) -> Self {
         let mut values = BTreeMap::new();
         let mut type_errors = Vec::new();
         for s in SETTINGS {
@@ -213,7 +237,7 @@ impl RawValues {
     }
 
     /// The source of every setting.
-    pub(super) fn sources(&self) -> BTreeMap<Id, Source> {
+    fn sources(&self) -> BTreeMap<Id, Source> {
         self.values
             .iter()
             .map(|(id, (_, src))| (*id, src.clone()))
@@ -223,10 +247,7 @@ impl RawValues {
 
 impl FileValues {
     /// The keys of `section`, then those of the `cloud-sa.json` file over them.
-    pub(super) fn layered(
-        section: Option<Section>,
-        file: Option<&Path>,
-    ) -> Result<Option<Self>, ConfigError> {
+    fn layered(section: Option<Section>, file: Option<&Path>) -> Result<Option<Self>, ConfigError> {
         let mut merged = section.map(|s| object_values(&s.origin, s.object));
         if let Some(path) = file {
             let read = read_file(path)?;
