@@ -12,64 +12,26 @@
 //!
 //! Pure types and decision logic live in `baton-core`; the cloud client and simulator in
 //! `baton-cloud`; DNS in `baton-dns`. This crate wires them to the command line.
+//!
+//! Both halves use the same tools, from modules below them: `probe` (the one `/readyz` prober),
+//! `kube` (kubeconfig loader, cluster CA and TLS, the failover client), `names` (what both write
+//! on Kubernetes objects), `exit` (exit codes), `signal` (SIGTERM/SIGINT) and `error` (the
+//! top-level error). No module imports from one above it.
 
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod controller;
-pub mod kube_failover;
+pub mod error;
+pub mod exit;
+pub mod kube;
+pub mod names;
+pub mod probe;
 pub mod signal;
 pub mod telemetry;
 
 use cli::{Cli, Command};
-
-/// Exit codes shared by every subcommand.
-pub mod exit {
-    /// Success.
-    pub const OK: u8 = 0;
-    /// A runtime failure.
-    pub const FAILURE: u8 = 1;
-    /// Bad configuration or arguments.
-    pub const CONFIG: u8 = 2;
-    /// The subcommand is not built yet.
-    pub const NOT_BUILT: u8 = 3;
-    // `baton bootstrap` adds 4 (timeout), 5 (cloud), 6 (Kubernetes), 7 (DNS), 8 (interrupted):
-    // see `bootstrap::exit`.
-}
-
-/// Top-level errors of the binary.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Config(#[from] config::ConfigError),
-    #[error("logging: {0}")]
-    Logging(String),
-    #[error("`baton {0}` is not built yet")]
-    NotBuilt(&'static str),
-    #[error("{0}")]
-    Usage(Box<dyn std::error::Error + Send + Sync + 'static>),
-    #[error("{0}")]
-    Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
-    #[error(transparent)]
-    Bootstrap(#[from] bootstrap::BootstrapError),
-}
-
-impl Error {
-    /// The process exit code for this error.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
-            Self::NotBuilt(_) => exit::NOT_BUILT,
-            Self::Subcommand(_) => exit::FAILURE,
-            Self::Bootstrap(e) => e.exit_code(),
-        }
-    }
-}
-
-/// Wraps a subcommand's error.
-pub fn subcommand_error(e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Subcommand(Box::new(e))
-}
+pub use error::{Error, subcommand_error};
 
 /// Runs a parsed command line to completion.
 pub async fn run(cli: Cli) -> Result<(), Error> {
@@ -80,7 +42,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             println!("baton {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Config(cmd) => cmd.run(&config::ProcessEnv),
+        Command::Config(cmd) => Ok(cmd.run(&config::ProcessEnv)?),
         Command::Bootstrap(args) => Ok(bootstrap::run(args, &config::ProcessEnv).await?),
         Command::Controller(args) => controller::run::run(args).await.map_err(|e| {
             if e.is_config() {

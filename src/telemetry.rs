@@ -30,11 +30,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// Why logging cannot start.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LogError(String);
+
 /// Installs the global subscriber, writing to stderr. `RUST_LOG` overrides `--log`.
-pub fn init(args: &LogArgs) -> Result<(), crate::Error> {
+pub fn init(args: &LogArgs) -> Result<(), LogError> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
-        .map_err(|e| crate::Error::Logging(format!("invalid log filter {:?}: {e}", args.log)))?;
+        .map_err(|e| LogError(format!("invalid log filter {:?}: {e}", args.log)))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -42,5 +47,5 @@ pub fn init(args: &LogArgs) -> Result<(), crate::Error> {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    res.map_err(|e| crate::Error::Logging(e.to_string()))
+    res.map_err(|e| LogError(e.to_string()))
 }

@@ -524,13 +524,15 @@ impl Validator<'_> {
         let cluster_ca = self
             .required("kubernetes.clusterCA", raw.cluster_ca)
             .map(|p| self.path(p));
-        let der = cluster_ca.as_ref().and_then(|p| match read_ca(p) {
-            Ok(der) => Some(der),
-            Err(e) => {
-                self.err("kubernetes.clusterCA", format!("{}: {e}", p.display()));
-                None
-            }
-        });
+        let der = cluster_ca
+            .as_ref()
+            .and_then(|p| match crate::kube::tls::read_ca(p) {
+                Ok(der) => Some(der),
+                Err(e) => {
+                    self.err("kubernetes.clusterCA", format!("{}: {e}", p.display()));
+                    None
+                }
+            });
         let port = raw.api_server_port.unwrap_or(6443);
         if port == 0 {
             self.err("kubernetes.apiServerPort", "must be a port number 1-65535");
@@ -831,20 +833,6 @@ fn parse_socket(s: &str, default_port: u16) -> Option<SocketAddr> {
             .ok()
             .map(|ip| SocketAddr::new(ip, default_port))
     })
-}
-
-/// The certificates of a PEM file, as DER.
-fn read_ca(path: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let mut reader = std::io::BufReader::new(bytes.as_slice());
-    let certs: Vec<Vec<u8>> = rustls_pemfile::certs(&mut reader)
-        .map(|c| c.map(|c| c.to_vec()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
-    if certs.is_empty() {
-        return Err("no PEM certificate in the file".into());
-    }
-    Ok(certs)
 }
 
 /// The objects of a multi-document YAML file; empty documents are skipped. Each needs

@@ -4,7 +4,7 @@
 //! never reserves a second one, even if the FIP's tags were edited), and the times the handoff
 //! was applied, the Services were seen Ready, the bootstrap address left DNS and the run
 //! completed. The next step is a pure function of these facts and of what this process has
-//! observed (`super::next_step`). Every write goes to a temporary file that is then renamed over
+//! observed (`super::plan::next_step`). Every write goes to a temporary file that is then renamed over
 //! the old one, so a kill at any instant leaves either the old or the new state, never a torn
 //! one. No secret is ever written here.
 

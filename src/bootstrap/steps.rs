@@ -24,12 +24,11 @@ use kube::{Api, ResourceExt as _};
 use serde::Serialize;
 use tracing::debug;
 
-use super::BootstrapError;
 use super::config::{BootstrapConfig, Endpoint, FipSource, ManifestObject, reserve_tags};
+use super::error::BootstrapError;
 use super::state::FipRecord;
-use crate::controller::FIELD_MANAGER;
-use crate::controller::mirror::{
-    CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,
+use crate::names::{
+    CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,
 };
 
 /// Label on the API Services naming their endpoint.

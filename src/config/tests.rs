@@ -5,6 +5,7 @@ use clap::Parser;
 use rstest::rstest;
 
 use super::*;
+use baton_core::LoadBalancerMode;
 
 #[derive(Parser)]
 struct Flags {
@@ -30,13 +31,14 @@ fn write_file(dir: &Path, json: &serde_json::Value) -> std::path::PathBuf {
     path
 }
 
-/// Three distinct valid values per setting (for flag, env, file) and one invalid one.
-fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
+/// Three distinct valid values per setting (for flag, env, file) and one invalid one. The match
+/// is exhaustive: a new setting does not compile until it has samples here.
+fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
     match id {
-        "api_key" => (["key-flag", "key-env", "key-file"], None),
-        "project_id" => (["111", "222", "333"], Some("12ab")),
-        "region" => (["LT-Siauliai", "NL-Amsterdam", "DE-Frankfurt"], None),
-        "base_url" => (
+        Id::ApiKey => (["key-flag", "key-env", "key-file"], None),
+        Id::ProjectId => (["111", "222", "333"], Some("12ab")),
+        Id::Region => (["LT-Siauliai", "NL-Amsterdam", "DE-Frankfurt"], None),
+        Id::BaseUrl => (
             [
                 "http://127.0.0.1:1",
                 "http://127.0.0.1:2",
@@ -44,7 +46,7 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
             ],
             Some("ftp://x"),
         ),
-        "load_balancer" => (
+        Id::LoadBalancer => (
             [
                 "kube-vip://",
                 "metallb:///lb/?bgp-peer-mode=frr",
@@ -52,41 +54,42 @@ fn samples(id: &str) -> ([&'static str; 3], Option<&'static str>) {
             ],
             Some("haproxy://"),
         ),
-        "annotation_local_asn"
-        | "annotation_peer_asn"
-        | "annotation_peer_ip"
-        | "annotation_src_ip"
-        | "annotation_multi_hop" => (
+        Id::AnnotationLocalAsn
+        | Id::AnnotationPeerAsn
+        | Id::AnnotationPeerIp
+        | Id::AnnotationSrcIp
+        | Id::AnnotationMultiHop => (
             ["a.io/p-{{n}}-x", "b.io/p-{{n}}-x", "c.io/p-{{n}}-x"],
             Some("a.io/no-index"),
         ),
-        "annotation_fip_region" => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
-        "fip_tag" => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
-        "api_server_port" => (["6443", "443", "8443"], Some("70000")),
-        "bgp_node_selector" => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
-        "bgp_prefix_limit" => (["10", "1", "250"], Some("-3")),
-        "fip_health_check_use_host_ip" => (["true", "1", "True"], Some("yes")),
-        "api_rate_limit" => (["10", "2.5", "0"], Some("-1")),
-        "api_timeout" => (["5s", "250ms", "1m"], Some("soon")),
-        "prefix" => (["one", "two", "three"], Some("Bad_Prefix")),
-        "health_check_path" => (["/readyz", "/healthz", "/livez"], Some("readyz")),
-        "health_check_interval"
-        | "health_check_timeout"
-        | "lease_duration"
-        | "lease_renew_deadline"
-        | "lease_renew_interval" => (["100ms", "1s", "2s"], Some("0s")),
-        "health_check_rise" | "health_check_fall" => (["1", "2", "5"], Some("0")),
-        other => panic!("no samples for setting {other}: add them when adding a setting"),
+        Id::AnnotationFipRegion => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
+        Id::FipTag => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
+        Id::ApiServerPort => (["6443", "443", "8443"], Some("70000")),
+        Id::BgpNodeSelector => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
+        Id::BgpPrefixLimit => (["10", "1", "250"], Some("-3")),
+        Id::FipHealthCheckUseHostIp => (["true", "1", "True"], Some("yes")),
+        Id::ApiRateLimit => (["10", "2.5", "0"], Some("-1")),
+        Id::ApiTimeout => (["5s", "250ms", "1m"], Some("soon")),
+        Id::Prefix => (["one", "two", "three"], Some("Bad_Prefix")),
+        Id::HealthCheckPath => (["/readyz", "/healthz", "/livez"], Some("readyz")),
+        Id::HealthCheckInterval
+        | Id::HealthCheckTimeout
+        | Id::LeaseDuration
+        | Id::LeaseRenewDeadline
+        | Id::LeaseRenewInterval => (["100ms", "1s", "2s"], Some("0s")),
+        Id::HealthCheckRise | Id::HealthCheckFall => (["1", "2", "5"], Some("0")),
     }
 }
 
 fn file_json(s: &Setting, value: &str) -> serde_json::Value {
     // Numbers and booleans go in as JSON numbers/booleans, as in real cloud-sa.json files.
     let v = match s.id {
-        "project_id" | "api_server_port" | "health_check_rise" | "health_check_fall" | "bgp_prefix_limit" => {
-            serde_json::Value::from(value.parse::<u64>().unwrap())
-        }
-        "fip_health_check_use_host_ip" if value == "True" => serde_json::Value::Bool(true),
+        Id::ProjectId
+        | Id::ApiServerPort
+        | Id::HealthCheckRise
+        | Id::HealthCheckFall
+        | Id::BgpPrefixLimit => serde_json::Value::from(value.parse::<u64>().unwrap()),
+        Id::FipHealthCheckUseHostIp if value == "True" => serde_json::Value::Bool(true),
         _ => serde_json::Value::from(value),
     };
     serde_json::json!({ s.file_key: v })
@@ -121,7 +124,7 @@ fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
         for (argv, env, want, layer) in cases {
             let cfg =
                 Config::resolve(&args(argv), env).unwrap_or_else(|e| panic!("{} ({layer}): {e}", s.file_key));
-            let source = &cfg.sources[s.id];
+            let source = &cfg.sources[&s.id];
             let expected_source = match layer {
                 "flag" => Source::Flag {
                     flag: s.flag.to_owned(),
@@ -278,7 +281,7 @@ fn empty_values_count_as_unset() {
     let cfg = Config::resolve(&args(&[]), &e).unwrap();
     assert_eq!(cfg.region, None);
     assert_eq!(cfg.fip_tag, None);
-    assert_eq!(cfg.sources["region"], Source::Unset);
+    assert_eq!(cfg.sources[&Id::Region], Source::Unset);
 }
 
 #[test]
@@ -318,12 +321,12 @@ fn config_show_never_prints_the_api_key(#[case] output: OutputFormat) {
         (vec![], env(&[("CHERRY_API_KEY", SECRET)])),
         (argv.to_vec(), env(&[])),
     ] {
-        let text = show(&args(&argv), &env, output).unwrap();
+        let text = show(&args(&argv), &FlagArgs::default(), &env, output).unwrap();
         assert!(!text.contains(SECRET), "{text}");
         assert!(text.contains("<redacted>"), "{text}");
         assert!(text.contains("apiKey"), "{text}");
     }
-    let text = show(&args(&argv), &env(&[]), output).unwrap();
+    let text = show(&args(&argv), &FlagArgs::default(), &env(&[]), output).unwrap();
     assert!(text.contains("bogusKey"), "unknown keys are reported: {text}");
 }
 
@@ -372,5 +375,70 @@ fn docs_configuration_md_carries_the_current_reference_table() {
     assert!(
         doc.contains(&reference()),
         "docs/configuration.md is out of date: regenerate its table with `baton config reference`"
+    );
+}
+
+/// The subcommands define these flags themselves; the table that `config show` reads must say
+/// the same flag, environment variable and default as they do.
+#[test]
+fn flags_table_matches_the_subcommands_that_take_them() {
+    use clap::CommandFactory as _;
+    let cli = crate::cli::Cli::command();
+    for f in FLAGS {
+        for cmd in f.used_by {
+            let sub = cli
+                .find_subcommand(cmd)
+                .unwrap_or_else(|| panic!("no subcommand {cmd}"));
+            let arg = sub
+                .get_arguments()
+                .find(|a| a.get_long() == Some(f.flag))
+                .unwrap_or_else(|| panic!("`baton {cmd}` has no --{}", f.flag));
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(f.env),
+                "--{} of baton {cmd}",
+                f.flag
+            );
+            let defaults: Vec<&str> = arg
+                .get_default_values()
+                .iter()
+                .filter_map(|v| v.to_str())
+                .collect();
+            assert_eq!(
+                defaults,
+                f.default.into_iter().collect::<Vec<_>>(),
+                "--{} of baton {cmd}",
+                f.flag
+            );
+        }
+    }
+}
+
+#[test]
+fn config_show_lists_the_flags_outside_the_settings_with_their_source() {
+    #[derive(Parser)]
+    struct ShowFlags {
+        #[command(flatten)]
+        flags: FlagArgs,
+    }
+    let flags = ShowFlags::try_parse_from(["baton", "--identity", "pod-a"])
+        .unwrap()
+        .flags;
+    let e = env(&[("KUBECONFIG", "/etc/kubeconfig"), ("BATON_CLUSTER_CA", "")]);
+    let text = show(&args(&[]), &flags, &e, OutputFormat::Text).unwrap();
+    for line in [
+        "--kubeconfig                /etc/kubeconfig  (env KUBECONFIG)",
+        "--identity                  pod-a  (flag --identity)",
+        "--admin-listen              0.0.0.0:9590  (default)",
+        "--health-check-server-name  kubernetes.default.svc  (default)",
+        "--cluster-ca                <unset>  (unset)",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&show(&args(&[]), &flags, &e, OutputFormat::Json).unwrap()).unwrap();
+    assert_eq!(
+        json["flags"][0],
+        serde_json::json!({"flag": "kubeconfig", "value": "/etc/kubeconfig", "source": {"kind": "env", "var": "KUBECONFIG"}})
     );
 }

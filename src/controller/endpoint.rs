@@ -37,9 +37,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::Handover;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
-use super::probe::{ProbeError, ProbeSettings, Prober};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
+use crate::probe::{ProbeError, ProbeSettings, Prober};
 
 /// Settings of the endpoint manager.
 #[derive(Clone)]

@@ -19,7 +19,7 @@ use super::metrics::Metrics;
 /// `/ready` fails once no API server answered for this long: two lease durations (eight renew
 /// periods). A healthy replica talks to the API at least every second (lease renewals) and, even
 /// without leader election, every few seconds (each watch is re-issued every
-/// `kube_failover::WATCH_TIMEOUT`).
+/// `kube::client::WATCH_TIMEOUT`).
 pub const READY_WINDOW: Duration = Duration::from_secs(8);
 
 /// Test-only (hidden, used by `tests/health.rs`): the supervised task of this name panics about a

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::probe::ProbeObserver;
+use crate::probe::ProbeObserver;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -263,7 +263,7 @@ impl ProbeObserver for Metrics {
     }
 }
 
-impl crate::kube_failover::ApiObserver for Metrics {
+impl crate::kube::client::ApiObserver for Metrics {
     fn request_failed(&self, reason: &'static str) {
         self.api_failed
             .get_or_create(&ReasonLabel {

@@ -22,17 +22,7 @@ use kube::{Api, Resource as _, ResourceExt as _};
 
 use super::FIELD_MANAGER;
 use super::kit::{KubeCallError, timed};
-
-/// The MetalLB annotation that keeps MetalLB away from the Service (CPEM #258).
-pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
-    "metallb.universe.tf/address-pool",
-    "disabled-metallb-do-not-use-any-address-pool",
-);
-/// Marks a Service as a control-plane endpoint: its FIP is routed to a healthy API server and
-/// never handed to a load-balancer implementation.
-pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
-/// The label EndpointSlices use to name their Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL};
 /// Who manages an EndpointSlice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// baton's value of [`MANAGED_BY_LABEL`].

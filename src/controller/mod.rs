@@ -25,13 +25,10 @@ pub mod lease;
 pub mod metrics;
 pub mod mirror;
 pub mod node;
-pub mod probe;
 pub mod run;
 pub mod service;
 pub mod standalone;
 pub mod watches;
 
+pub use crate::names::FIELD_MANAGER;
 pub use context::{Context, LeaderGate};
-
-/// The server-side-apply field manager of every object baton writes.
-pub const FIELD_MANAGER: &str = "baton";

@@ -8,7 +8,6 @@ use std::time::Duration;
 use baton_cloud::{CherryClient, Cloud, Priority};
 use baton_core::health::Thresholds;
 use clap::Args;
-use rustls::pki_types::pem::PemObject as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -16,11 +15,11 @@ use super::endpoint::{self, EndpointOptions};
 use super::health::{READY_WINDOW, Supervisor};
 use super::lease::{self, LeaseConfig};
 use super::metrics::Metrics;
-use super::probe::ProbeSettings;
 use super::watches::Watches;
 use super::{Context, LeaderGate};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
-use crate::kube_failover::ApiReachability;
+use crate::kube::client::ApiReachability;
+use crate::probe::ProbeSettings;
 
 /// Flags of `baton controller` (plus every configuration setting).
 #[derive(Debug, Args)]
@@ -112,40 +111,17 @@ impl ControllerError {
 }
 
 async fn kube_config(args: &ControllerArgs) -> Result<kube::Config, ControllerError> {
-    match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ControllerError::KubeConfig(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| ControllerError::KubeConfig(e.to_string()))
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ControllerError::KubeConfig(e.to_string())),
-    }
+    crate::kube::config::load(args.kubeconfig.as_deref())
+        .await
+        .map_err(|e| ControllerError::KubeConfig(e.to_string()))
 }
 
 fn cluster_ca(args: &ControllerArgs, kube: &kube::Config) -> Result<Vec<Vec<u8>>, ControllerError> {
     if let Some(path) = &args.cluster_ca {
-        let pem = std::fs::read(path).map_err(|e| ControllerError::ClusterCa {
+        return crate::kube::tls::read_ca(path).map_err(|e| ControllerError::ClusterCa {
             path: path.clone(),
             reason: e.to_string(),
-        })?;
-        let certs: Vec<Vec<u8>> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
-            .map(|c| c.map(|c| c.to_vec()))
-            .collect::<Result<_, _>>()
-            .map_err(|e| ControllerError::ClusterCa {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-        if certs.is_empty() {
-            return Err(ControllerError::ClusterCa {
-                path: path.clone(),
-                reason: "no certificate in the file".into(),
-            });
-        }
-        return Ok(certs);
+        });
     }
     kube.root_cert
         .clone()
@@ -368,7 +344,7 @@ async fn spawn_admin(
 }
 
 /// The controller's Kubernetes client: `--api-servers` when given, else the kubeconfig's own
-/// server, always through [`crate::kube_failover`] (its time limits and reachability record).
+/// server, always through [`crate::kube::client`] (its time limits and reachability record).
 fn kube_client(
     cfg: &kube::Config,
     api_servers: &[String],
@@ -379,7 +355,7 @@ fn kube_client(
     } else {
         api_servers.to_vec()
     };
-    crate::kube_failover::client(cfg, &urls, reach).map_err(|e| ControllerError::KubeConfig(e.to_string()))
+    crate::kube::client::client(cfg, &urls, reach).map_err(|e| ControllerError::KubeConfig(e.to_string()))
 }
 
 /// A task spawned elsewhere, as a future for the supervisor (its panic is passed on).

@@ -14,7 +14,7 @@ use tracing::info;
 use super::watches::Watches;
 use super::{Context, LeaderGate, node, service};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
-use crate::subcommand_error;
+use crate::error::{Error, subcommand_error};
 
 /// Arguments of `baton controller-services`.
 #[derive(Debug, Args)]
@@ -30,7 +30,7 @@ pub struct StandaloneArgs {
 }
 
 /// Runs the selected controllers until SIGINT or SIGTERM.
-pub async fn run(args: StandaloneArgs) -> Result<(), crate::Error> {
+pub async fn run(args: StandaloneArgs) -> Result<(), Error> {
     let StandaloneArgs {
         config,
         nodes,

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
-use super::state::{State, Step};
-use super::{BootstrapError, Observations, exit, next_step};
+use super::{Observations, next_step};
+use crate::bootstrap::state::{State, Step};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -65,40 +65,4 @@ fn a_rerun_resolves_fips_and_republishes_dns_before_anything_else() {
         next_step(&s, &obs(true, true, false, 5), TTL),
         Step::WaitForServices
     );
-}
-
-#[test]
-fn exit_codes_are_distinct_per_cause() {
-    let timeout = BootstrapError::Timeout {
-        what: "x".into(),
-        after: Duration::from_secs(1),
-        last: Some("connection refused".into()),
-    };
-    assert_eq!(timeout.exit_code(), exit::TIMEOUT);
-    assert!(timeout.to_string().contains("connection refused"), "{timeout}");
-    assert_eq!(BootstrapError::CloudState("x".into()).exit_code(), exit::CLOUD);
-    assert_eq!(
-        BootstrapError::Interrupted(Step::Handoff).exit_code(),
-        exit::INTERRUPTED
-    );
-    let field = BootstrapError::Field {
-        path: "b.yaml".into(),
-        field: "cloud.region".into(),
-        message: "unknown".into(),
-    };
-    assert_eq!(field.exit_code(), exit::CONFIG);
-    assert!(field.to_string().contains("cloud.region"));
-    let codes = [
-        exit::COMPLETE,
-        exit::FAILURE,
-        exit::CONFIG,
-        exit::TIMEOUT,
-        exit::CLOUD,
-        exit::KUBERNETES,
-        exit::DNS,
-        exit::INTERRUPTED,
-    ];
-    let unique: std::collections::BTreeSet<u8> = codes.iter().copied().collect();
-    assert_eq!(unique.len(), codes.len());
-    assert!(!codes.contains(&crate::exit::NOT_BUILT));
 }

@@ -1,4 +1,6 @@
-//! Continuous, parallel `/readyz` probes with rise/fall hysteresis.
+//! Continuous, parallel `/readyz` probes with rise/fall hysteresis: the one prober of the
+//! controller (every candidate API server and every FIP) and the bootstrap (every address its
+//! DNS names may carry).
 //!
 //! One task per target starts a probe every `interval` with a fresh TLS connection (no pooling:
 //! a probe through a FIP must follow the FIP when it moves), verifying the API server's
@@ -10,6 +12,13 @@
 //! map is published on a watch channel, so the failover loop reacts to a change at once instead
 //! of polling. Each target also remembers when its current run of failures began (the start of
 //! its first failed probe), which is where a failover's time to recover is measured from.
+//!
+//! ```text
+//!   set_targets([addr…]) ── one ProbeLoop per target ── GET https://<server_name>:<port><path>
+//!                                (connected to addr, TLS by crate::kube::tls)
+//!        ▼ HealthTracker (rise/fall), failing_since
+//!   watch<BTreeMap<SocketAddr, Health>> ──▶ subscribe(): the failover loop, the bootstrap's DNS
+//! ```
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,6 +32,7 @@ use tokio::time::Instant;
 use baton_core::health::{Health, HealthTracker, Thresholds};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 /// How to probe.
 #[derive(Debug, Clone)]
@@ -53,6 +63,8 @@ pub struct Prober {
     settings: ProbeSettings,
     observer: Arc<dyn ProbeObserver>,
     tasks: BTreeMap<SocketAddr, CancellationToken>,
+    /// Every probe loop stops when this is cancelled (or the prober dropped).
+    shutdown: CancellationToken,
     health_tx: watch::Sender<BTreeMap<SocketAddr, Health>>,
     failing_since: FailingSince,
 }
@@ -72,11 +84,21 @@ pub enum ProbeError {
 impl Prober {
     /// A prober with no targets yet.
     pub fn new(settings: ProbeSettings, observer: Arc<dyn ProbeObserver>) -> Self {
+        Self::with_shutdown(settings, observer, CancellationToken::new())
+    }
+
+    /// A prober with no targets yet whose probes also stop when `shutdown` is cancelled.
+    pub fn with_shutdown(
+        settings: ProbeSettings,
+        observer: Arc<dyn ProbeObserver>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (health_tx, _) = watch::channel(BTreeMap::new());
         Self {
             settings,
             observer,
             tasks: BTreeMap::new(),
+            shutdown,
             health_tx,
             failing_since: FailingSince::default(),
         }
@@ -137,7 +159,7 @@ impl Prober {
                 continue;
             }
             let client = probe_client(&self.settings, t)?;
-            let token = CancellationToken::new();
+            let token = self.shutdown.child_token();
             self.tasks.insert(t, token.clone());
             self.health_tx
                 .send_if_modified(|m| m.insert(t, Health::Unknown).is_none());
@@ -157,7 +179,8 @@ impl Prober {
                     failing_since: Arc::clone(&self.failing_since),
                     observer: Arc::clone(&self.observer),
                 }
-                .run(token),
+                .run(token)
+                .instrument(tracing::info_span!("readyz", target = %t)),
             );
         }
         Ok(())
@@ -180,17 +203,7 @@ impl Drop for Prober {
 }
 
 fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client, ProbeError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in &s.ca_der {
-        roots
-            .add(rustls::pki_types::CertificateDer::from(der.clone()))
-            .map_err(ProbeError::Ca)?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(ProbeError::Ca)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let tls = crate::kube::tls::client_config(&s.ca_der).map_err(ProbeError::Ca)?;
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .resolve(&s.server_name, target)
@@ -229,7 +242,17 @@ impl ProbeLoop {
                     in_flight.push(async move {
                         let started = Instant::now();
                         // The client's own timeout bounds connect + TLS + answer.
-                        let ok = matches!(client.get(&url).send().await, Ok(r) if r.status().is_success());
+                        let ok = match client.get(&url).send().await {
+                            Ok(r) if r.status().is_success() => true,
+                            Ok(r) => {
+                                tracing::debug!(status = %r.status(), "probe failed");
+                                false
+                            }
+                            Err(e) => {
+                                tracing::debug!(reason = %error_chain(&e), "probe failed");
+                                false
+                            }
+                        };
                         (started, ok)
                     });
                 }
@@ -264,6 +287,18 @@ impl ProbeLoop {
             });
         }
     }
+}
+
+/// `e` and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
 }
 
 /// Probes in flight at once for one target: one timeout's worth of intervals, plus one.

@@ -1,0 +1,37 @@
+//! The binary's top-level error: each subcommand's error, and the exit code it maps to.
+
+use crate::{bootstrap, config, exit, telemetry};
+
+/// Top-level errors of the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("logging: {0}")]
+    Logging(#[from] telemetry::LogError),
+    #[error("`baton {0}` is not built yet")]
+    NotBuilt(&'static str),
+    #[error("{0}")]
+    Usage(Box<dyn std::error::Error + Send + Sync + 'static>),
+    #[error("{0}")]
+    Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap::BootstrapError),
+}
+
+impl Error {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
+            Self::NotBuilt(_) => exit::NOT_BUILT,
+            Self::Subcommand(_) => exit::FAILURE,
+            Self::Bootstrap(e) => e.exit_code(),
+        }
+    }
+}
+
+/// Wraps a subcommand's error.
+pub fn subcommand_error(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Subcommand(Box::new(e))
+}

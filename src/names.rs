@@ -1,0 +1,16 @@
+//! Names both halves write on Kubernetes objects: the bootstrap creates the API Services that
+//! the controller then keeps, so the two must agree on every one of these.
+
+/// The server-side-apply field manager of every object baton writes.
+pub const FIELD_MANAGER: &str = "baton";
+
+/// The MetalLB annotation that keeps MetalLB away from the Service (CPEM #258).
+pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
+    "metallb.universe.tf/address-pool",
+    "disabled-metallb-do-not-use-any-address-pool",
+);
+/// Marks a Service as a control-plane endpoint: its FIP is routed to a healthy API server and
+/// never handed to a load-balancer implementation.
+pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
+/// The label EndpointSlices use to name their Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
