@@ -1,5 +1,6 @@
 //! `baton bootstrap`: carries the API endpoint from reserved Floating IPs to the running
-//! cluster, on the bootstrap host (seed 002, "Kubernetes Service Owned API Loadbalancers").
+//! cluster, on the bootstrap host (OpenShift's "Kubernetes Service Owned API Load Balancers"
+//! design).
 //!
 //! ```text
 //!  args.rs + config.rs ─▶ settings.rs ─▶ runner.rs      state.rs (facts, atomic file)

@@ -1,5 +1,5 @@
-//! BGP and the load-balancer hand-off (seed 000 "BGP Configuration", "Node Annotations",
-//! "kube-vip", "MetalLB", "empty"; reference/cherry-api.md §4, §6).
+//! BGP and the load-balancer hand-off, as cloud-provider-cherry does it: Local BGP on the project
+//! and on each selected server, the node annotations kube-vip reads, and MetalLB's objects.
 //!
 //! ```text
 //!  watch Nodes, Services ──► (debounced) pass()          leader only; level-triggered

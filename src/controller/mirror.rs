@@ -1,4 +1,5 @@
-//! The control-plane endpoint's mirror Service (seed 000 "How the Floating IP Traffic is Routed").
+//! The control-plane endpoint's mirror Service (how cloud-provider-cherry routes the control-plane
+//! FIP's traffic: a LoadBalancer Service that mirrors `default/kubernetes`).
 //!
 //! `kube-system/<prefix>-kubernetes-external` is a Service of type LoadBalancer without a selector
 //! whose `loadBalancerIP` and `status.loadBalancer.ingress[0]` are the control-plane FIP (with

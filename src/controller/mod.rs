@@ -1,20 +1,24 @@
-//! The in-cluster controller (`baton controller`): pieces built so far.
+//! The in-cluster controller (`baton controller`): control-plane FIP failover, a FIP per
+//! LoadBalancer Service, BGP and MetalLB / kube-vip, node initialisation.
 //!
 //! ```text
-//!  default/kubernetes (Service + EndpointSlices + Endpoints)
-//!        │ watch
-//!        ▼
-//!  mirror::desired_*  ── pure ──►  kube-system/<prefix>-kubernetes-external
-//!                                   Service (LoadBalancer, FIP, ipMode Proxy)
-//!                                   EndpointSlice + Endpoints (same addresses)
+//!  run ── lease (leader Lease) ──► LeaderGate ─┬─► cloud fence (no write after the lease)
+//!   │                                          └─► every controller: only the leader acts
+//!   └─ watches: one shared watch per kind (Services, Nodes, default/kubernetes EndpointSlices)
+//!        │ stores + change counters + subscriptions
+//!        ├─► endpoint   probe the API servers and FIPs ─► failover::decide ─► retarget (urgent)
+//!        │               └─ mirror: kube-system/<prefix>-kubernetes-external and its endpoints
+//!        ├─► service    plan (scope, requested IP, decide) + budget ─► FIP per Service
+//!        ├─► bgp        service::budget + bgp::plan ─► project/server BGP, node annotations, MetalLB
+//!        └─► node       plan (addresses, labels, lifecycle) ─► Node initialised / tainted / deleted
 //!
-//!  Services type=LoadBalancer ── service::reconcile ──► FIP per Service (tags), annotations, ingress
-//!  Nodes (uninitialized taint) ── node::reconcile ────► providerID, addresses, labels; lifecycle
-//!  Nodes + Services ── bgp::run_bgp ──► project/server BGP, node BGP annotations, MetalLB objects
+//!  kit: timed writes, the leader check, the retry rule, backoff; context: client, cloud, config,
+//!  Events, metrics; health: supervised tasks, /health and /ready.
 //! ```
 //!
-//! `service::run_services` and `node::run_nodes` run those controllers until a shutdown future
-//! resolves; `standalone` runs them alone (hidden `baton controller-services`).
+//! Each controller module keeps its decisions in a pure `plan` (unit-tested without a server) and
+//! its I/O in the module file. `standalone` runs the Service and node controllers alone (hidden
+//! `baton controller-services`, for the crash test and the benchmark).
 
 pub mod bgp;
 pub mod context;

@@ -1,5 +1,5 @@
-//! Service Floating IPs: a FIP for every Service of type LoadBalancer (seed 000 "Service
-//! LoadBalancer", "Floating IP Configuration"; reference/cherry-api.md §6).
+//! Service Floating IPs: a FIP for every Service of type LoadBalancer, tagged and published the
+//! way cloud-provider-cherry does it.
 //!
 //! ```text
 //!  watch Services ──► reconcile(svc) ── scope()? ──► ignored: release a FIP baton made, drop finalizer

@@ -1,4 +1,4 @@
-//! `baton controller-services` (hidden): runs only the cloud-controller duties of issue 7 — the
+//! `baton controller-services` (hidden): runs only the cloud-controller duties — the
 //! Service FIP controller and, with `--nodes`, the node controller — against the cluster in
 //! `KUBECONFIG` (or in-cluster) and the configured cloud, with no leader election (one replica).
 //!

@@ -43,7 +43,8 @@ pub const HOLD_TIME: &str = "30s";
 /// MetalLB's API group.
 pub const METALLB_GROUP: &str = "metallb.io";
 
-/// One node's BGP session facts (reference/cherry-api.md §4 `NodeBGPInfo`).
+/// One node's BGP session facts (the Cherry CCM's `NodeBGPInfo`: from the server's `bgp` and
+/// its region's route servers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeBgp {
     /// The Kubernetes node name.
@@ -115,7 +116,7 @@ fn indexed(pattern: &str, n: usize) -> String {
     pattern.replace("{{n}}", &n.to_string())
 }
 
-/// The node annotations for `bgp` (seed 000 "Node Annotations"): per peer index `n`, from 0 in
+/// The node annotations for `bgp` (cloud-provider-cherry's node annotations): per peer index `n`, from 0 in
 /// peer order, the node ASN, peer ASN, peer IP, source IP and multi-hop (`"true"`, as the Cherry
 /// CCM writes it for kube-vip).
 pub fn desired_node_annotations(bgp: &NodeBgp, names: &Annotations) -> BTreeMap<String, String> {
@@ -299,7 +300,7 @@ fn selector_terms(selector: Option<&LabelSelector>) -> (BTreeMap<String, String>
     (labels, expressions)
 }
 
-/// Everything baton wants in MetalLB's namespace (reference/cherry-api.md §6 "MetalLB"):
+/// Everything baton wants in MetalLB's namespace (what cloud-provider-cherry writes for MetalLB):
 /// - one IPAddressPool per announced address (`<ns>.<name>` of the first Service using it),
 ///   `addresses: [<ip>/32]`, `autoAssign: false`;
 /// - one BGPAdvertisement `<prefix>-bgp-adv` naming every pool (none when there is no pool: an

@@ -2,6 +2,8 @@
 
 use rstest::rstest;
 
+use k8s_openapi::api::core::v1::NodeAddress;
+
 use super::*;
 
 fn server() -> ServerFacts {

@@ -318,7 +318,7 @@ pub enum RegionError {
     },
 }
 
-/// The documented precedence (seed 000 "Cherry Servers FIP"): the global setting first, else the
+/// The precedence cloud-provider-cherry's README documents: the global setting first, else the
 /// Service annotation, else an error. (The Cherry CCM's code checks the annotation first; its
 /// README, which baton follows, says global first.)
 pub fn choose_region(
