@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use baton_cloud::model::{CreateIpRequest, IpId, IpType, ServerId, Tags};
-use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_fip_tags;
 use baton_cloud::{CherryClient, Cloud, CloudError, Op};
 use baton_core::Secret;
+use baton_sim::{Faults, Topology};
 
 fn fip_request(name: &str) -> CreateIpRequest {
     CreateIpRequest {

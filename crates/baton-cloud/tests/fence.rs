@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, ServerId, Tags};
-use baton_cloud::sim::{Faults, LogEntry, SimHandle};
 use baton_cloud::tags::service_fip_tags;
 use baton_cloud::{CherryClient, Cloud, CloudError, Fence, Op, Priority};
+use baton_sim::{Faults, LogEntry, SimHandle};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

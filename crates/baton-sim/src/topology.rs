@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Tags;
+use baton_cloud::model::Tags;
 
 /// A whole simulated account.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@
 
 mod common;
 
-use baton_cloud::sim::{Faults, Sim, Stats};
+use baton_sim::{Faults, Sim, Stats};
 use reqwest::Method as M;
 use serde_json::{Value, json};
 
@@ -23,7 +23,7 @@ struct Raw {
 }
 
 impl Raw {
-    fn new(sim: &baton_cloud::sim::SimHandle) -> Self {
+    fn new(sim: &baton_sim::SimHandle) -> Self {
         Self {
             http: baton_testbed::http_client(None).unwrap(),
             base: format!("http://{}", sim.addr()),

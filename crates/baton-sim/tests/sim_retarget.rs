@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{CreateIpRequest, IpAddress, ServerId, Tags, TargetedTo};
-use baton_cloud::sim::{Faults, Sim, SimHandle, Topology};
+use baton_sim::{Faults, Sim, SimHandle, Topology};
 use baton_testbed::lab;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
