@@ -14,6 +14,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// Tags of an IP address or server: a string map, replaced wholesale on update.
 pub type Tags = BTreeMap<String, String>;
 
+/// Whether `have` contains every `(key, value)` pair of `wanted`. An empty `wanted` matches
+/// nothing: a lookup by no tags would select an arbitrary IP.
+pub fn matches_all(have: &Tags, wanted: &Tags) -> bool {
+    !wanted.is_empty() && wanted.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
 macro_rules! int_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -384,7 +390,7 @@ impl IpAddress {
 
     /// Whether every `(key, value)` of `wanted` is among this IP's tags.
     pub fn has_tags(&self, wanted: &Tags) -> bool {
-        crate::tags::matches_all(&self.tags, wanted)
+        matches_all(&self.tags, wanted)
     }
 }
 
