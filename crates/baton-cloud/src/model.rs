@@ -2,8 +2,8 @@
 //!
 //! One set of types serves both sides: the client deserializes them and the simulator serializes
 //! them, so the simulator cannot drift from what the client expects. Field names and optionality
-//! follow the real payloads (reference/cherry-api.md §2.3, §3, §4): nested objects that the API
-//! leaves out are `Option`s, `tags` may be `null`, unknown fields are ignored.
+//! follow the payloads the real API sends for IP addresses, servers, projects and regions:
+//! nested objects it leaves out are `Option`s, `tags` may be `null`, unknown fields are ignored.
 
 use std::collections::BTreeMap;
 use std::fmt;
