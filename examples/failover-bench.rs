@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_cloud::model::IpAddress;
-use baton_cloud::sim::{Faults, SimHandle, Topology};
+use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::leases::LeaseHistory;
 use tokio::process::Child;
@@ -190,7 +190,7 @@ fn main() {
 }
 
 /// Successful PUTs of `fip` sent by a controller replica, from log sequence `from` on.
-fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_cloud::sim::LogEntry> {
+fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_sim::LogEntry> {
     let path = format!("/v1/ips/{}", fip.id.as_str());
     sim.log(from)
         .into_iter()

@@ -22,9 +22,9 @@ pub enum Command {
     /// Run in the cluster: control-plane FIP failover, Service FIPs, BGP, node initialisation.
     Controller(crate::controller::run::ControllerArgs),
     /// Serve or push the DNS records of the API names.
-    Dns(baton_dns::cli::DnsArgs),
+    Dns(crate::dns::DnsArgs),
     /// Run the Cherry Servers API simulator.
-    Sim(baton_cloud::sim::SimArgs),
+    Sim(crate::sim::SimArgs),
     /// Inspect the configuration.
     Config(crate::config::ConfigCommand),
     /// Print the version.

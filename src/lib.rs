@@ -3,31 +3,34 @@
 //!
 //! ```text
 //!   main.rs ── Cli::parse ── run(cli) ─┬─ config   layered settings (flag > env > cloud-sa.json > default)
-//!                                      ├─ sim      baton-cloud: the Cherry Servers API simulator
+//!                                      ├─ sim      baton-sim: the Cherry Servers API simulator
 //!                                      ├─ dns      baton-dns: embedded server / RFC 2136 push
 //!                                      ├─ bootstrap on the bootstrap host: FIPs, DNS, API Services, handoff
 //!                                      ├─ controller  (later issue)
 //!                                      └─ version
 //! ```
 //!
-//! Pure types and decision logic live in `baton-core`; the cloud client and simulator in
-//! `baton-cloud`; DNS in `baton-dns`. This crate wires them to the command line.
+//! Pure types and decision logic live in `baton-core`; the cloud client in `baton-cloud`; the
+//! simulator in `baton-sim`; DNS in `baton-dns`. Those libraries carry no command-line code:
+//! this crate wires them to the command line (`sim`, `dns`).
 //!
 //! Both halves use the same tools, from modules below them: `probe` (the one `/readyz` prober),
 //! `kube` (kubeconfig loader, cluster CA and TLS, the failover client), `names` (what both write
-//! on Kubernetes objects), `exit` (exit codes), `signal` (SIGTERM/SIGINT) and `error` (the
-//! top-level error). No module imports from one above it.
+//! on Kubernetes objects), `exit` (exit codes), `signal` (the one SIGTERM/SIGINT handler) and
+//! `error` (the top-level error). No module imports from one above it.
 
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod dns;
 pub mod error;
 pub mod exit;
 pub mod kube;
 pub mod names;
 pub mod probe;
 pub mod signal;
+pub mod sim;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -52,15 +55,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             }
         }),
         Command::ControllerServices(args) => controller::standalone::run(args).await,
-        Command::Dns(args) => baton_dns::cli::run(args).await.map_err(|e| match e {
+        Command::Dns(args) => dns::run(args).await.map_err(|e| match e {
             // Bad flags or key files are configuration errors (exit 2), like bad settings.
             baton_dns::DnsError::Config(_)
             | baton_dns::DnsError::Name(_)
             | baton_dns::DnsError::TsigKey(_) => Error::Usage(Box::new(e)),
             e => subcommand_error(e),
         }),
-        Command::Sim(args) => baton_cloud::sim::run_until_signal(args)
-            .await
-            .map_err(subcommand_error),
+        Command::Sim(args) => sim::run(args).await.map_err(subcommand_error),
     }
 }

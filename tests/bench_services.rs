@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use baton_cloud::sim::{Faults, Topology};
+use baton_sim::{Faults, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::{ingress, lb_service, namespace};
 use futures::StreamExt as _;

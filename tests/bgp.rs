@@ -19,7 +19,7 @@ use baton::controller::watches::Watches;
 use baton::controller::{Context, service};
 use baton_cloud::Cloud as _;
 use baton_cloud::model::ServerId;
-use baton_cloud::sim::{Faults, SimHandle, Topology};
+use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ControlPlane, Options, TokenUser, lab};
 use common::{eventually, ingress, lb_service, namespace};
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Service};

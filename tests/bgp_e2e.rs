@@ -12,7 +12,7 @@ mod metallb;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use baton_cloud::sim::{Faults, Topology};
+use baton_sim::{Faults, Topology};
 use baton_testbed::control_plane::Proc;
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::{eventually, ingress, lb_service, namespace};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::model::{IpAddress, IpType, Tags};
-use baton_cloud::sim::{Faults, SimHandle, TopoFip, Topology};
+use baton_sim::{Faults, SimHandle, TopoFip, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use hickory_net::client::{Client, ClientHandle as _};
 use hickory_net::runtime::TokioRuntimeProvider;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use baton_cloud::CherryClient;
 use baton_cloud::Cloud as _;
 use baton_cloud::model::{IpAddress, ServerId};
-use baton_cloud::sim::{Faults, LogEntry, SimHandle, Topology};
+use baton_sim::{Faults, LogEntry, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::leases::LeaseHistory;
 use k8s_openapi::api::coordination::v1::Lease;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use baton::controller::node::{self, PROVIDED_NODE_IP_ANNOTATION, SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
 use baton::controller::watches::Watches;
-use baton_cloud::sim::{Faults, Topology};
+use baton_sim::{Faults, Topology};
 use baton_testbed::lab;
 use common::eventually;
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Taint};

@@ -15,8 +15,8 @@ use baton::controller::service::{
     self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, METALLB_IPS_ANNOTATION,
 };
 use baton::controller::watches::Watches;
-use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_fip_tags;
+use baton_sim::{Faults, Topology};
 use baton_testbed::lab;
 use common::{eventually, ingress, lb_service, namespace, service_fips};
 use k8s_openapi::api::core::v1::{Event, Service};

@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use baton::controller::service::FIP_ID_ANNOTATION;
-use baton_cloud::sim::{Faults, Topology};
 use baton_cloud::tags::service_tag;
+use baton_sim::{Faults, Topology};
 use baton_testbed::{ADMIN_TOKEN, lab};
 use common::{eventually, ingress, lb_service, namespace, service_fips};
 use k8s_openapi::api::core::v1::Service;

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use baton_cloud::sim::LogEntry;
+use baton_sim::LogEntry;
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;

@@ -753,14 +753,6 @@ impl Cloud for CherryClient {
         self.update_ip(Op::UnassignIp, id, &req).await
     }
 
-    async fn update_ip_tags(&self, id: &IpId, tags: Tags) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest {
-            tags: Some(tags),
-            ..Default::default()
-        };
-        self.update_ip(Op::UpdateIpTags, id, &req).await
-    }
-
     async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError> {
         let object = Object(format!("ip {id}"));
         match self

@@ -45,9 +45,6 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// Stops routing a FIP (`targeted_to: "0"`).
     async fn unassign_ip(&self, id: &IpId) -> Result<IpAddress, CloudError>;
 
-    /// Replaces a FIP's tags (the API replaces the whole map).
-    async fn update_ip_tags(&self, id: &IpId, tags: Tags) -> Result<IpAddress, CloudError>;
-
     /// Releases a FIP.
     async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError>;
 

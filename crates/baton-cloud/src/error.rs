@@ -27,8 +27,6 @@ pub enum Op {
     RetargetIp,
     /// `PUT /v1/ips/{id} {"targeted_to":"0"}`.
     UnassignIp,
-    /// `PUT /v1/ips/{id} {"tags":..}`.
-    UpdateIpTags,
     /// `DELETE /v1/ips/{id}`.
     DeleteIp,
     /// `GET /v1/regions`.
@@ -49,7 +47,6 @@ impl Op {
             Self::CreateIp => "create_ip",
             Self::RetargetIp => "retarget_ip",
             Self::UnassignIp => "unassign_ip",
-            Self::UpdateIpTags => "update_ip_tags",
             Self::DeleteIp => "delete_ip",
             Self::ListRegions => "list_regions",
         }

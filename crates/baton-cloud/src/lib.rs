@@ -1,5 +1,6 @@
-//! baton's cloud layer: the [`Cloud`] trait, its production implementation [`CherryClient`] (the
-//! Cherry Servers API), and [`sim`], a simulator of that API the same client talks to over HTTP.
+//! baton's cloud layer: the [`Cloud`] trait and its production implementation [`CherryClient`]
+//! (the Cherry Servers API). The simulator of that API, which the same client talks to over HTTP,
+//! is the `baton-sim` crate.
 //!
 //! ```text
 //!  controllers / bootstrap ──► Arc<dyn Cloud>
@@ -7,18 +8,18 @@
 //!                         CherryClient (rate gate, IP cache, retries)
 //!                                  │  HTTP(S), Authorization: Bearer
 //!                    ┌─────────────┴──────────────┐
-//!          api.cherryservers.com           baton sim (same routes, codes, quirks;
+//!          api.cherryservers.com           baton-sim (same routes, codes, quirks;
 //!                                            forwards TCP sent to a FIP to its server)
 //! ```
 //!
-//! [`model`] holds the API's JSON objects, used by both sides.
+//! [`model`] holds the API's JSON objects, used by both sides; [`tags`] the FIP tags baton shares
+//! with the Cherry CCM.
 
 pub mod cherry;
 pub mod cloud;
 pub mod error;
 pub mod fence;
 pub mod model;
-pub mod sim;
 pub mod tags;
 
 mod cache;

@@ -2,8 +2,8 @@
 //!
 //! One set of types serves both sides: the client deserializes them and the simulator serializes
 //! them, so the simulator cannot drift from what the client expects. Field names and optionality
-//! follow the real payloads (reference/cherry-api.md §2.3, §3, §4): nested objects that the API
-//! leaves out are `Option`s, `tags` may be `null`, unknown fields are ignored.
+//! follow the payloads the real API sends for IP addresses, servers, projects and regions:
+//! nested objects it leaves out are `Option`s, `tags` may be `null`, unknown fields are ignored.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,6 +13,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Tags of an IP address or server: a string map, replaced wholesale on update.
 pub type Tags = BTreeMap<String, String>;
+
+/// Whether `have` contains every `(key, value)` pair of `wanted`. An empty `wanted` matches
+/// nothing: a lookup by no tags would select an arbitrary IP.
+pub fn matches_all(have: &Tags, wanted: &Tags) -> bool {
+    !wanted.is_empty() && wanted.iter().all(|(k, v)| have.get(k) == Some(v))
+}
 
 macro_rules! int_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -384,7 +390,7 @@ impl IpAddress {
 
     /// Whether every `(key, value)` of `wanted` is among this IP's tags.
     pub fn has_tags(&self, wanted: &Tags) -> bool {
-        crate::tags::matches_all(&self.tags, wanted)
+        matches_all(&self.tags, wanted)
     }
 }
 

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 use crate::model::Tags;
+pub use crate::model::matches_all;
 
 /// Tag key naming who manages a FIP.
 pub const USAGE_KEY: &str = "usage";
@@ -30,12 +31,6 @@ pub fn service_fip_tags(namespace: &str, name: &str, cluster_uid: &str) -> Tags 
         (SERVICE_KEY.to_owned(), service_tag(namespace, name)),
         (CLUSTER_KEY.to_owned(), cluster_uid.to_owned()),
     ])
-}
-
-/// Whether `have` contains every `(key, value)` pair of `wanted`. An empty `wanted` matches
-/// nothing: a lookup by no tags would select an arbitrary IP.
-pub fn matches_all(have: &Tags, wanted: &Tags) -> bool {
-    !wanted.is_empty() && wanted.iter().all(|(k, v)| have.get(k) == Some(v))
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, ServerId, Tags};
-use baton_cloud::sim::{Faults, LogEntry, SimHandle};
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, ServerId};
 use baton_cloud::tags::service_fip_tags;
 use baton_cloud::{CherryClient, Cloud, CloudError, Fence, Op, Priority};
+use baton_sim::{Faults, LogEntry, SimHandle};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -95,10 +95,6 @@ async fn a_write_whose_deadline_passed_sends_nothing() {
             let cp = ServerId(600_101);
             assert_fenced_untouched(&c.retarget_ip(&fip.id, cp).await.unwrap_err(), Op::RetargetIp);
             assert_fenced_untouched(&c.unassign_ip(&fip.id).await.unwrap_err(), Op::UnassignIp);
-            assert_fenced_untouched(
-                &c.update_ip_tags(&fip.id, Tags::new()).await.unwrap_err(),
-                Op::UpdateIpTags,
-            );
             assert_fenced_untouched(&c.delete_ip(&fip.id).await.unwrap_err(), Op::DeleteIp);
             assert_fenced_untouched(&c.create_ip(fip_request("new")).await.unwrap_err(), Op::CreateIp);
             assert_fenced_untouched(&c.enable_project_bgp().await.unwrap_err(), Op::EnableProjectBgp);

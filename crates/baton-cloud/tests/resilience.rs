@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_cloud::model::{CreateIpRequest, IpType, ServerId};
-use baton_cloud::sim::{Faults, LogEntry};
 use baton_cloud::tags::service_fip_tags;
 use baton_cloud::{CherryClient, Cloud};
+use baton_sim::{Faults, LogEntry};
 
 fn fip_request(name: &str) -> CreateIpRequest {
     CreateIpRequest {

@@ -22,7 +22,6 @@ pub mod names;
 pub mod provider_id;
 pub mod secret;
 pub mod selector;
-pub mod types;
 
 pub use fip_tag::FipTag;
 pub use load_balancer::{BgpPeerMode, LoadBalancerMode};

@@ -1,5 +1,6 @@
 //! The `loadbalancer` setting (`CHERRY_LOAD_BALANCER`): which load-balancer implementation
-//! receives workload Service FIPs, as a URL (seed 000 "Service LoadBalancer Implementations").
+//! receives workload Service FIPs, as a URL: the same setting and URL forms as the Cherry CCM
+//! (cloud-provider-cherry), so an existing configuration keeps working.
 //!
 //! - `kube-vip://`
 //! - `metallb:///<namespace>/?bgp-peer-mode=native|frr|none` (namespace default `metallb-system`)

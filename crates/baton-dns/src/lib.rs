@@ -13,10 +13,11 @@
 //! ```
 //!
 //! `model` and `name` are free of hickory types; `answer`, `wire`, `server` and `rfc2136`
-//! translate to and from the wire. `cli` holds `baton dns serve|push`.
+//! translate to and from the wire. The `baton dns serve|push` command line lives in the `baton`
+//! binary: it builds a [`Snapshot`] and a [`ServerConfig`] or [`PushTarget`] and calls
+//! [`DnsServer::serve`] (with its shutdown signal) or [`Rfc2136Publisher::push`].
 
 mod answer;
-pub mod cli;
 mod model;
 mod name;
 mod rfc2136;
@@ -125,9 +126,6 @@ pub enum DnsError {
         /// What the server answers.
         actual: Vec<std::net::IpAddr>,
     },
-    /// Installing the signal handler failed.
-    #[error("cannot install the signal handler: {0}")]
-    Signal(std::io::Error),
     /// A bug: a condition that valid inputs cannot produce.
     #[error("internal DNS error: {0}")]
     Internal(String),
@@ -144,7 +142,6 @@ impl DnsError {
             Self::UpdateRejected { .. } => "update-rejected",
             Self::Exchange { .. } => "exchange",
             Self::VerifyMismatch { .. } => "verify",
-            Self::Signal(_) => "signal",
             Self::Internal(_) => "internal",
         }
     }

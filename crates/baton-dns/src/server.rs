@@ -104,6 +104,19 @@ impl Shared {
 pub struct DnsServer;
 
 impl DnsServer {
+    /// Serves `store`'s records for `config.zone` until `shutdown` completes, then stops the
+    /// server and waits for it (`baton dns serve` passes its signal handler).
+    pub async fn serve(
+        config: ServerConfig,
+        store: RecordStore,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), DnsError> {
+        let server = Self::start(config, store, &CancellationToken::new()).await?;
+        shutdown.await;
+        server.shutdown().await;
+        Ok(())
+    }
+
     /// Binds every listen address (UDP and TCP) and starts serving `store`'s records for
     /// `config.zone`. Runs until `shutdown` is cancelled or [`DnsServerHandle::shutdown`].
     pub async fn start(

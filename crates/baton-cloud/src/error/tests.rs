@@ -108,7 +108,6 @@ fn writes_are_the_calls_that_are_not_gets() {
         Op::CreateIp,
         Op::RetargetIp,
         Op::UnassignIp,
-        Op::UpdateIpTags,
         Op::DeleteIp,
     ] {
         assert!(op.is_write(), "{op}");

@@ -2,7 +2,8 @@ use super::*;
 
 #[test]
 fn parses_an_attached_fip_like_the_real_api() {
-    // Trimmed from reference/cherry-api.md §2.3 (sdk-python fixture `attached_ip`).
+    // A FIP targeted to a server, trimmed from the `attached_ip` fixture of Cherry Servers'
+    // Python SDK (cherryservers/cherryservers-sdk-python) as the real API sends it.
     let json = r#"{"id":"bab8f4a1-0000-4000-8000-000000000001","address":"5.199.171.0","address_family":4,
       "cidr":"5.199.171.0/32","type":"floating-ip",
       "region":{"id":1,"name":"EU-Nord-1","slug":"eu_nord_1","region_iso_2":"LT","href":"/regions/1",

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use baton_cloud::sim::{Faults, Sim, SimHandle, Topology};
 use baton_cloud::{CherryClient, ClientConfig};
 use baton_core::Secret;
+use baton_sim::{Faults, Sim, SimHandle, Topology};
 
 /// A simulator on 127.0.0.1:<random> with the lab topology.
 pub async fn sim(faults: Faults) -> SimHandle {

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Tags;
+use baton_cloud::model::Tags;
 
 /// A whole simulated account.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,8 +120,9 @@ impl Default for TopoProject {
 
 impl Default for TopoRegion {
     fn default() -> Self {
-        // Current real values (reference/cherry-api.md §2.4), route servers moved into the lab's
-        // public range.
+        // The values the real API returns for its Lithuanian region (id 1, slug `LT-Siauliai`,
+        // legacy names `EU-Nord-1` / `eu_nord_1`, BGP ASN 16125); only the BGP route
+        // servers are moved into the lab's public range.
         Self {
             id: 1,
             slug: "LT-Siauliai".into(),

@@ -12,7 +12,7 @@
 
 mod common;
 
-use baton_cloud::sim::{Faults, Sim, Stats};
+use baton_sim::{Faults, Sim, Stats};
 use reqwest::Method as M;
 use serde_json::{Value, json};
 
@@ -23,7 +23,7 @@ struct Raw {
 }
 
 impl Raw {
-    fn new(sim: &baton_cloud::sim::SimHandle) -> Self {
+    fn new(sim: &baton_sim::SimHandle) -> Self {
         Self {
             http: baton_testbed::http_client(None).unwrap(),
             base: format!("http://{}", sim.addr()),
@@ -171,6 +171,22 @@ async fn status_codes_bodies_and_quirks() {
             "{ip}"
         );
     }
+    // tags are replaced wholesale; the target stays
+    raw.send(
+        M::PUT,
+        &format!("/v1/ips/{id}"),
+        Some(json!({"targeted_to": 600_101})),
+    )
+    .await;
+    let (s, _, ip) = raw
+        .send(
+            M::PUT,
+            &format!("/v1/ips/{id}"),
+            Some(json!({"tags": {"x": "y"}})),
+        )
+        .await;
+    assert_eq!((s, ip["tags"].clone()), (200, json!({"x": "y"})));
+    assert_eq!(ip["targeted_to"]["id"], 600_101);
     // unchanged ptr_record: 500
     let ptr = json!({"ptr_record": "api.example.com"});
     assert_eq!(

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{CreateIpRequest, ServerId, Tags};
-use baton_cloud::sim::{Faults, Sim, Topology};
+use baton_sim::{Faults, Sim, Topology};
 use baton_testbed::lab;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

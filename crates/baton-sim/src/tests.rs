@@ -1,55 +1,60 @@
-use clap::Parser;
-
 use super::*;
 
-#[derive(Debug, Parser)]
-struct Cli {
-    #[command(flatten)]
-    sim: SimArgs,
+fn options() -> SimOptions {
+    SimOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        topology: None,
+        state: None,
+        api_key: None,
+        fip_pool: None,
+        forward_ports: None,
+        faults: Faults::default(),
+    }
 }
 
 #[test]
-fn verify_cli() {
-    use clap::CommandFactory as _;
-    Cli::command().debug_assert();
-}
-
-#[test]
-fn args_map_to_faults_and_topology() {
-    let cli = Cli::try_parse_from([
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--rate-limit",
-        "0",
-        "--error-rate",
-        "0.3",
-        "--forward-ports",
-        "6443,443",
-        "--fip-pool",
-        "203.0.113.128/25",
-        "--retarget-delay-ms",
-        "250",
-    ])
+fn options_override_the_topology() {
+    let (builder, listen) = SimOptions {
+        forward_ports: Some(vec![6443, 443]),
+        fip_pool: Some("203.0.113.128/25".into()),
+        api_key: Some("k".into()),
+        faults: Faults {
+            error_rate: 0.3,
+            rate_limit: None,
+            retarget_delay_ms: 250,
+            ..Faults::default()
+        },
+        ..options()
+    }
+    .into_builder()
     .unwrap();
-    let (builder, listen) = cli.sim.into_builder().unwrap();
     assert_eq!(listen.port(), 0);
     assert_eq!(builder.faults.rate_limit, None);
     assert!((builder.faults.error_rate - 0.3).abs() < f64::EPSILON);
     assert_eq!(builder.topology.forward_ports, [6443, 443]);
     assert_eq!(builder.topology.fip_pool, "203.0.113.128/25");
+    assert_eq!(builder.topology.api_key, "k");
     assert_eq!(builder.faults.retarget_delay_ms, 250);
 }
 
 #[test]
 fn defaults_match_the_issue() {
-    let cli = Cli::try_parse_from(["sim"]).unwrap();
-    assert_eq!(cli.sim.listen.to_string(), "127.0.0.1:8080");
-    let (builder, _) = cli.sim.into_builder().unwrap();
+    let (builder, _) = options().into_builder().unwrap();
     assert_eq!(builder.faults.rate_limit, Some(4.0));
     assert_eq!(builder.faults.retarget_delay_ms, 0);
     assert_eq!(builder.topology.api_key, "sim-token");
     assert_eq!(builder.topology.project.id, 123_456);
+}
+
+#[test]
+fn a_missing_topology_file_names_the_file() {
+    let err = SimOptions {
+        topology: Some("/nonexistent/topology.yaml".into()),
+        ..options()
+    }
+    .into_builder()
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/topology.yaml"), "{err}");
 }
 
 #[test]

@@ -1,15 +1,21 @@
-//! `baton dns serve` and `baton dns push`.
+//! `baton dns serve` and `baton dns push`: the command line of the `baton-dns` crate.
+//!
+//! ```text
+//!  flags / BATON_DNS_* ── parse_records ──► Snapshot ─┬─ serve: DnsServer::serve(config, store, shutdown)
+//!                                                     │          shutdown = crate::signal::shutdown
+//!                                                     └─ push:  Rfc2136Publisher::push (TSIG), then verify
+//! ```
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use baton_dns::{
+    DnsError, DnsName, DnsServer, NameRecords, PushOutcome, PushTarget, RecordStore, Rfc2136Publisher,
+    ServerConfig, Snapshot, TsigKey,
+};
 use clap::{Args, Subcommand};
-use tokio_util::sync::CancellationToken;
 use tracing::info;
-
-use crate::model::{NameRecords, RecordStore, Snapshot};
-use crate::{DnsError, DnsName, DnsServer, PushOutcome, PushTarget, Rfc2136Publisher, ServerConfig, TsigKey};
 
 /// Serve or push the DNS records of the API names.
 #[derive(Debug, Args)]
@@ -157,12 +163,11 @@ async fn run_serve(args: ServeArgs) -> Result<(), DnsError> {
     config.ttl = records.ttl;
     config.udp_workers = udp_workers;
     config.ns_name = ns_name;
-    let shutdown = CancellationToken::new();
-    let server = DnsServer::start(config, RecordStore::with_snapshot(snapshot), &shutdown).await?;
-    wait_for_signal().await?;
-    info!("signal received; stopping the DNS server");
-    server.shutdown().await;
-    Ok(())
+    let shutdown = async {
+        crate::signal::shutdown().await;
+        info!("signal received; stopping the DNS server");
+    };
+    DnsServer::serve(config, RecordStore::with_snapshot(snapshot), shutdown).await
 }
 
 async fn run_push(args: PushArgs) -> Result<(), DnsError> {
@@ -181,17 +186,6 @@ async fn run_push(args: PushArgs) -> Result<(), DnsError> {
     match outcome {
         PushOutcome::Changed => println!("changed: records replaced and verified on {server}"),
         PushOutcome::Unchanged => println!("unchanged: {server} already serves these records"),
-    }
-    Ok(())
-}
-
-async fn wait_for_signal() -> Result<(), DnsError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(DnsError::Signal)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DnsError::Signal)?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{CreateIpRequest, ServerId, Tags, TargetedTo};
-use baton_cloud::sim::{Faults, Sim};
+use baton_sim::{Faults, Sim};
 use baton_testbed::{ControlPlane, Fault, Options, lab};
 
 #[test]

@@ -1,7 +1,7 @@
 use clap::{CommandFactory, Parser};
 
 use super::{DnsArgs, DnsCommand, parse_records, parse_server};
-use crate::DnsName;
+use baton_dns::DnsName;
 
 #[derive(Debug, Parser)]
 struct Cli {

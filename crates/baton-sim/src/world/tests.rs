@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::TargetedTo;
+use baton_cloud::model::TargetedTo;
 
 fn world() -> World {
     World::from_topology(&Topology::default()).unwrap()

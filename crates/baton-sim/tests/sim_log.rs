@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use baton_cloud::sim::{Faults, LogEntry};
 use baton_cloud::{CherryClient, Cloud as _};
+use baton_sim::{Faults, LogEntry};
 use serde_json::Value;
 
 fn now_ms() -> u64 {

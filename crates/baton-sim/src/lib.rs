@@ -1,4 +1,5 @@
-//! `baton sim`: a stateful simulator of the Cherry Servers API, spoken over real HTTP.
+//! baton-sim: a stateful simulator of the Cherry Servers API, spoken over real HTTP. The
+//! production client (`baton-cloud`'s `CherryClient`) talks to it through its ordinary base URL.
 //!
 //! ```text
 //!  client ──HTTP──► /v1/...  ─► faults layer (429 / hang / latency / 5xx) ─► World (state)
@@ -7,8 +8,12 @@
 //!  TCP to <fip>:6443 ◄── Forwarder (one listener per targeted FIP) ──► <server primary IP>:6443
 //! ```
 //!
-//! Used from the CLI ([`run`]) and in-process by tests ([`Sim::builder`]). The routes, status
-//! codes, error bodies and quirks follow reference/cherry-api.md §9; see `docs/simulator.md`.
+//! Two entry points: [`serve`] runs it from plain [`SimOptions`] until a shutdown future completes
+//! (the `baton sim` command fills them from its flags and passes its signal handler), and
+//! [`Sim::builder`] starts one in-process for tests and benchmarks. The routes, status codes,
+//! error bodies and quirks are those of the real API (`api.cherryservers.com/v1`); the list is in
+//! `docs/simulator.md`. The JSON objects are `baton-cloud`'s [`baton_cloud::model`], so the
+//! simulator and the client cannot disagree on a payload.
 
 mod faults;
 mod forward;
@@ -248,7 +253,7 @@ impl SimHandle {
 
     /// An IP address as the world holds it now, read directly: no latency, no rate limit, not
     /// logged (for harnesses that watch the cloud without using its request budget).
-    pub fn peek_ip(&self, id: &str) -> Option<crate::model::IpAddress> {
+    pub fn peek_ip(&self, id: &str) -> Option<baton_cloud::model::IpAddress> {
         lock(&self.shared.world).get_ip(id).ok()
     }
 
@@ -316,70 +321,28 @@ pub(crate) fn save_state(path: &Path, world: &World) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| e.to_string())
 }
 
-/// `baton sim` arguments. Every flag also reads a `BATON_SIM_*` variable.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SimArgs {
+/// What `baton sim` runs: where to listen, the starting world and the faults. Plain options; the
+/// command line that fills them lives in the `baton` binary.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
     /// Address to serve the API (and the `/_sim` admin endpoint) on.
-    #[arg(long, env = "BATON_SIM_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Topology file (YAML or JSON); without it, the lab topology (see docs/simulator.md).
-    #[arg(long, env = "BATON_SIM_TOPOLOGY")]
+    /// Topology file (YAML or JSON); `None`: the lab topology ([`Topology::default`]).
     pub topology: Option<PathBuf>,
     /// Persist the state here after every write and resume from it on start.
-    #[arg(long, env = "BATON_SIM_STATE")]
     pub state: Option<PathBuf>,
     /// The API key to accept (overrides the topology's).
-    #[arg(long, env = "BATON_SIM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// CIDR new FIPs are allocated from (overrides the topology's; default 203.0.113.0/24).
-    #[arg(long, env = "BATON_SIM_FIP_POOL")]
+    /// CIDR new FIPs are allocated from (overrides the topology's).
     pub fip_pool: Option<String>,
-    /// TCP ports forwarded from a targeted FIP to its server (overrides the topology's; default
-    /// 6443). An empty value disables forwarding.
-    #[arg(long, env = "BATON_SIM_FORWARD_PORTS", value_delimiter = ',', num_args = 0..)]
+    /// TCP ports forwarded from a targeted FIP to its server (overrides the topology's; empty
+    /// disables forwarding).
     pub forward_ports: Option<Vec<u16>>,
-    /// Latency added to every API request, in milliseconds.
-    #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
-    pub latency_ms: u64,
-    /// Fraction (0..=1) of API requests answered with an injected error.
-    #[arg(long, env = "BATON_SIM_ERROR_RATE", default_value_t = 0.0)]
-    pub error_rate: f64,
-    /// Statuses injected errors pick from.
-    #[arg(
-        long,
-        env = "BATON_SIM_ERROR_STATUSES",
-        value_delimiter = ',',
-        default_value = "502,503,504"
-    )]
-    pub error_statuses: Vec<u16>,
-    /// Fraction of injected errors with an HTML (non-JSON) body.
-    #[arg(long, env = "BATON_SIM_NON_JSON_RATIO", default_value_t = 0.5)]
-    pub non_json_ratio: f64,
-    /// Fraction of injected errors on writes that are answered after the write took effect.
-    #[arg(long, env = "BATON_SIM_LOST_RESPONSE_RATIO", default_value_t = 0.5)]
-    pub lost_response_ratio: f64,
-    /// Requests per second allowed per client address before 429; 0 disables the limit.
-    #[arg(long, env = "BATON_SIM_RATE_LIMIT", default_value_t = 4.0)]
-    pub rate_limit: f64,
-    /// `Retry-After` seconds sent with a 429; 0 sends none.
-    #[arg(long, env = "BATON_SIM_RETRY_AFTER", default_value_t = 1)]
-    pub retry_after: u64,
-    /// Fraction (0..=1) of API requests that hang.
-    #[arg(long, env = "BATON_SIM_HANG_RATE", default_value_t = 0.0)]
-    pub hang_rate: f64,
-    /// Answer 400 to DELETE of a FIP that is targeted to a server.
-    #[arg(long, env = "BATON_SIM_REJECT_DELETE_ATTACHED")]
-    pub reject_delete_attached: bool,
-    /// Seed of the fault dice.
-    #[arg(long, env = "BATON_SIM_SEED")]
-    pub seed: Option<u64>,
-    /// For this many milliseconds after a FIP retarget, new connections to the FIP still
-    /// follow the old route (the API answers at once).
-    #[arg(long, env = "BATON_SIM_RETARGET_DELAY_MS", default_value_t = 0)]
-    pub retarget_delay_ms: u64,
+    /// Initial faults.
+    pub faults: Faults,
 }
 
-impl SimArgs {
+impl SimOptions {
     fn into_builder(self) -> Result<(SimBuilder, SocketAddr), SimError> {
         let Self {
             listen,
@@ -388,17 +351,7 @@ impl SimArgs {
             api_key,
             fip_pool,
             forward_ports,
-            latency_ms,
-            error_rate,
-            error_statuses,
-            non_json_ratio,
-            lost_response_ratio,
-            rate_limit,
-            retry_after,
-            hang_rate,
-            reject_delete_attached,
-            seed,
-            retarget_delay_ms,
+            faults,
         } = self;
         let mut topo = match &topology {
             Some(path) => {
@@ -422,19 +375,6 @@ impl SimArgs {
         if let Some(ports) = forward_ports {
             topo.forward_ports = ports;
         }
-        let faults = Faults {
-            latency_ms,
-            error_rate,
-            error_statuses,
-            non_json_ratio,
-            lost_response_ratio,
-            rate_limit: (rate_limit > 0.0).then_some(rate_limit),
-            retry_after_secs: (retry_after > 0).then_some(retry_after),
-            hang_rate,
-            reject_delete_attached,
-            seed,
-            retarget_delay_ms,
-        };
         let mut builder = Sim::builder().topology(topo).faults(faults);
         if let Some(state) = state {
             builder = builder.state_file(state);
@@ -443,43 +383,17 @@ impl SimArgs {
     }
 }
 
-/// Runs `baton sim` until `shutdown` is cancelled.
-pub async fn run(args: SimArgs, shutdown: CancellationToken) -> Result<(), SimError> {
-    let (builder, listen) = args.into_builder()?;
+/// Serves the simulator described by `options` until `shutdown` completes (or the simulator is
+/// stopped through its own token), then waits for the server to finish.
+pub async fn serve(options: SimOptions, shutdown: impl Future<Output = ()>) -> Result<(), SimError> {
+    let (builder, listen) = options.into_builder()?;
     let handle = builder.bind(listen).await?;
     let stop = handle.shutdown_token();
     tokio::select! {
-        () = shutdown.cancelled() => stop.cancel(),
+        () = shutdown => stop.cancel(),
         () = stop.cancelled() => {}
     }
     handle.wait().await
-}
-
-/// Runs `baton sim` until SIGINT or SIGTERM.
-pub async fn run_until_signal(args: SimArgs) -> Result<(), SimError> {
-    let token = CancellationToken::new();
-    let on_signal = token.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("signal received; stopping the simulator");
-        on_signal.cancel();
-    });
-    run(args, token).await
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

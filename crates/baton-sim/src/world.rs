@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::topology::{Ipv4Net, Topology};
-use crate::model::{
+use baton_cloud::model::{
     CreateIpRequest, IpAddress, IpId, IpType, Plan, Project, ProjectBgp, Region, RegionBgp, Server,
     ServerBgp, ServerId, ServerSummary, Tags, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
 };

@@ -1,0 +1,136 @@
+//! `baton sim`: the command line of the Cherry Servers API simulator (the `baton-sim` crate).
+//!
+//! ```text
+//!  flags / BATON_SIM_* ── SimArgs ── into_options ──► baton_sim::serve(options, shutdown)
+//!                                                         ▲
+//!                                     crate::signal::shutdown (SIGTERM / SIGINT)
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use baton_sim::{Faults, SimError, SimOptions};
+use tracing::info;
+
+/// `baton sim` arguments. Every flag also reads a `BATON_SIM_*` variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Address to serve the API (and the `/_sim` admin endpoint) on.
+    #[arg(long, env = "BATON_SIM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Topology file (YAML or JSON); without it, the lab topology (see docs/simulator.md).
+    #[arg(long, env = "BATON_SIM_TOPOLOGY")]
+    pub topology: Option<PathBuf>,
+    /// Persist the state here after every write and resume from it on start.
+    #[arg(long, env = "BATON_SIM_STATE")]
+    pub state: Option<PathBuf>,
+    /// The API key to accept (overrides the topology's).
+    #[arg(long, env = "BATON_SIM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// CIDR new FIPs are allocated from (overrides the topology's; default 203.0.113.0/24).
+    #[arg(long, env = "BATON_SIM_FIP_POOL")]
+    pub fip_pool: Option<String>,
+    /// TCP ports forwarded from a targeted FIP to its server (overrides the topology's; default
+    /// 6443). An empty value disables forwarding.
+    #[arg(long, env = "BATON_SIM_FORWARD_PORTS", value_delimiter = ',', num_args = 0..)]
+    pub forward_ports: Option<Vec<u16>>,
+    /// Latency added to every API request, in milliseconds.
+    #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Fraction (0..=1) of API requests answered with an injected error.
+    #[arg(long, env = "BATON_SIM_ERROR_RATE", default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Statuses injected errors pick from.
+    #[arg(
+        long,
+        env = "BATON_SIM_ERROR_STATUSES",
+        value_delimiter = ',',
+        default_value = "502,503,504"
+    )]
+    pub error_statuses: Vec<u16>,
+    /// Fraction of injected errors with an HTML (non-JSON) body.
+    #[arg(long, env = "BATON_SIM_NON_JSON_RATIO", default_value_t = 0.5)]
+    pub non_json_ratio: f64,
+    /// Fraction of injected errors on writes that are answered after the write took effect.
+    #[arg(long, env = "BATON_SIM_LOST_RESPONSE_RATIO", default_value_t = 0.5)]
+    pub lost_response_ratio: f64,
+    /// Requests per second allowed per client address before 429; 0 disables the limit.
+    #[arg(long, env = "BATON_SIM_RATE_LIMIT", default_value_t = 4.0)]
+    pub rate_limit: f64,
+    /// `Retry-After` seconds sent with a 429; 0 sends none.
+    #[arg(long, env = "BATON_SIM_RETRY_AFTER", default_value_t = 1)]
+    pub retry_after: u64,
+    /// Fraction (0..=1) of API requests that hang.
+    #[arg(long, env = "BATON_SIM_HANG_RATE", default_value_t = 0.0)]
+    pub hang_rate: f64,
+    /// Answer 400 to DELETE of a FIP that is targeted to a server.
+    #[arg(long, env = "BATON_SIM_REJECT_DELETE_ATTACHED")]
+    pub reject_delete_attached: bool,
+    /// Seed of the fault dice.
+    #[arg(long, env = "BATON_SIM_SEED")]
+    pub seed: Option<u64>,
+    /// For this many milliseconds after a FIP retarget, new connections to the FIP still
+    /// follow the old route (the API answers at once).
+    #[arg(long, env = "BATON_SIM_RETARGET_DELAY_MS", default_value_t = 0)]
+    pub retarget_delay_ms: u64,
+}
+
+impl SimArgs {
+    /// The simulator's options: the world overrides as given, the fault flags as [`Faults`]
+    /// (a rate limit or `Retry-After` of 0 means none).
+    pub fn into_options(self) -> SimOptions {
+        let Self {
+            listen,
+            topology,
+            state,
+            api_key,
+            fip_pool,
+            forward_ports,
+            latency_ms,
+            error_rate,
+            error_statuses,
+            non_json_ratio,
+            lost_response_ratio,
+            rate_limit,
+            retry_after,
+            hang_rate,
+            reject_delete_attached,
+            seed,
+            retarget_delay_ms,
+        } = self;
+        let faults = Faults {
+            latency_ms,
+            error_rate,
+            error_statuses,
+            non_json_ratio,
+            lost_response_ratio,
+            rate_limit: (rate_limit > 0.0).then_some(rate_limit),
+            retry_after_secs: (retry_after > 0).then_some(retry_after),
+            hang_rate,
+            reject_delete_attached,
+            seed,
+            retarget_delay_ms,
+        };
+        SimOptions {
+            listen,
+            topology,
+            state,
+            api_key,
+            fip_pool,
+            forward_ports,
+            faults,
+        }
+    }
+}
+
+/// Runs `baton sim` until SIGINT or SIGTERM.
+pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    let shutdown = async {
+        crate::signal::shutdown().await;
+        info!("signal received; stopping the simulator");
+    };
+    baton_sim::serve(args.into_options(), shutdown).await
+}
+
+#[cfg(test)]
+mod tests;

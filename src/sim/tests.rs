@@ -1,0 +1,53 @@
+use clap::{CommandFactory as _, Parser};
+
+use super::*;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+#[test]
+fn verify_cli() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn args_map_to_faults_and_topology() {
+    let cli = Cli::try_parse_from([
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--rate-limit",
+        "0",
+        "--error-rate",
+        "0.3",
+        "--forward-ports",
+        "6443,443",
+        "--fip-pool",
+        "203.0.113.128/25",
+        "--retarget-delay-ms",
+        "250",
+    ])
+    .unwrap();
+    let options = cli.sim.into_options();
+    assert_eq!(options.listen.port(), 0);
+    assert_eq!(options.faults.rate_limit, None);
+    assert!((options.faults.error_rate - 0.3).abs() < f64::EPSILON);
+    assert_eq!(options.forward_ports, Some(vec![6443, 443]));
+    assert_eq!(options.fip_pool.as_deref(), Some("203.0.113.128/25"));
+    assert_eq!(options.faults.retarget_delay_ms, 250);
+}
+
+#[test]
+fn defaults_match_the_issue() {
+    let cli = Cli::try_parse_from(["sim"]).unwrap();
+    assert_eq!(cli.sim.listen.to_string(), "127.0.0.1:8080");
+    let options = cli.sim.into_options();
+    assert_eq!(options.faults, Faults::default());
+    assert_eq!(options.faults.rate_limit, Some(4.0));
+    assert_eq!(options.faults.retarget_delay_ms, 0);
+    assert_eq!(options.topology, None);
+    assert_eq!(options.api_key, None);
+}
