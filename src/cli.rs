@@ -1,6 +1,6 @@
 //! The command line: one binary, one subcommand per entry point.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 /// baton: a bootstrap-aware control-plane endpoint manager for bare-metal Kubernetes.
 #[derive(Debug, Parser)]
@@ -32,12 +32,4 @@ pub enum Command {
     /// Run only the Service FIP and node controllers (tests and benchmarks).
     #[command(hide = true)]
     ControllerServices(crate::controller::standalone::StandaloneArgs),
-}
-
-/// Arguments of a subcommand that a later issue builds; it refuses to run.
-#[derive(Debug, Args)]
-pub struct NotBuiltArgs {
-    /// Ignored.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    pub rest: Vec<String>,
 }

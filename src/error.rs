@@ -9,8 +9,6 @@ pub enum Error {
     Config(#[from] config::ConfigError),
     #[error("logging: {0}")]
     Logging(#[from] telemetry::LogError),
-    #[error("`baton {0}` is not built yet")]
-    NotBuilt(&'static str),
     #[error("{0}")]
     Usage(Box<dyn std::error::Error + Send + Sync + 'static>),
     #[error("{0}")]
@@ -24,7 +22,6 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
-            Self::NotBuilt(_) => exit::NOT_BUILT,
             Self::Subcommand(_) => exit::FAILURE,
             Self::Bootstrap(e) => e.exit_code(),
         }

@@ -9,8 +9,6 @@ pub const OK: u8 = 0;
 pub const FAILURE: u8 = 1;
 /// Bad configuration or arguments.
 pub const CONFIG: u8 = 2;
-/// The subcommand is not built yet.
-pub const NOT_BUILT: u8 = 3;
 
 /// Exit codes of `baton bootstrap` (documented in docs/bootstrap.md).
 pub mod bootstrap {

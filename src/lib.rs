@@ -6,7 +6,7 @@
 //!                                      ├─ sim      baton-sim: the Cherry Servers API simulator
 //!                                      ├─ dns      baton-dns: embedded server / RFC 2136 push
 //!                                      ├─ bootstrap on the bootstrap host: FIPs, DNS, API Services, handoff
-//!                                      ├─ controller  (later issue)
+//!                                      ├─ controller in the cluster: failover, Service FIPs, BGP, nodes
 //!                                      └─ version
 //! ```
 //!
