@@ -23,6 +23,8 @@ pub enum Command {
     Controller(crate::controller::run::ControllerArgs),
     /// Serve or push the DNS records of the API names.
     Dns(crate::dns::DnsArgs),
+    /// Route TLS by server name (SNI) to many API servers behind one address.
+    Sni(crate::sni::SniArgs),
     /// Run the Cherry Servers API simulator.
     Sim(crate::sim::SimArgs),
     /// Inspect the configuration.

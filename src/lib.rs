@@ -7,6 +7,7 @@
 //!                                      ├─ dns      baton-dns: embedded server / RFC 2136 push
 //!                                      ├─ bootstrap on the bootstrap host: FIPs, DNS, API Services, handoff
 //!                                      ├─ controller in the cluster: failover, Service FIPs, BGP, nodes
+//!                                      ├─ sni      many API servers behind one address (TLS SNI router)
 //!                                      └─ version
 //! ```
 //!
@@ -31,6 +32,7 @@ pub mod names;
 pub mod probe;
 pub mod signal;
 pub mod sim;
+pub mod sni;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -63,5 +65,12 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             e => subcommand_error(e),
         }),
         Command::Sim(args) => sim::run(args).await.map_err(subcommand_error),
+        Command::Sni(args) => sni::run(args).await.map_err(|e| {
+            if e.is_config() {
+                Error::Usage(Box::new(e))
+            } else {
+                subcommand_error(e)
+            }
+        }),
     }
 }

@@ -1,0 +1,400 @@
+//! `baton sni serve`: many API servers behind one address. A TCP proxy that reads the TLS
+//! ClientHello's server name (SNI) without terminating TLS and splices the raw stream to that
+//! tenant's API servers, so client certificates still authenticate end to end.
+//!
+//! ```text
+//!  flags / BATON_SNI_* / --routes-file ──► RouteSpec ──build──► RouteTable ──watch──┐
+//!        (file re-read every --reload-interval-ms; a bad file keeps the old table)  │
+//!                                                                                   ▼
+//!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: read within the bounds,
+//!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► choose, connect, replay, splice
+//!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs
+//!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
+//! ```
+//!
+//! The parsers (`hello`, `proxy_protocol`) and the route table (`routes`) are pure and need no
+//! server; `router` is the only module doing I/O on client connections.
+
+pub mod hello;
+pub mod metrics;
+pub mod proxy_protocol;
+pub mod router;
+pub mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use self::metrics::Metrics;
+use self::router::{Kind, Limits, Router};
+use self::routes::{Health, RouteError, RouteSpec, RouteTable};
+
+/// Route TLS connections by server name (SNI) to many API servers behind one address.
+#[derive(Debug, Args)]
+pub struct SniArgs {
+    #[command(subcommand)]
+    pub command: SniCommand,
+}
+
+/// The `sni` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SniCommand {
+    /// Run the router with routes from flags (and a file) until SIGINT/SIGTERM.
+    Serve(ServeArgs),
+}
+
+/// `baton sni serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to accept TLS on, e.g. `203.0.113.10:443`. Repeatable; comma-separated in the
+    /// environment variable.
+    #[arg(long, env = "BATON_SNI_LISTEN", value_name = "ADDR", value_delimiter = ',')]
+    pub listen: Vec<SocketAddr>,
+
+    /// A tenant: its host names and its API servers, `HOST[,HOST…]=ADDR[,ADDR…]`. Repeatable;
+    /// `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "BATON_SNI_ROUTE",
+        value_name = "HOST=ADDR[,ADDR…]",
+        value_delimiter = ';'
+    )]
+    pub route: Vec<String>,
+
+    /// Backends for a ClientHello without a server name or with one no route names
+    /// (default: close the connection).
+    #[arg(long, env = "BATON_SNI_DEFAULT", value_name = "ADDR[,ADDR…]")]
+    pub default: Option<String>,
+
+    /// Address to accept PROXY protocol (v1 or v2) connections on. Repeatable.
+    #[arg(
+        long,
+        env = "BATON_SNI_PROXY_LISTEN",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
+    pub proxy_listen: Vec<SocketAddr>,
+
+    /// PROXY listener: route connections whose original destination is DSTADDR (`IP` or
+    /// `IP:PORT`) to the tenant of HOST. Repeatable; `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "BATON_SNI_PROXY_ROUTE",
+        value_name = "DSTADDR=HOST",
+        value_delimiter = ';'
+    )]
+    pub proxy_route: Vec<String>,
+
+    /// More routes, re-read while running: lines `HOST[,HOST…]=ADDR[,ADDR…]`, `default=ADDR[,…]`
+    /// and `proxy DSTADDR=HOST`; `#` comments. A host in both the file and a flag is an error.
+    #[arg(long, env = "BATON_SNI_ROUTES_FILE", value_name = "FILE")]
+    pub routes_file: Option<PathBuf>,
+
+    /// How often the routes file is checked for changes, in milliseconds.
+    #[arg(
+        long,
+        env = "BATON_SNI_RELOAD_INTERVAL_MS",
+        default_value_t = 1000,
+        value_name = "MS"
+    )]
+    pub reload_interval_ms: u64,
+
+    /// Address of the admin server (`/metrics`, `/health`, `/ready`); none by default.
+    #[arg(long, env = "BATON_SNI_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+
+    /// The most bytes read before a backend is chosen (PROXY header and ClientHello).
+    #[arg(long, env = "BATON_SNI_MAX_HELLO_BYTES", default_value_t = 16 * 1024, value_name = "BYTES")]
+    pub max_hello_bytes: usize,
+
+    /// The longest time to read them, in milliseconds.
+    #[arg(
+        long,
+        env = "BATON_SNI_HELLO_TIMEOUT_MS",
+        default_value_t = 5000,
+        value_name = "MS"
+    )]
+    pub hello_timeout_ms: u64,
+
+    /// The longest time to connect to one backend, in milliseconds; then the next is tried.
+    #[arg(
+        long,
+        env = "BATON_SNI_CONNECT_TIMEOUT_MS",
+        default_value_t = 2000,
+        value_name = "MS"
+    )]
+    pub connect_timeout_ms: u64,
+
+    /// After SIGTERM, how long open connections may go on, in seconds.
+    #[arg(long, env = "BATON_SNI_DRAIN_S", default_value_t = 10, value_name = "S")]
+    pub drain_s: u64,
+}
+
+/// Errors of `baton sni`.
+#[derive(Debug, thiserror::Error)]
+pub enum SniError {
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    #[error("{field} {value}: {why}")]
+    Config {
+        field: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("--routes-file {path}: {source}")]
+    RoutesFile { path: PathBuf, source: std::io::Error },
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl SniError {
+    /// Whether the error is the operator's configuration (exit code 2).
+    pub fn is_config(&self) -> bool {
+        !matches!(self, Self::Bind { .. })
+    }
+}
+
+/// Runs `baton sni …`.
+pub async fn run(args: SniArgs) -> Result<(), SniError> {
+    match args.command {
+        SniCommand::Serve(serve) => run_serve(serve).await,
+    }
+}
+
+/// The routes from the flags alone.
+pub fn flag_routes(args: &ServeArgs) -> Result<RouteSpec, RouteError> {
+    let mut spec = RouteSpec::default();
+    for r in &args.route {
+        spec.add_route(r)?;
+    }
+    if let Some(d) = &args.default {
+        spec.set_default(d)?;
+    }
+    for r in &args.proxy_route {
+        spec.add_destination(r)?;
+    }
+    Ok(spec)
+}
+
+/// The flags' routes plus the file's.
+fn load(flags: &RouteSpec, file: Option<&PathBuf>) -> Result<RouteSpec, SniError> {
+    let mut spec = flags.clone();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|source| SniError::RoutesFile {
+            path: path.clone(),
+            source,
+        })?;
+        let from_file = RouteSpec::parse_file(&text).map_err(|e| SniError::Config {
+            field: "--routes-file",
+            value: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+        spec.merge(&from_file)?;
+    }
+    Ok(spec)
+}
+
+async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
+    let flags = flag_routes(&args)?;
+    let ServeArgs {
+        listen,
+        proxy_listen,
+        routes_file,
+        reload_interval_ms,
+        admin_listen,
+        max_hello_bytes,
+        hello_timeout_ms,
+        connect_timeout_ms,
+        drain_s,
+        ..
+    } = args;
+    if listen.is_empty() && proxy_listen.is_empty() {
+        return Err(SniError::Config {
+            field: "--listen",
+            value: String::new(),
+            why: "give --listen or --proxy-listen".into(),
+        });
+    }
+    if !(512..=1 << 20).contains(&max_hello_bytes) {
+        return Err(SniError::Config {
+            field: "--max-hello-bytes",
+            value: max_hello_bytes.to_string(),
+            why: "must be between 512 and 1048576".into(),
+        });
+    }
+    let limits = Limits {
+        max_hello: max_hello_bytes,
+        hello_timeout: Duration::from_millis(hello_timeout_ms.max(1)),
+        connect_timeout: Duration::from_millis(connect_timeout_ms.max(1)),
+    };
+    let spec = load(&flags, routes_file.as_ref())?;
+    let health = Arc::new(Health::default());
+    let metrics = Arc::new(Metrics::default());
+    let table = Arc::new(spec.build(&health));
+    publish_health(&metrics, &table, &health);
+    metrics.reload("applied", table.host_count());
+    let (tx, rx) = watch::channel(table);
+
+    let listeners = bind_all(&listen, &proxy_listen).await?;
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let router = Arc::new(Router::new(rx, Arc::clone(&health), limits, Arc::clone(&metrics)));
+    let mut accept = Vec::new();
+    for (l, kind) in listeners {
+        accept.push(tokio::spawn(Arc::clone(&router).serve(
+            l,
+            kind,
+            shutdown.clone(),
+            tracker.clone(),
+        )));
+    }
+    if let Some(addr) = admin_listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| SniError::Bind { addr, source })?;
+        tokio::spawn(admin(l, Arc::clone(&metrics), shutdown.clone()));
+    }
+    if let Some(path) = routes_file {
+        let interval = Duration::from_millis(reload_interval_ms.max(10));
+        tokio::spawn(reload_loop(
+            flags,
+            path,
+            interval,
+            tx,
+            health,
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ));
+    }
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        ?listen,
+        ?proxy_listen,
+        hosts = router_hosts(&router),
+        "SNI router serving"
+    );
+    crate::signal::shutdown().await;
+    info!("signal received; no new connections, draining open ones");
+    shutdown.cancel();
+    for a in accept {
+        let _ = a.await;
+    }
+    tracker.close();
+    if tokio::time::timeout(Duration::from_secs(drain_s), tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(open = tracker.len(), "drain time over; closing open connections");
+    }
+    Ok(())
+}
+
+async fn bind_all(
+    listen: &[SocketAddr],
+    proxy_listen: &[SocketAddr],
+) -> Result<Vec<(TcpListener, Kind)>, SniError> {
+    let mut listeners = Vec::new();
+    for (addrs, kind) in [(listen, Kind::Sni), (proxy_listen, Kind::Proxy)] {
+        for addr in addrs {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| SniError::Bind { addr: *addr, source })?;
+            listeners.push((l, kind));
+        }
+    }
+    Ok(listeners)
+}
+
+fn router_hosts(router: &Router) -> usize {
+    router.routes().borrow().host_count()
+}
+
+/// Sets `backend_up` for every backend of `table` from the shared health.
+fn publish_health(metrics: &Metrics, table: &RouteTable, health: &Health) {
+    let now = health.now_ms();
+    for set in table.sets() {
+        for b in &set.backends {
+            metrics.set_backend_up(&set.name, b.addr, b.is_up(now));
+        }
+    }
+}
+
+/// Re-reads the routes file when it changes and publishes the new table; a file that does not
+/// parse keeps the old table (logged, counted).
+async fn reload_loop(
+    flags: RouteSpec,
+    path: PathBuf,
+    interval: Duration,
+    tx: watch::Sender<Arc<RouteTable>>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut last = std::fs::read_to_string(&path).ok();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let text = match tokio::fs::read_to_string(&path).await {
+            Ok(t) => t,
+            Err(error) => {
+                warn!(%error, path = %path.display(), "reading the routes file failed; keeping the routes");
+                metrics.reload("invalid", tx.borrow().host_count());
+                continue;
+            }
+        };
+        if last.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        last = Some(text);
+        match load(&flags, Some(&path)) {
+            Ok(spec) => {
+                let table = Arc::new(spec.build(&health));
+                publish_health(&metrics, &table, &health);
+                metrics.reload("applied", table.host_count());
+                info!(hosts = table.host_count(), "routes reloaded");
+                tx.send_replace(table);
+            }
+            Err(error) => {
+                warn!(%error, "routes file invalid; keeping the routes");
+                metrics.reload("invalid", tx.borrow().host_count());
+            }
+        }
+    }
+}
+
+/// The admin server: `/metrics`, `/health`, `/ready`.
+async fn admin(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = Arc::clone(&metrics);
+                async move { m.encode() }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(|| async { "ok" }));
+    if let Err(error) = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+    {
+        warn!(%error, "admin server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests;

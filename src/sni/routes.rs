@@ -1,0 +1,326 @@
+//! The route table: host name → backend set, original destination → host name, and an
+//! optional default. Immutable once built; a change builds a new table and publishes it
+//! (`tokio::sync::watch`), so a connection keeps the backend it was spliced to.
+//!
+//! Backend health is passive and outlives tables: a backend that refused a connection (or did
+//! not answer within the connect timeout) is skipped for [`DOWN_FOR`], unless every backend of
+//! the set is down, in which case all are tried in order. The state lives in [`Health`], keyed
+//! by address, so a reload does not forget it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::hello::normalize_host;
+
+/// How long a backend that failed a connect is skipped.
+pub const DOWN_FOR: Duration = Duration::from_secs(2);
+
+/// Bad route specifications, naming the flag and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {value:?}: {why}")]
+pub struct RouteError {
+    pub field: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+impl RouteError {
+    fn new(field: &'static str, value: &str, why: impl Into<String>) -> Self {
+        Self {
+            field,
+            value: value.to_owned(),
+            why: why.into(),
+        }
+    }
+}
+
+/// One backend address and its passive health.
+#[derive(Debug)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    /// Milliseconds since [`Health`]'s epoch until which the backend is skipped (0: up).
+    down_until: AtomicU64,
+}
+
+impl Backend {
+    /// Whether the backend is up at `now_ms`.
+    pub fn is_up(&self, now_ms: u64) -> bool {
+        self.down_until.load(Ordering::Relaxed) <= now_ms
+    }
+}
+
+/// The health of every backend ever routed to, shared by every table.
+#[derive(Debug)]
+pub struct Health {
+    epoch: Instant,
+    backends: Mutex<HashMap<SocketAddr, Arc<Backend>>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            backends: Mutex::default(),
+        }
+    }
+}
+
+impl Health {
+    /// The backend for `addr`, the same one every table built from this `Health` shares.
+    pub fn backend(&self, addr: SocketAddr) -> Arc<Backend> {
+        let mut map = self
+            .backends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(addr)
+            .or_insert_with(|| {
+                Arc::new(Backend {
+                    addr,
+                    down_until: AtomicU64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Milliseconds since this `Health` was made.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records a failed connect.
+    pub fn mark_down(&self, backend: &Backend) {
+        let until = self.now_ms() + u64::try_from(DOWN_FOR.as_millis()).unwrap_or(u64::MAX);
+        backend.down_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Records a successful connect.
+    pub fn mark_up(backend: &Backend) {
+        backend.down_until.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The backends of one tenant (or of the default route).
+#[derive(Debug)]
+pub struct BackendSet {
+    /// The name used in logs and metric labels: the first host name, or `default`.
+    pub name: String,
+    pub backends: Vec<Arc<Backend>>,
+    /// Round-robin start.
+    next: AtomicUsize,
+}
+
+impl BackendSet {
+    fn new(name: String, backends: Vec<Arc<Backend>>) -> Self {
+        Self {
+            name,
+            backends,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The order to try the backends in for one connection: round-robin among those up, then
+    /// those down (only tried when every one is down, or the up ones all failed).
+    pub fn order(&self, now_ms: u64) -> Vec<Arc<Backend>> {
+        let n = self.backends.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let rotated = self.backends[start..].iter().chain(&self.backends[..start]);
+        let (mut up, down): (Vec<_>, Vec<_>) = rotated.cloned().partition(|b| b.is_up(now_ms));
+        up.extend(down);
+        up
+    }
+}
+
+/// Where a connection goes.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    hosts: HashMap<String, Arc<BackendSet>>,
+    default: Option<Arc<BackendSet>>,
+    /// PROXY listener: original destination (address and port, or address alone) → host name.
+    destinations: HashMap<SocketAddr, String>,
+    destination_ips: HashMap<IpAddr, String>,
+}
+
+impl RouteTable {
+    /// The backend set for a host name (already normalized), else the default.
+    pub fn for_host(&self, host: Option<&str>) -> Option<&Arc<BackendSet>> {
+        host.and_then(|h| self.hosts.get(h)).or(self.default.as_ref())
+    }
+
+    /// The host name an original destination is mapped to.
+    pub fn host_for_destination(&self, dst: SocketAddr) -> Option<&str> {
+        self.destinations
+            .get(&dst)
+            .or_else(|| self.destination_ips.get(&dst.ip()))
+            .map(String::as_str)
+    }
+
+    /// Every distinct backend set with its host names (for metrics and logs).
+    pub fn sets(&self) -> Vec<Arc<BackendSet>> {
+        let mut seen: BTreeMap<String, Arc<BackendSet>> = BTreeMap::new();
+        for set in self.hosts.values().chain(self.default.as_ref()) {
+            seen.entry(set.name.clone()).or_insert_with(|| set.clone());
+        }
+        seen.into_values().collect()
+    }
+
+    /// Number of host names routed.
+    pub fn host_count(&self) -> usize {
+        self.hosts.len()
+    }
+}
+
+/// The routes as configured, before they are bound to backends' health.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// (host names, backends): one entry per tenant.
+    pub tenants: Vec<(Vec<String>, Vec<SocketAddr>)>,
+    pub default: Vec<SocketAddr>,
+    /// Original destination → host name.
+    pub destinations: Vec<(Destination, String)>,
+}
+
+/// An original destination of the PROXY listener's routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    Addr(SocketAddr),
+    Ip(IpAddr),
+}
+
+impl RouteSpec {
+    /// Adds a `HOST[,HOST…]=ADDR[,ADDR…]` route (`--route`).
+    pub fn add_route(&mut self, spec: &str) -> Result<(), RouteError> {
+        let bad = |why: &str| RouteError::new("--route", spec, why);
+        let (hosts, addrs) = spec
+            .split_once('=')
+            .ok_or_else(|| bad("expected HOST[,HOST…]=ADDR[,ADDR…]"))?;
+        let hosts = hosts
+            .split(',')
+            .map(|h| {
+                normalize_host(h.trim().as_bytes()).map_err(|_| bad(&format!("{h:?} is not a host name")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let addrs = parse_addrs("--route", spec, addrs)?;
+        for h in &hosts {
+            if self.tenants.iter().any(|(hs, _)| hs.contains(h)) {
+                return Err(bad(&format!("host {h} is routed twice")));
+            }
+        }
+        self.tenants.push((hosts, addrs));
+        Ok(())
+    }
+
+    /// Sets the default backends (`--default ADDR[,ADDR…]`).
+    pub fn set_default(&mut self, spec: &str) -> Result<(), RouteError> {
+        self.default = parse_addrs("--default", spec, spec)?;
+        Ok(())
+    }
+
+    /// Adds a `DST=HOST` mapping (`--proxy-route`); DST is `IP` or `IP:PORT`.
+    pub fn add_destination(&mut self, spec: &str) -> Result<(), RouteError> {
+        let bad = |why: &str| RouteError::new("--proxy-route", spec, why);
+        let (dst, host) = spec.split_once('=').ok_or_else(|| bad("expected DSTADDR=HOST"))?;
+        let dst = dst.trim();
+        let dst = if let Ok(a) = dst.parse::<SocketAddr>() {
+            Destination::Addr(a)
+        } else {
+            Destination::Ip(
+                dst.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse()
+                    .map_err(|_| bad(&format!("{dst:?} is not IP or IP:PORT")))?,
+            )
+        };
+        let host = normalize_host(host.trim().as_bytes())
+            .map_err(|_| bad(&format!("{host:?} is not a host name")))?;
+        self.destinations.push((dst, host));
+        Ok(())
+    }
+
+    /// Parses a routes file: one `HOST[,HOST…]=ADDR[,ADDR…]` per line, `default=ADDR[,…]`,
+    /// `proxy DST=HOST`; `#` starts a comment.
+    pub fn parse_file(text: &str) -> Result<Self, RouteError> {
+        let mut spec = Self::default();
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("default=") {
+                spec.set_default(rest)?;
+            } else if let Some(rest) = line.strip_prefix("proxy ") {
+                spec.add_destination(rest.trim())?;
+            } else {
+                spec.add_route(line)?;
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Adds every route of `other` (a host routed in both is an error).
+    pub fn merge(&mut self, other: &Self) -> Result<(), RouteError> {
+        for (hosts, addrs) in &other.tenants {
+            for h in hosts {
+                if self.tenants.iter().any(|(hs, _)| hs.contains(h)) {
+                    return Err(RouteError::new("routes", h, "host is routed twice"));
+                }
+            }
+            self.tenants.push((hosts.clone(), addrs.clone()));
+        }
+        if !other.default.is_empty() {
+            self.default.clone_from(&other.default);
+        }
+        self.destinations.extend(other.destinations.iter().cloned());
+        Ok(())
+    }
+
+    /// Binds the spec to backends' shared health.
+    pub fn build(&self, health: &Health) -> RouteTable {
+        let set = |name: String, addrs: &[SocketAddr]| {
+            Arc::new(BackendSet::new(
+                name,
+                addrs.iter().map(|a| health.backend(*a)).collect(),
+            ))
+        };
+        let mut table = RouteTable::default();
+        for (hosts, addrs) in &self.tenants {
+            let s = set(hosts[0].clone(), addrs);
+            for h in hosts {
+                table.hosts.insert(h.clone(), s.clone());
+            }
+        }
+        if !self.default.is_empty() {
+            table.default = Some(set("default".into(), &self.default));
+        }
+        for (dst, host) in &self.destinations {
+            match dst {
+                Destination::Addr(a) => table.destinations.insert(*a, host.clone()),
+                Destination::Ip(ip) => table.destination_ips.insert(*ip, host.clone()),
+            };
+        }
+        table
+    }
+}
+
+fn parse_addrs(field: &'static str, spec: &str, addrs: &str) -> Result<Vec<SocketAddr>, RouteError> {
+    let out = addrs
+        .split(',')
+        .map(str::trim)
+        .map(|a| {
+            a.parse::<SocketAddr>()
+                .map_err(|_| RouteError::new(field, spec, format!("{a:?} is not IP:PORT")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if out.is_empty() {
+        return Err(RouteError::new(field, spec, "no backend address"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

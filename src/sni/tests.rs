@@ -1,0 +1,67 @@
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+use super::*;
+
+fn serve_args(args: &[&str]) -> ServeArgs {
+    let cli = Cli::try_parse_from([&["baton", "sni", "serve"], args].concat()).unwrap();
+    let Command::Sni(SniArgs {
+        command: SniCommand::Serve(serve),
+    }) = cli.command
+    else {
+        panic!("not sni serve")
+    };
+    serve
+}
+
+#[test]
+fn flags_give_routes() {
+    let args = serve_args(&[
+        "--listen",
+        "127.0.0.1:8443",
+        "--route",
+        "api.t1.example.com=127.0.0.1:6443,127.0.0.1:6444",
+        "--route",
+        "api.t2.example.com=127.0.0.1:7443",
+        "--default",
+        "127.0.0.1:9443",
+        "--proxy-route",
+        "10.96.0.1=api.t1.example.com",
+    ]);
+    let spec = flag_routes(&args).unwrap();
+    assert_eq!(spec.tenants.len(), 2);
+    assert_eq!(spec.default.len(), 1);
+    assert_eq!(spec.destinations.len(), 1);
+}
+
+#[test]
+fn a_bad_route_names_the_flag_and_value() {
+    let args = serve_args(&["--route", "api.t1.example.com=nowhere"]);
+    let e = flag_routes(&args).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "--route \"api.t1.example.com=nowhere\": \"nowhere\" is not IP:PORT"
+    );
+}
+
+#[tokio::test]
+async fn serve_needs_a_listener_and_sane_bounds() {
+    let e = run_serve(serve_args(&["--route", "a.b=127.0.0.1:1"]))
+        .await
+        .unwrap_err();
+    assert!(e.is_config());
+    assert!(e.to_string().starts_with("--listen"), "{e}");
+    let e = run_serve(serve_args(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-hello-bytes",
+        "10",
+    ]))
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "--max-hello-bytes 10: must be between 512 and 1048576"
+    );
+}
