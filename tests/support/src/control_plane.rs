@@ -46,6 +46,8 @@ pub struct Options {
     /// that address and its lab private twin (see [`ControlPlane::node_addresses`]); network
     /// faults of the node cover them too.
     pub node_addresses: BTreeMap<IpAddr, Vec<IpAddr>>,
+    /// The API servers' `--etcd-prefix` (each control plane has its own etcd as well).
+    pub etcd_prefix: String,
 }
 
 impl Default for Options {
@@ -56,6 +58,7 @@ impl Default for Options {
             extra_sans: Vec::new(),
             users: Vec::new(),
             node_addresses: BTreeMap::new(),
+            etcd_prefix: "/registry".to_owned(),
         }
     }
 }
@@ -77,6 +80,8 @@ pub struct ControlPlane {
     etcd_url: String,
     ca_pem: String,
     ca_der: Vec<u8>,
+    admin_cert: (String, String),
+    etcd_prefix: String,
     _etcd: Proc,
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
@@ -175,6 +180,8 @@ impl ControlPlane {
             etcd_url,
             ca_der: pki.ca_der,
             ca_pem: pki.ca_pem,
+            admin_cert: (pki.admin_pem, pki.admin_key),
+            etcd_prefix: opts.etcd_prefix.clone(),
             _etcd: etcd,
             apiservers: opts
                 .servers
@@ -231,6 +238,12 @@ impl ControlPlane {
     /// The cluster CA (DER).
     pub fn ca_der(&self) -> &[u8] {
         &self.ca_der
+    }
+
+    /// A client certificate and key (PEM) of the `system:masters` user `admin`, signed by the
+    /// cluster CA: the API servers verify it (`--client-ca-file`).
+    pub fn admin_client_cert(&self) -> (&str, &str) {
+        (&self.admin_cert.0, &self.admin_cert.1)
     }
 
     /// The directory with the PKI files and logs (`ca.crt`, `tokens.csv`, `apiserver-<i>.log`, …).
@@ -438,7 +451,7 @@ impl ControlPlane {
         let mut cmd = Command::new(self.bin.join("kube-apiserver"));
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
-            "--etcd-prefix=/registry".into(),
+            format!("--etcd-prefix={}", self.etcd_prefix),
             format!("--bind-address={ip}"),
             format!("--advertise-address={ip}"),
             format!("--secure-port={APISERVER_PORT}"),
@@ -639,6 +652,8 @@ struct Pki {
     serving_key: String,
     sa_key: String,
     sa_pub: String,
+    admin_pem: String,
+    admin_key: String,
 }
 
 impl Pki {
@@ -676,7 +691,17 @@ impl Pki {
             .push(DnType::CommonName, "kube-apiserver");
         let serving = params.signed_by(&serving_key, &ca)?;
         let sa_key = KeyPair::generate()?;
+        let admin_key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, "admin");
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let admin = params.signed_by(&admin_key, &ca)?;
         Ok(Self {
+            admin_pem: admin.pem(),
+            admin_key: admin_key.serialize_pem(),
             ca_pem: ca.pem(),
             ca_der: ca.der().to_vec(),
             serving_pem: serving.pem(),

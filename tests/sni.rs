@@ -1,0 +1,446 @@
+//! `baton sni serve` in the lab in front of three tenant clusters: three real control planes,
+//! each with its own etcd (and etcd prefix), its own CA, serving certificate and client
+//! certificate. Real HTTPS clients reach each tenant's API through the one router address with
+//! the tenant's host name as SNI and authenticate with the tenant's client certificate, which
+//! only that tenant's API server accepts (TLS is never terminated on the way).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_testbed::{ControlPlane, Options, lab};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The shared address every tenant's API name resolves to (a lab FIP).
+fn router_addr() -> SocketAddr {
+    SocketAddr::new(lab::fip(100), 443)
+}
+/// The PROXY protocol listener (in-cluster clients that send no SNI).
+fn proxy_addr() -> SocketAddr {
+    SocketAddr::new(lab::fip(101), 443)
+}
+/// Each test has its own network namespace, so a fixed port is free.
+const ADMIN: &str = "127.0.0.1:9591";
+
+struct Tenant {
+    name: &'static str,
+    cp: ControlPlane,
+}
+
+impl Tenant {
+    fn host(&self) -> String {
+        format!("api.{}.baton.test", self.name)
+    }
+
+    /// `HOST=ADDR,…` for the router: every API server of the tenant.
+    fn route(&self) -> String {
+        let addrs: Vec<String> = self
+            .cp
+            .addresses()
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, baton_testbed::APISERVER_PORT).to_string())
+            .collect();
+        format!("{}={}", self.host(), addrs.join(","))
+    }
+}
+
+async fn tenant(name: &'static str, servers: &[u8]) -> Tenant {
+    let cp = ControlPlane::start(Options {
+        servers: servers.iter().map(|n| lab::public_ip(*n)).collect(),
+        extra_sans: vec![format!("api.{name}.baton.test")],
+        etcd_prefix: format!("/{name}"),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    // A namespace only this tenant has, to tell the clusters apart through the router.
+    let ns: Api<Namespace> = Api::all(cp.client(0).unwrap());
+    let marker: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("tenant-{name}")}
+    }))
+    .unwrap();
+    ns.create(&PostParams::default(), &marker).await.unwrap();
+    Tenant { name, cp }
+}
+
+/// An HTTPS client that trusts `ca` (the tenant's CA), presents `cert`, and resolves `host`
+/// to the router: the request's SNI is `host`, as a client of `https://host` sends it.
+fn client_via_router(host: &str, ca_der: &[u8], cert: (&str, &str)) -> reqwest::Client {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
+        .unwrap();
+    let chain = rustls_pemfile::certs(&mut cert.0.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pemfile::private_key(&mut cert.1.as_bytes())
+        .unwrap()
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .resolve(host, router_addr())
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// `GET https://<host>/api/v1/namespaces` through the router: the status and the names.
+async fn namespaces(client: &reqwest::Client, host: &str) -> anyhow::Result<(u16, Vec<String>)> {
+    let r = client
+        .get(format!("https://{host}/api/v1/namespaces"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await?;
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await?;
+    let names = body["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((status, names))
+}
+
+fn router(routes_file: &Path, log: &Path, flags: &[String]) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["sni", "serve", "--listen", &router_addr().to_string()])
+        .args(["--proxy-listen", &proxy_addr().to_string()])
+        .args(flags)
+        .args(["--routes-file", routes_file.to_str().unwrap()])
+        .args([
+            "--reload-interval-ms",
+            "100",
+            "--admin-listen",
+            ADMIN,
+            "--drain-s",
+            "2",
+        ])
+        .env("BATON_LOG", "info,baton=debug")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "router not listening on {addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Replaces the routes file in one step (the router never reads half a file).
+fn write_routes(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn metrics() -> String {
+    baton_testbed::http_client(None)
+        .unwrap()
+        .get(format!("http://{ADMIN}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Names of the namespaces ADDED on a watch stream, in order, shared with the reader task.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// Streams `GET /api/v1/namespaces?watch=1` from `rv`; records ADDED names until the stream
+/// ends. The task's end is the sign that the connection dropped.
+async fn watch(client: reqwest::Client, host: String, rv: String, seen: Seen) -> String {
+    let url = format!("https://{host}/api/v1/namespaces?watch=1&resourceVersion={rv}&timeoutSeconds=300");
+    let mut r = match client.get(url).send().await {
+        Ok(r) => r,
+        Err(e) => return format!("watch request failed: {e}"),
+    };
+    let mut pending = Vec::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(bytes)) => {
+                pending.extend_from_slice(&bytes);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let ev: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+                    if ev["type"] == "ADDED"
+                        && let Some(name) = ev["object"]["metadata"]["name"].as_str()
+                    {
+                        seen.lock().unwrap().push(name.to_owned());
+                    }
+                }
+            }
+            Ok(None) => return "watch stream ended".into(),
+            Err(e) => return format!("watch stream failed: {e}"),
+        }
+    }
+}
+
+async fn create_ns(cp: &ControlPlane, name: &str) {
+    let ns: Api<Namespace> = Api::all(cp.client(0).unwrap());
+    let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    ns.create(&PostParams::default(), &obj).await.unwrap();
+}
+
+async fn wait_seen(seen: &Seen, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen.lock().unwrap().iter().any(|n| n == name) {
+        assert!(Instant::now() < deadline, "watch never showed {name}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// kubectl, if this machine has one, with a kubeconfig whose server is the router and whose
+/// `tls-server-name` is the tenant's name: lists the tenant's namespaces.
+async fn kubectl_namespaces(t: &Tenant, dir: &Path) -> Option<String> {
+    use base64::Engine as _;
+    let ok = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .await
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("kubectl not found: the kubectl check is skipped (reqwest clients cover the routing)");
+        return None;
+    }
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let (cert, key) = t.cp.admin_client_cert();
+    let cfg = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: https://{addr}\n    \
+         tls-server-name: {host}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    \
+         client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: {n}\n  context:\n    \
+         cluster: {n}\n    user: admin\ncurrent-context: {n}\n",
+        n = t.name,
+        addr = router_addr(),
+        host = t.host(),
+        ca = b64(t.cp.ca_pem()),
+        cert = b64(cert),
+        key = b64(key),
+    );
+    let path = dir.join(format!("kubeconfig-{}", t.name));
+    std::fs::write(&path, cfg).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new("kubectl")
+            .args([
+                "--kubeconfig",
+                path.to_str().unwrap(),
+                "get",
+                "namespaces",
+                "-o",
+                "name",
+            ])
+            .output(),
+    )
+    .await
+    .expect("kubectl timed out")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl through the router failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// curl with `--haproxy-protocol` (PROXY v1) to the PROXY listener by IP, if there is a curl.
+async fn curl_via_proxy_protocol(t: &Tenant, dir: &Path) -> Option<String> {
+    let (cert, key) = t.cp.admin_client_cert();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(format!("{}-{name}", t.name));
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let (ca, cert, key) = (
+        file("ca.crt", t.cp.ca_pem()),
+        file("admin.crt", cert),
+        file("admin.key", key),
+    );
+    let run = Command::new("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--fail",
+            "--max-time",
+            "20",
+            "--haproxy-protocol",
+        ])
+        .args(["--cacert", &ca, "--cert", &cert, "--key", &key])
+        .arg(format!("https://{}/api/v1/namespaces", proxy_addr()))
+        .output()
+        .await;
+    let Ok(out) = run else {
+        eprintln!("curl not found: the PROXY protocol check with curl is skipped");
+        return None;
+    };
+    assert!(
+        out.status.success(),
+        "curl through the PROXY listener failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Lists namespaces through the router: `t`'s marker is there, no other tenant's is.
+async fn only_its_own_namespaces(t: &Tenant, c: &reqwest::Client) {
+    let (status, names) = namespaces(c, &t.host()).await.unwrap();
+    assert_eq!(status, 200, "{}", t.name);
+    assert!(
+        names.contains(&format!("tenant-{}", t.name)),
+        "{}: {names:?}",
+        t.name
+    );
+    for other in ["t1", "t2", "t3"].iter().filter(|o| **o != t.name) {
+        assert!(
+            !names.contains(&format!("tenant-{other}")),
+            "{} sees {other}",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn three_tenants_behind_one_address_with_their_own_client_certificates() {
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (t1, t2, t3) = tokio::join!(tenant("t1", &[21, 22]), tenant("t2", &[23]), tenant("t3", &[24]));
+        let routes = dir.path().join("routes");
+        // t1 from a flag, t2 from the file; t3 comes later, while a watch streams from t1.
+        write_routes(&routes, &format!("# tenants\n{}\n", t2.route()));
+        let log = dir.path().join("router.log");
+        let flags = [
+            "--route".into(),
+            t1.route(),
+            "--proxy-route".into(),
+            format!("{}=api.t2.baton.test", proxy_addr().ip()),
+        ];
+        let mut child = router(&routes, &log, &flags);
+        wait_listening(router_addr()).await;
+
+        // Each tenant answers through the router, with its own CA and client certificate.
+        let clients: Vec<reqwest::Client> = [&t1, &t2, &t3]
+            .iter()
+            .map(|t| client_via_router(&t.host(), t.cp.ca_der(), t.cp.admin_client_cert()))
+            .collect();
+        for (t, c) in [(&t1, &clients[0]), (&t2, &clients[1])] {
+            only_its_own_namespaces(t, c).await;
+        }
+        // t1's name with t2's client certificate: t1's API server does not accept it.
+        let wrong = client_via_router(&t1.host(), t1.cp.ca_der(), t2.cp.admin_client_cert());
+        let (status, _) = namespaces(&wrong, &t1.host()).await.unwrap();
+        assert!(status == 401 || status == 403, "t2's certificate on t1: {status}");
+        // A name no route has (t3 before it is added, and a stranger) gets nothing.
+        assert!(namespaces(&clients[2], &t3.host()).await.is_err());
+        let stranger = client_via_router("api.nobody.baton.test", t1.cp.ca_der(), t1.cp.admin_client_cert());
+        assert!(namespaces(&stranger, "api.nobody.baton.test").await.is_err());
+
+        // A watch streams from t1 while t3 is added to the routes file.
+        let rv = {
+            let r = clients[0]
+                .get(format!("https://{}/api/v1/namespaces?limit=1", t1.host()))
+                .send()
+                .await
+                .unwrap();
+            let v: serde_json::Value = r.json().await.unwrap();
+            v["metadata"]["resourceVersion"].as_str().unwrap().to_owned()
+        };
+        let seen = Seen::default();
+        let streaming = tokio::spawn(watch(clients[0].clone(), t1.host(), rv, Arc::clone(&seen)));
+        create_ns(&t1.cp, "before-reload").await;
+        wait_seen(&seen, "before-reload").await;
+        write_routes(&routes, &format!("# tenants\n{}\n{}\n", t2.route(), t3.route()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let names = loop {
+            if let Ok((200, names)) = namespaces(&clients[2], &t3.host()).await {
+                break names;
+            }
+            assert!(Instant::now() < deadline, "t3 never became reachable");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(names.contains(&"tenant-t3".to_owned()), "{names:?}");
+        create_ns(&t1.cp, "after-reload").await;
+        wait_seen(&seen, "after-reload").await;
+        assert!(
+            !streaming.is_finished(),
+            "the watch dropped: {}",
+            streaming.await.unwrap()
+        );
+
+        // kubectl, when there is one, through the router to t2.
+        if let Some(out) = kubectl_namespaces(&t2, dir.path()).await {
+            assert!(out.contains("namespace/tenant-t2"), "{out}");
+            assert!(!out.contains("namespace/tenant-t1"), "{out}");
+        }
+
+        // curl to the PROXY listener's address with no SNI (an IP URL) and a PROXY v1 header:
+        // routed by the original destination to t2, whose API server checks the certificate.
+        if let Some(out) = curl_via_proxy_protocol(&t2, dir.path()).await {
+            assert!(out.contains("\"tenant-t2\""), "{out}");
+            assert!(!out.contains("\"tenant-t1\""), "{out}");
+        }
+
+        let text = metrics().await;
+        assert!(
+            metric(&text, "baton_sni_connections_total{host=\"api.t1.baton.test\"}") >= 2.0,
+            "{text}"
+        );
+        assert!(
+            metric(&text, "baton_sni_connections_total{host=\"api.t3.baton.test\"}") >= 1.0,
+            "{text}"
+        );
+        assert!(
+            metric(&text, "baton_sni_rejected_total{reason=\"unknown_sni\"}") >= 2.0,
+            "{text}"
+        );
+        assert!(
+            metric(&text, "baton_sni_reloads_total{reason=\"applied\"}") >= 2.0,
+            "{text}"
+        );
+        assert!(text.lines().any(|l| l == "baton_sni_hosts 3"), "{text}");
+
+        // SIGTERM: stops accepting, lets the watch drain for --drain-s, exits 0.
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("router did not stop")
+            .unwrap();
+        assert!(
+            status.success(),
+            "{status}: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        streaming.abort();
+    });
+}
