@@ -54,7 +54,10 @@ impl Tenant {
 async fn tenant(name: &'static str, servers: &[u8]) -> Tenant {
     let cp = ControlPlane::start(Options {
         servers: servers.iter().map(|n| lab::public_ip(*n)).collect(),
-        extra_sans: vec![format!("api.{name}.baton.test")],
+        extra_sans: vec![
+            format!("api.{name}.baton.test"),
+            format!("api-alt.{name}.baton.test"),
+        ],
         etcd_prefix: format!("/{name}"),
         ..Options::default()
     })
@@ -118,13 +121,16 @@ async fn namespaces(client: &reqwest::Client, host: &str) -> anyhow::Result<(u16
     Ok((status, names))
 }
 
-fn router(routes_file: &Path, log: &Path, flags: &[String]) -> Child {
+fn router(routes_file: Option<&Path>, log: &Path, flags: &[String]) -> Child {
     let log = std::fs::File::create(log).unwrap();
+    let file: Vec<&str> = routes_file
+        .map(|f| vec!["--routes-file", f.to_str().unwrap()])
+        .unwrap_or_default();
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .args(["sni", "serve", "--listen", &router_addr().to_string()])
         .args(["--proxy-listen", &proxy_addr().to_string()])
         .args(flags)
-        .args(["--routes-file", routes_file.to_str().unwrap()])
+        .args(file)
         .args([
             "--reload-interval-ms",
             "100",
@@ -345,7 +351,7 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             "--proxy-route".into(),
             format!("{}=api.t2.baton.test", proxy_addr().ip()),
         ];
-        let mut child = router(&routes, &log, &flags);
+        let mut child = router(Some(&routes), &log, &flags);
         wait_listening(router_addr()).await;
 
         // Each tenant answers through the router, with its own CA and client certificate.
@@ -441,6 +447,130 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             "{status}: {}",
             std::fs::read_to_string(&log).unwrap()
         );
+        streaming.abort();
+    });
+}
+
+/// A tenant Service in `cp` (selectorless, port `https`) naming `hosts`, and its EndpointSlice
+/// listing `backends` (port 6443), as a hosting platform's operator would create them.
+async fn tenant_service(cp: &ControlPlane, name: &str, hosts: &str, backends: &[std::net::IpAddr]) {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let client = cp.client(0).unwrap();
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default",
+                     "annotations": {"baton.dev/sni-hosts": hosts}},
+        "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 6443}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let endpoints: Vec<_> = backends
+        .iter()
+        .map(|ip| serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-1"), "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(client, "default")
+        .create(&PostParams::default(), &slice)
+        .await
+        .unwrap();
+}
+
+/// Polls until `host` answers through the router with `host`'s tenant's namespaces.
+async fn wait_routed(client: &reqwest::Client, host: &str, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((200, names)) = namespaces(client, host).await {
+            assert!(names.contains(&marker.to_owned()), "{host}: {names:?}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "{host} never became reachable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        // t1 is also the hosting cluster: the tenant Services live in it.
+        let (t1, t2) = tokio::join!(tenant("t1", &[21, 22]), tenant("t2", &[23]));
+        let kubeconfig = t1.cp.write_kubeconfig(0, baton_testbed::ADMIN_TOKEN).unwrap();
+        let log = dir.path().join("router.log");
+        let flags = [
+            "--services".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+        ];
+        let _child = router(None, &log, &flags);
+        wait_listening(router_addr()).await;
+
+        let c2 = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+        assert!(
+            namespaces(&c2, &t2.host()).await.is_err(),
+            "routed before any Service"
+        );
+        tenant_service(&t1.cp, "t2-api", &t2.host(), &t2.cp.addresses()).await;
+        wait_routed(&c2, &t2.host(), "tenant-t2").await;
+
+        // A watch streams from t2 while a second tenant Service (t1's own API) appears and
+        // t2's Service gains a host name.
+        let seen = Seen::default();
+        let streaming = tokio::spawn(watch(c2.clone(), t2.host(), "0".into(), Arc::clone(&seen)));
+        wait_seen(&seen, "tenant-t2").await;
+        tenant_service(&t1.cp, "t1-api", &t1.host(), &t1.cp.addresses()).await;
+        let c1 = client_via_router(&t1.host(), t1.cp.ca_der(), t1.cp.admin_client_cert());
+        wait_routed(&c1, &t1.host(), "tenant-t1").await;
+        let services: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(t1.cp.client(0).unwrap(), "default");
+        let alt = format!("api-alt.{}.baton.test", t2.name);
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            "baton.dev/sni-hosts": format!("{},{alt}", t2.host())}}});
+        services
+            .patch(
+                "t2-api",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        let c2_alt = client_via_router(&alt, t2.cp.ca_der(), t2.cp.admin_client_cert());
+        wait_routed(&c2_alt, &alt, "tenant-t2").await;
+        create_ns(&t2.cp, "after-reloads").await;
+        wait_seen(&seen, "after-reloads").await;
+        assert!(
+            !streaming.is_finished(),
+            "the watch dropped: {}",
+            streaming.await.unwrap()
+        );
+
+        // Deleting the Service removes the route for new connections (a fresh client each
+        // time: c1's pooled connection stays spliced, as established connections do).
+        services
+            .delete("t1-api", &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let fresh = client_via_router(&t1.host(), t1.cp.ca_der(), t1.cp.admin_client_cert());
+            if namespaces(&fresh, &t1.host()).await.is_err() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "t1 still routed after its Service went"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         streaming.abort();
     });
 }

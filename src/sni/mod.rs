@@ -3,8 +3,10 @@
 //! tenant's API servers, so client certificates still authenticate end to end.
 //!
 //! ```text
-//!  flags / BATON_SNI_* / --routes-file ──► RouteSpec ──build──► RouteTable ──watch──┐
-//!        (file re-read every --reload-interval-ms; a bad file keeps the old table)  │
+//!  flags / BATON_SNI_* ─┐
+//!  --routes-file ────────┼─► Sources::publish: merged RouteSpec ──build──► RouteTable ──watch──┐
+//!  --services (kube.rs) ─┘   (file re-read every --reload-interval-ms; a bad file keeps       │
+//!                             the old routes; Services watched, reloaded on every change)     │
 //!                                                                                   ▼
 //!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: read within the bounds,
 //!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► choose, connect, replay, splice
@@ -16,6 +18,7 @@
 //! server; `router` is the only module doing I/O on client connections.
 
 pub mod hello;
+pub mod kube;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod router;
@@ -23,7 +26,7 @@ pub mod routes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -133,6 +136,19 @@ pub struct ServeArgs {
     )]
     pub connect_timeout_ms: u64,
 
+    /// Also route the tenant Services (annotation `baton.dev/sni-hosts`) of the cluster the
+    /// kubeconfig names, reloaded live; their ready endpoints are the backends.
+    #[arg(long, env = "BATON_SNI_SERVICES")]
+    pub services: bool,
+
+    /// The kubeconfig for `--services` (default: in-cluster, then `KUBECONFIG`/`~/.kube/config`).
+    #[arg(long, env = "BATON_SNI_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Only tenant Services in this namespace (default: all namespaces).
+    #[arg(long, env = "BATON_SNI_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+
     /// After SIGTERM, how long open connections may go on, in seconds.
     #[arg(long, env = "BATON_SNI_DRAIN_S", default_value_t = 10, value_name = "S")]
     pub drain_s: u64,
@@ -187,22 +203,69 @@ pub fn flag_routes(args: &ServeArgs) -> Result<RouteSpec, RouteError> {
     Ok(spec)
 }
 
-/// The flags' routes plus the file's.
-fn load(flags: &RouteSpec, file: Option<&PathBuf>) -> Result<RouteSpec, SniError> {
-    let mut spec = flags.clone();
-    if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|source| SniError::RoutesFile {
-            path: path.clone(),
-            source,
-        })?;
-        let from_file = RouteSpec::parse_file(&text).map_err(|e| SniError::Config {
-            field: "--routes-file",
-            value: path.display().to_string(),
-            why: e.to_string(),
-        })?;
-        spec.merge(&from_file)?;
+/// The routes file, parsed and checked against the flags' routes.
+fn load_file(flags: &RouteSpec, path: &PathBuf) -> Result<RouteSpec, SniError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SniError::RoutesFile {
+        path: path.clone(),
+        source,
+    })?;
+    let bad = |why: String| SniError::Config {
+        field: "--routes-file",
+        value: path.display().to_string(),
+        why,
+    };
+    let from_file = RouteSpec::parse_file(&text).map_err(|e| bad(e.to_string()))?;
+    flags.clone().merge(&from_file).map_err(|e| bad(e.to_string()))?;
+    Ok(from_file)
+}
+
+/// Where the routes come from: flags (fixed), the routes file and tenant Services (both
+/// replaced while running). Every change merges the three and publishes a new table.
+struct Sources {
+    flags: RouteSpec,
+    file: Mutex<RouteSpec>,
+    services: Mutex<RouteSpec>,
+    tx: watch::Sender<Arc<RouteTable>>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+}
+
+impl Sources {
+    fn set_file(&self, spec: RouteSpec) {
+        *self.file.lock().unwrap_or_else(PoisonError::into_inner) = spec;
+        self.publish();
     }
-    Ok(spec)
+
+    fn set_services(&self, spec: RouteSpec) {
+        *self.services.lock().unwrap_or_else(PoisonError::into_inner) = spec;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let table = Arc::new(self.merged().build(&self.health));
+        publish_health(&self.metrics, &table, &self.health);
+        self.metrics.reload("applied", table.host_count());
+        info!(hosts = table.host_count(), "routes published");
+        self.tx.send_replace(table);
+    }
+
+    /// Flags, then the file (checked against the flags when read), then Services for the
+    /// hosts neither names.
+    fn merged(&self) -> RouteSpec {
+        let mut spec = self.flags.clone();
+        let file = self.file.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Err(error) = spec.merge(&file) {
+            warn!(%error, "routes file clashes with the flags; ignoring the file");
+        }
+        let services = self.services.lock().unwrap_or_else(PoisonError::into_inner);
+        for host in spec.merge_missing(&services) {
+            warn!(
+                host,
+                "host of a tenant Service is routed by a flag or the routes file; the Service is ignored for it"
+            );
+        }
+        spec
+    }
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
@@ -217,39 +280,37 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         hello_timeout_ms,
         connect_timeout_ms,
         drain_s,
+        services,
+        kubeconfig,
+        namespace,
         ..
     } = args;
-    if listen.is_empty() && proxy_listen.is_empty() {
-        return Err(SniError::Config {
-            field: "--listen",
-            value: String::new(),
-            why: "give --listen or --proxy-listen".into(),
-        });
-    }
-    if !(512..=1 << 20).contains(&max_hello_bytes) {
-        return Err(SniError::Config {
-            field: "--max-hello-bytes",
-            value: max_hello_bytes.to_string(),
-            why: "must be between 512 and 1048576".into(),
-        });
-    }
-    let limits = Limits {
-        max_hello: max_hello_bytes,
-        hello_timeout: Duration::from_millis(hello_timeout_ms.max(1)),
-        connect_timeout: Duration::from_millis(connect_timeout_ms.max(1)),
-    };
-    let spec = load(&flags, routes_file.as_ref())?;
+    let limits = check_limits(
+        &listen,
+        &proxy_listen,
+        max_hello_bytes,
+        hello_timeout_ms,
+        connect_timeout_ms,
+    )?;
+    let file = routes_file.as_ref().map(|p| load_file(&flags, p)).transpose()?;
+    let client = kube_client(services, kubeconfig.as_deref()).await?;
     let health = Arc::new(Health::default());
     let metrics = Arc::new(Metrics::default());
-    let table = Arc::new(spec.build(&health));
-    publish_health(&metrics, &table, &health);
-    metrics.reload("applied", table.host_count());
-    let (tx, rx) = watch::channel(table);
+    let (tx, rx) = watch::channel(Arc::new(RouteTable::default()));
+    let sources = Arc::new(Sources {
+        flags,
+        file: Mutex::new(RouteSpec::default()),
+        services: Mutex::new(RouteSpec::default()),
+        tx,
+        health: Arc::clone(&health),
+        metrics: Arc::clone(&metrics),
+    });
+    sources.set_file(file.unwrap_or_default());
 
     let listeners = bind_all(&listen, &proxy_listen).await?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let router = Arc::new(Router::new(rx, Arc::clone(&health), limits, Arc::clone(&metrics)));
+    let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
     let mut accept = Vec::new();
     for (l, kind) in listeners {
         accept.push(tokio::spawn(Arc::clone(&router).serve(
@@ -268,20 +329,23 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     if let Some(path) = routes_file {
         let interval = Duration::from_millis(reload_interval_ms.max(10));
         tokio::spawn(reload_loop(
-            flags,
+            Arc::clone(&sources),
             path,
             interval,
-            tx,
-            health,
-            Arc::clone(&metrics),
             shutdown.clone(),
         ));
+    }
+    if let Some(client) = client {
+        let s = Arc::clone(&sources);
+        let publish = move |tenants: Vec<kube::Tenant>| s.set_services(kube::spec(&tenants));
+        tokio::spawn(kube::watch_tenants(client, namespace, publish, shutdown.clone()));
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),
         ?listen,
         ?proxy_listen,
         hosts = router_hosts(&router),
+        services,
         "SNI router serving"
     );
     crate::signal::shutdown().await;
@@ -298,6 +362,56 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         warn!(open = tracker.len(), "drain time over; closing open connections");
     }
     Ok(())
+}
+
+/// The bounds, checked.
+fn check_limits(
+    listen: &[SocketAddr],
+    proxy_listen: &[SocketAddr],
+    max_hello_bytes: usize,
+    hello_timeout_ms: u64,
+    connect_timeout_ms: u64,
+) -> Result<Limits, SniError> {
+    if listen.is_empty() && proxy_listen.is_empty() {
+        return Err(SniError::Config {
+            field: "--listen",
+            value: String::new(),
+            why: "give --listen or --proxy-listen".into(),
+        });
+    }
+    if !(512..=1 << 20).contains(&max_hello_bytes) {
+        return Err(SniError::Config {
+            field: "--max-hello-bytes",
+            value: max_hello_bytes.to_string(),
+            why: "must be between 512 and 1048576".into(),
+        });
+    }
+    Ok(Limits {
+        max_hello: max_hello_bytes,
+        hello_timeout: Duration::from_millis(hello_timeout_ms.max(1)),
+        connect_timeout: Duration::from_millis(connect_timeout_ms.max(1)),
+    })
+}
+
+/// The Kubernetes client for `--services`.
+async fn kube_client(
+    services: bool,
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Option<::kube::Client>, SniError> {
+    if !services {
+        return Ok(None);
+    }
+    let bad = |why: String| SniError::Config {
+        field: "--kubeconfig",
+        value: kubeconfig.map(|p| p.display().to_string()).unwrap_or_default(),
+        why,
+    };
+    let config = crate::kube::config::load(kubeconfig)
+        .await
+        .map_err(|e| bad(e.with_path()))?;
+    Ok(Some(
+        ::kube::Client::try_from(config).map_err(|e| bad(e.to_string()))?,
+    ))
 }
 
 async fn bind_all(
@@ -330,46 +444,30 @@ fn publish_health(metrics: &Metrics, table: &RouteTable, health: &Health) {
     }
 }
 
-/// Re-reads the routes file when it changes and publishes the new table; a file that does not
-/// parse keeps the old table (logged, counted).
-async fn reload_loop(
-    flags: RouteSpec,
-    path: PathBuf,
-    interval: Duration,
-    tx: watch::Sender<Arc<RouteTable>>,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-) {
+/// Re-reads the routes file when it changes and publishes the new routes; a file that does
+/// not read or parse keeps the old routes (logged, counted).
+async fn reload_loop(sources: Arc<Sources>, path: PathBuf, interval: Duration, shutdown: CancellationToken) {
     let mut last = std::fs::read_to_string(&path).ok();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        let text = match tokio::fs::read_to_string(&path).await {
-            Ok(t) => t,
-            Err(error) => {
-                warn!(%error, path = %path.display(), "reading the routes file failed; keeping the routes");
-                metrics.reload("invalid", tx.borrow().host_count());
-                continue;
+        let text = tokio::fs::read_to_string(&path).await.ok();
+        if text.is_none() || text == last {
+            if text.is_none() {
+                warn!(path = %path.display(), "routes file unreadable; keeping the routes");
             }
-        };
-        if last.as_deref() == Some(text.as_str()) {
             continue;
         }
-        last = Some(text);
-        match load(&flags, Some(&path)) {
-            Ok(spec) => {
-                let table = Arc::new(spec.build(&health));
-                publish_health(&metrics, &table, &health);
-                metrics.reload("applied", table.host_count());
-                info!(hosts = table.host_count(), "routes reloaded");
-                tx.send_replace(table);
-            }
+        last = text;
+        match load_file(&sources.flags, &path) {
+            Ok(spec) => sources.set_file(spec),
             Err(error) => {
                 warn!(%error, "routes file invalid; keeping the routes");
-                metrics.reload("invalid", tx.borrow().host_count());
+                sources
+                    .metrics
+                    .reload("invalid", sources.tx.borrow().host_count());
             }
         }
     }

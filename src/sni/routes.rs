@@ -279,6 +279,23 @@ impl RouteSpec {
         Ok(())
     }
 
+    /// Adds the tenants of `other` whose hosts are not routed yet (a tenant keeps the hosts
+    /// that are free); returns the hosts left out.
+    pub fn merge_missing(&mut self, other: &Self) -> Vec<String> {
+        let mut skipped = Vec::new();
+        for (hosts, addrs) in &other.tenants {
+            let (free, taken): (Vec<String>, Vec<String>) = hosts
+                .iter()
+                .cloned()
+                .partition(|h| !self.tenants.iter().any(|(hs, _)| hs.contains(h)));
+            skipped.extend(taken);
+            if !free.is_empty() {
+                self.tenants.push((free, addrs.clone()));
+            }
+        }
+        skipped
+    }
+
     /// Binds the spec to backends' shared health.
     pub fn build(&self, health: &Health) -> RouteTable {
         let set = |name: String, addrs: &[SocketAddr]| {
