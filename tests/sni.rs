@@ -5,6 +5,8 @@
 //! only that tenant's API server accepts (TLS is never terminated on the way).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -76,6 +78,11 @@ async fn tenant(name: &'static str, servers: &[u8]) -> Tenant {
 /// An HTTPS client that trusts `ca` (the tenant's CA), presents `cert`, and resolves `host`
 /// to the router: the request's SNI is `host`, as a client of `https://host` sends it.
 fn client_via_router(host: &str, ca_der: &[u8], cert: (&str, &str)) -> reqwest::Client {
+    client_via(host, ca_der, cert, router_addr())
+}
+
+/// [`client_via_router`] with the name resolved to `to`.
+fn client_via(host: &str, ca_der: &[u8], cert: (&str, &str), to: SocketAddr) -> reqwest::Client {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
@@ -94,7 +101,7 @@ fn client_via_router(host: &str, ca_der: &[u8], cert: (&str, &str)) -> reqwest::
         .unwrap();
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
-        .resolve(host, router_addr())
+        .resolve(host, to)
         .connect_timeout(Duration::from_secs(5))
         .build()
         .unwrap()
@@ -572,5 +579,122 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         streaming.abort();
+    });
+}
+
+/// A router on a control-plane node's own address (as a hostNetwork pod listens), routing
+/// `routes`; no admin server (three share the lab).
+fn node_router(listen: SocketAddr, routes: &[String], log: &Path) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
+    cmd.args(["sni", "serve", "--listen", &listen.to_string()]);
+    for r in routes {
+        cmd.args(["--route", r]);
+    }
+    cmd.env("BATON_LOG", "info,baton=debug")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// `baton controller` of the hosting cluster (API server `apiserver`), moving the FIP tagged
+/// `cluster=lab-cp` between its control-plane nodes, unchanged from how it runs for one cluster.
+fn hosting_controller(cp: &ControlPlane, sim: &baton_sim::SimHandle, apiserver: usize, log: &Path) -> Child {
+    let kubeconfig = cp
+        .write_kubeconfig(apiserver, baton_testbed::ADMIN_TOKEN)
+        .unwrap();
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("controller")
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--identity", "replica-a", "--admin-listen", "off"])
+        .env("CHERRY_API_KEY", "sim-token")
+        .env("CHERRY_PROJECT_ID", "123456")
+        .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+        .env("CHERRY_BASE_URL", sim.base_url().as_str())
+        .env("BATON_API_RATE_LIMIT", "4")
+        .env("BATON_LOG", "info,baton=debug")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Both tenants answer through `to` (fresh clients: no pooled connection).
+async fn tenants_answer(a: &Tenant, b: &Tenant, to: SocketAddr) -> bool {
+    for t in [a, b] {
+        let c = client_via(&t.host(), t.cp.ca_der(), t.cp.admin_client_cert(), to);
+        match namespaces(&c, &t.host()).await {
+            Ok((200, names)) if names.contains(&format!("tenant-{}", t.name)) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[test]
+fn killing_the_node_that_holds_the_shared_fip_keeps_every_tenant_reachable() {
+    use baton_cloud::Cloud as _;
+    const CP: [u64; 3] = [600_101, 600_102, 600_103];
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        // The hosting cluster's three control-plane nodes (198.51.100.11-13) each run a router;
+        // the tenants' API servers run elsewhere.
+        let (hosting, t1, t2) = tokio::join!(
+            ControlPlane::start(Options::servers(3)),
+            tenant("t1", &[21]),
+            tenant("t2", &[23])
+        );
+        let mut hosting = hosting.unwrap();
+        let topology = baton_sim::Topology {
+            forward_ports: vec![6443, 443],
+            ..baton_sim::Topology::default()
+        };
+        let sim = common::sim(baton_sim::Faults::none(), topology).await;
+        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+        let tenant_routes = [t1.route(), t2.route()];
+        let mut routers: Vec<Child> = hosting
+            .addresses()
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| {
+                node_router(
+                    SocketAddr::new(*ip, 443),
+                    &tenant_routes,
+                    &dir.path().join(format!("router-{i}.log")),
+                )
+            })
+            .collect();
+        let _controller = hosting_controller(&hosting, &sim, 1, &dir.path().join("controller.log"));
+        let shared = SocketAddr::new(fip.address, 443);
+        common::wait_for(
+            "both tenants through the shared FIP",
+            Duration::from_secs(30),
+            || tenants_answer(&t1, &t2, shared),
+        )
+        .await;
+
+        // The holder (cp-0) dies: its API server and its router.
+        let killed = Instant::now();
+        hosting.kill_apiserver(0).await;
+        routers[0].kill().await.unwrap();
+        common::wait_for(
+            "both tenants through the FIP again",
+            Duration::from_secs(30),
+            || tenants_answer(&t1, &t2, shared),
+        )
+        .await;
+        eprintln!(
+            "tenants reachable through the shared FIP {:?} after its holder died",
+            killed.elapsed()
+        );
+        let holder = cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0);
+        assert!(
+            matches!(holder, Some(id) if id == CP[1] || id == CP[2]),
+            "FIP moved: {holder:?}"
+        );
     });
 }
