@@ -30,6 +30,28 @@ fn proxy_addr() -> SocketAddr {
 }
 /// Each test has its own network namespace, so a fixed port is free.
 const ADMIN: &str = "127.0.0.1:9591";
+/// The router's DNS server for the tenants' names.
+const DNS: &str = "127.0.0.1:5391";
+
+/// `dig +short NAME A` against the router's DNS server (`None` when dig is not installed).
+async fn dig(name: &str) -> Option<String> {
+    let (ip, port) = DNS.split_once(':').unwrap();
+    let out = Command::new("dig")
+        .args([
+            &format!("@{ip}"),
+            "-p",
+            port,
+            "+short",
+            "+time=2",
+            "+tries=1",
+            name,
+            "A",
+        ])
+        .output()
+        .await
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
 
 struct Tenant {
     name: &'static str,
@@ -343,6 +365,28 @@ async fn only_its_own_namespaces(t: &Tenant, c: &reqwest::Client) {
     }
 }
 
+/// The router's counters after the three-tenant run.
+async fn check_metrics() {
+    let text = metrics().await;
+    assert!(
+        metric(&text, "baton_sni_connections_total{host=\"api.t1.baton.test\"}") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "baton_sni_connections_total{host=\"api.t3.baton.test\"}") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "baton_sni_rejected_total{reason=\"unknown_sni\"}") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "baton_sni_reloads_total{reason=\"applied\"}") >= 2.0,
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l == "baton_sni_hosts 3"), "{text}");
+}
+
 #[test]
 fn three_tenants_behind_one_address_with_their_own_client_certificates() {
     lab::run(|| async {
@@ -357,6 +401,12 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             t1.route(),
             "--proxy-route".into(),
             format!("{}=api.t2.baton.test", proxy_addr().ip()),
+            "--dns-listen".into(),
+            DNS.into(),
+            "--dns-zone".into(),
+            "baton.test".into(),
+            "--dns-address".into(),
+            router_addr().ip().to_string(),
         ];
         let mut child = router(Some(&routes), &log, &flags);
         wait_listening(router_addr()).await;
@@ -377,6 +427,13 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
         assert!(namespaces(&clients[2], &t3.host()).await.is_err());
         let stranger = client_via_router("api.nobody.baton.test", t1.cp.ca_der(), t1.cp.admin_client_cert());
         assert!(namespaces(&stranger, "api.nobody.baton.test").await.is_err());
+
+        // Each routed name is in DNS, pointing at the router; t3 is not yet.
+        if let Some(a) = dig(&t1.host()).await {
+            assert_eq!(a, router_addr().ip().to_string());
+            assert_eq!(dig(&t2.host()).await.unwrap(), router_addr().ip().to_string());
+            assert_eq!(dig(&t3.host()).await.unwrap(), "");
+        }
 
         // A watch streams from t1 while t3 is added to the routes file.
         let rv = {
@@ -402,6 +459,9 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert!(names.contains(&"tenant-t3".to_owned()), "{names:?}");
+        if let Some(a) = dig(&t3.host()).await {
+            assert_eq!(a, router_addr().ip().to_string(), "t3 published with its route");
+        }
         create_ns(&t1.cp, "after-reload").await;
         wait_seen(&seen, "after-reload").await;
         assert!(
@@ -423,24 +483,7 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             assert!(!out.contains("\"tenant-t1\""), "{out}");
         }
 
-        let text = metrics().await;
-        assert!(
-            metric(&text, "baton_sni_connections_total{host=\"api.t1.baton.test\"}") >= 2.0,
-            "{text}"
-        );
-        assert!(
-            metric(&text, "baton_sni_connections_total{host=\"api.t3.baton.test\"}") >= 1.0,
-            "{text}"
-        );
-        assert!(
-            metric(&text, "baton_sni_rejected_total{reason=\"unknown_sni\"}") >= 2.0,
-            "{text}"
-        );
-        assert!(
-            metric(&text, "baton_sni_reloads_total{reason=\"applied\"}") >= 2.0,
-            "{text}"
-        );
-        assert!(text.lines().any(|l| l == "baton_sni_hosts 3"), "{text}");
+        check_metrics().await;
 
         // SIGTERM: stops accepting, lets the watch drain for --drain-s, exits 0.
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());

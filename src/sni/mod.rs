@@ -17,6 +17,7 @@
 //! The parsers (`hello`, `proxy_protocol`) and the route table (`routes`) are pure and need no
 //! server; `router` is the only module doing I/O on client connections.
 
+pub mod dns;
 pub mod hello;
 pub mod kube;
 pub mod metrics;
@@ -149,6 +150,30 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_SNI_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 
+    /// Publish every routed host name inside `--dns-zone` in DNS, answering with
+    /// `--dns-address`, from an embedded authoritative server on these addresses (UDP and TCP).
+    #[arg(long, env = "BATON_SNI_DNS_LISTEN", value_name = "ADDR", value_delimiter = ',', requires_all = ["dns_zone", "dns_address"])]
+    pub dns_listen: Vec<SocketAddr>,
+
+    /// The zone the tenants' host names are published in, e.g. `example.com`.
+    #[arg(
+        long,
+        env = "BATON_SNI_DNS_ZONE",
+        value_name = "ZONE",
+        requires = "dns_listen"
+    )]
+    pub dns_zone: Option<baton_dns::DnsName>,
+
+    /// The address(es) every host name answers with: the shared FIP.
+    #[arg(
+        long,
+        env = "BATON_SNI_DNS_ADDRESS",
+        value_name = "IP",
+        value_delimiter = ',',
+        requires = "dns_listen"
+    )]
+    pub dns_address: Vec<std::net::IpAddr>,
+
     /// After SIGTERM, how long open connections may go on, in seconds.
     #[arg(long, env = "BATON_SNI_DRAIN_S", default_value_t = 10, value_name = "S")]
     pub drain_s: u64,
@@ -167,6 +192,8 @@ pub enum SniError {
     },
     #[error("--routes-file {path}: {source}")]
     RoutesFile { path: PathBuf, source: std::io::Error },
+    #[error("--dns-listen: {0}")]
+    Dns(baton_dns::DnsError),
     #[error("listening on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -177,7 +204,7 @@ pub enum SniError {
 impl SniError {
     /// Whether the error is the operator's configuration (exit code 2).
     pub fn is_config(&self) -> bool {
-        !matches!(self, Self::Bind { .. })
+        !matches!(self, Self::Bind { .. } | Self::Dns(_))
     }
 }
 
@@ -283,6 +310,9 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         services,
         kubeconfig,
         namespace,
+        dns_listen,
+        dns_zone,
+        dns_address,
         ..
     } = args;
     let limits = check_limits(
@@ -310,6 +340,14 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let listeners = bind_all(&listen, &proxy_listen).await?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
+    let dns = match dns_zone {
+        Some(zone) if !dns_listen.is_empty() => Some(
+            dns::serve(zone, dns_listen, dns_address, rx.clone(), shutdown.clone())
+                .await
+                .map_err(SniError::Dns)?,
+        ),
+        _ => None,
+    };
     let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
     let mut accept = Vec::new();
     for (l, kind) in listeners {
@@ -340,28 +378,34 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         let publish = move |tenants: Vec<kube::Tenant>| s.set_services(kube::spec(&tenants));
         tokio::spawn(kube::watch_tenants(client, namespace, publish, shutdown.clone()));
     }
+    let hosts = router_hosts(&router);
     info!(
         version = env!("CARGO_PKG_VERSION"),
         ?listen,
         ?proxy_listen,
-        hosts = router_hosts(&router),
+        hosts,
         services,
         "SNI router serving"
     );
     crate::signal::shutdown().await;
     info!("signal received; no new connections, draining open ones");
     shutdown.cancel();
+    drain(accept, &tracker, Duration::from_secs(drain_s)).await;
+    if let Some(dns) = dns {
+        let _ = dns.await;
+    }
+    Ok(())
+}
+
+/// Waits for the accept loops to stop, then up to `limit` for open connections to end.
+async fn drain(accept: Vec<tokio::task::JoinHandle<()>>, tracker: &TaskTracker, limit: Duration) {
     for a in accept {
         let _ = a.await;
     }
     tracker.close();
-    if tokio::time::timeout(Duration::from_secs(drain_s), tracker.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(limit, tracker.wait()).await.is_err() {
         warn!(open = tracker.len(), "drain time over; closing open connections");
     }
-    Ok(())
 }
 
 /// The bounds, checked.

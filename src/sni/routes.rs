@@ -169,6 +169,11 @@ impl RouteTable {
         seen.into_values().collect()
     }
 
+    /// Every host name routed.
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.hosts.keys().map(String::as_str)
+    }
+
     /// Number of host names routed.
     pub fn host_count(&self) -> usize {
         self.hosts.len()

@@ -65,3 +65,27 @@ async fn serve_needs_a_listener_and_sane_bounds() {
         "--max-hello-bytes 10: must be between 512 and 1048576"
     );
 }
+
+#[test]
+fn the_command_line_is_consistent() {
+    use clap::CommandFactory as _;
+    Cli::command().debug_assert();
+    let e = Cli::try_parse_from(["baton", "sni", "serve", "--dns-listen", "127.0.0.1:53"]).unwrap_err();
+    assert!(e.to_string().contains("--dns-zone"), "{e}");
+}
+
+#[test]
+fn dns_names_are_the_routed_hosts_inside_the_zone() {
+    let mut spec = RouteSpec::default();
+    spec.add_route("api.t1.example.com,api.t1.internal=127.0.0.1:1")
+        .unwrap();
+    spec.add_route("api.t2.example.com=127.0.0.1:2").unwrap();
+    let table = spec.build(&Health::default());
+    let zone: baton_dns::DnsName = "example.com".parse().unwrap();
+    let names: Vec<String> = dns::names(&table, &zone)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.contains("example.com")), "{names:?}");
+}
