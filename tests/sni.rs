@@ -603,6 +603,25 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             streaming.await.unwrap()
         );
 
+        // A newer Service claiming t2's name does not take it; it gets a Warning Event.
+        tenant_service(&t1.cp, "t2-dup", &t2.host(), &t1.cp.addresses()).await;
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(t1.cp.client(0).unwrap(), "default");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let list = events.list(&kube::api::ListParams::default()).await.unwrap();
+            if list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("SniHostConflict")
+                    && e.involved_object.name.as_deref() == Some("t2-dup")
+            }) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no SniHostConflict Event on t2-dup");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let fresh = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+        only_its_own_namespaces(&t2, &fresh).await;
+
         // Deleting the Service removes the route for new connections (a fresh client each
         // time: c1's pooled connection stays spliced, as established connections do).
         services

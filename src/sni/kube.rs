@@ -10,7 +10,8 @@
 //!        ▼
 //!  plan: tenants(services, slices) ─► RouteSpec + problems (pure, unit-tested)
 //!        ▼
-//!  Sources::set_kube ─► flags + file + Services merged ─► RouteTable published (watch)
+//!  Sources::set_services ─► flags + file + Services merged ─► RouteTable published (watch)
+//!  new problems ─► log + Warning Event on the Service (SniHostConflict, SniHostInvalid, SniNoPort)
 //! ```
 //!
 //! The backend port is the EndpointSlice port with the name of the Service's port named
@@ -27,9 +28,10 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt as _;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
-use kube::{Api, ResourceExt as _};
+use kube::{Api, Resource as _, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -54,6 +56,17 @@ pub enum Problem {
     },
     #[error("Service {service}: no port")]
     NoPort { service: String },
+}
+
+impl Problem {
+    /// The Service it is about (`namespace/name`) and the Event reason.
+    pub fn service_and_reason(&self) -> (&str, &'static str) {
+        match self {
+            Self::BadHost { service, .. } => (service, "SniHostInvalid"),
+            Self::Conflict { service, .. } => (service, "SniHostConflict"),
+            Self::NoPort { service } => (service, "SniNoPort"),
+        }
+    }
 }
 
 /// One tenant as read from a Service and its EndpointSlices.
@@ -193,6 +206,13 @@ pub async fn watch_tenants(
     publish: impl Fn(Vec<Tenant>) + Send + 'static,
     shutdown: CancellationToken,
 ) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "baton-sni".into(),
+            instance: std::env::var("HOSTNAME").ok(),
+        },
+    );
     let (svc_api, slice_api): (Api<Service>, Api<EndpointSlice>) = match &namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client, ns)),
         None => (Api::all(client.clone()), Api::all(client)),
@@ -227,6 +247,7 @@ pub async fn watch_tenants(
             for p in &now.1 {
                 if !last.as_ref().is_some_and(|(_, old)| old.contains(p)) {
                     warn!(problem = %p, "tenant Service");
+                    event(&recorder, &services, p).await;
                 }
             }
             info!(tenants = now.0.len(), "tenants from Services changed");
@@ -239,6 +260,27 @@ pub async fn watch_tenants(
         () = svc_stream => {}
         () = slice_stream => {}
         () = rebuild => {}
+    }
+}
+
+/// A Warning Event on the Service a problem is about; failures are logged, never fatal.
+async fn event(recorder: &Recorder, services: &Store<Service>, problem: &Problem) {
+    let (key, reason) = problem.service_and_reason();
+    let Some((ns, name)) = key.split_once('/') else {
+        return;
+    };
+    let Some(svc) = services.get(&ObjectRef::new(name).within(ns)) else {
+        return;
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(problem.to_string()),
+        action: "Route".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&ev, &svc.object_ref(&())).await {
+        warn!(%error, reason, "publishing an Event failed");
     }
 }
 
