@@ -760,3 +760,41 @@ fn killing_the_node_that_holds_the_shared_fip_keeps_every_tenant_reachable() {
         );
     });
 }
+
+#[test]
+fn a_hung_api_server_is_skipped_once_its_health_check_fails() {
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t1 = tenant("t1", &[21, 22]).await;
+        let ca = dir.path().join("t1-ca.crt");
+        std::fs::write(&ca, t1.cp.ca_pem()).unwrap();
+        let flags = [
+            "--route".into(),
+            t1.route(),
+            "--health-ca".into(),
+            format!("{}={}", t1.host(), ca.display()),
+        ];
+        let _child = router(None, &dir.path().join("router.log"), &flags);
+        wait_listening(router_addr()).await;
+        // API server 0 accepts TCP and never answers (SIGSTOP): a connect succeeds, so only an
+        // active check can tell. After fall (3) probes it is skipped.
+        t1.cp.hang(0).unwrap();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        for _ in 0..8 {
+            let fresh = client_via_router(&t1.host(), t1.cp.ca_der(), t1.cp.admin_client_cert());
+            let (status, _) = namespaces(&fresh, &t1.host())
+                .await
+                .expect("a request went to the hung API server");
+            assert_eq!(status, 200);
+        }
+        let text = metrics().await;
+        let hung = SocketAddr::new(t1.cp.addresses()[0], baton_testbed::APISERVER_PORT);
+        assert!(
+            text.contains(&format!(
+                "baton_sni_backend_up{{host=\"api.t1.baton.test\",backend=\"{hung}\"}} 0"
+            )),
+            "{text}"
+        );
+        t1.cp.unhang(0).unwrap();
+    });
+}

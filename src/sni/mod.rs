@@ -18,6 +18,7 @@
 //! server; `router` is the only module doing I/O on client connections.
 
 pub mod dns;
+pub mod health;
 pub mod hello;
 pub mod kube;
 pub mod metrics;
@@ -25,6 +26,7 @@ pub mod proxy_protocol;
 pub mod router;
 pub mod routes;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -174,6 +176,17 @@ pub struct ServeArgs {
     )]
     pub dns_address: Vec<std::net::IpAddr>,
 
+    /// Health-check a tenant's backends actively: `HOST=CAFILE`, HOST one of the tenant's host
+    /// names (the name verified on its serving certificate), CAFILE the tenant's CA (PEM). Backends
+    /// whose `/readyz` fails are skipped. Repeatable; `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "BATON_SNI_HEALTH_CA",
+        value_name = "HOST=CAFILE",
+        value_delimiter = ';'
+    )]
+    pub health_ca: Vec<String>,
+
     /// After SIGTERM, how long open connections may go on, in seconds.
     #[arg(long, env = "BATON_SNI_DRAIN_S", default_value_t = 10, value_name = "S")]
     pub drain_s: u64,
@@ -313,8 +326,10 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         dns_listen,
         dns_zone,
         dns_address,
+        health_ca,
         ..
     } = args;
+    let cas = health_cas(&health_ca)?;
     let limits = check_limits(
         &listen,
         &proxy_listen,
@@ -348,6 +363,15 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         ),
         _ => None,
     };
+    if !cas.is_empty() {
+        tokio::spawn(health::run(
+            cas,
+            rx.clone(),
+            Arc::clone(&health),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ));
+    }
     let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
     let mut accept = Vec::new();
     for (l, kind) in listeners {
@@ -364,20 +388,8 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
             .map_err(|source| SniError::Bind { addr, source })?;
         tokio::spawn(admin(l, Arc::clone(&metrics), shutdown.clone()));
     }
-    if let Some(path) = routes_file {
-        let interval = Duration::from_millis(reload_interval_ms.max(10));
-        tokio::spawn(reload_loop(
-            Arc::clone(&sources),
-            path,
-            interval,
-            shutdown.clone(),
-        ));
-    }
-    if let Some(client) = client {
-        let s = Arc::clone(&sources);
-        let publish = move |tenants: Vec<kube::Tenant>| s.set_services(kube::spec(&tenants));
-        tokio::spawn(kube::watch_tenants(client, namespace, publish, shutdown.clone()));
-    }
+    let reload = routes_file.map(|p| (p, Duration::from_millis(reload_interval_ms.max(10))));
+    watch_sources(&sources, reload, client.map(|c| (c, namespace)), &shutdown);
     let hosts = router_hosts(&router);
     info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -395,6 +407,37 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         let _ = dns.await;
     }
     Ok(())
+}
+
+/// `--health-ca` parsed: tenant host → CA certificates.
+fn health_cas(specs: &[String]) -> Result<BTreeMap<String, Vec<Vec<u8>>>, SniError> {
+    specs
+        .iter()
+        .map(|spec| {
+            health::parse_ca(spec).map_err(|why| SniError::Config {
+                field: "--health-ca",
+                value: spec.clone(),
+                why,
+            })
+        })
+        .collect()
+}
+
+/// Starts the sources that change while running: the routes file and tenant Services.
+fn watch_sources(
+    sources: &Arc<Sources>,
+    reload: Option<(PathBuf, Duration)>,
+    services: Option<(::kube::Client, Option<String>)>,
+    shutdown: &CancellationToken,
+) {
+    if let Some((path, interval)) = reload {
+        tokio::spawn(reload_loop(Arc::clone(sources), path, interval, shutdown.clone()));
+    }
+    if let Some((client, namespace)) = services {
+        let s = Arc::clone(sources);
+        let publish = move |tenants: Vec<kube::Tenant>| s.set_services(kube::spec(&tenants));
+        tokio::spawn(kube::watch_tenants(client, namespace, publish, shutdown.clone()));
+    }
 }
 
 /// Waits for the accept loops to stop, then up to `limit` for open connections to end.

@@ -2,14 +2,15 @@
 //! optional default. Immutable once built; a change builds a new table and publishes it
 //! (`tokio::sync::watch`), so a connection keeps the backend it was spliced to.
 //!
-//! Backend health is passive and outlives tables: a backend that refused a connection (or did
-//! not answer within the connect timeout) is skipped for [`DOWN_FOR`], unless every backend of
-//! the set is down, in which case all are tried in order. The state lives in [`Health`], keyed
-//! by address, so a reload does not forget it.
+//! Backend health outlives tables: a backend that refused a connection (or did not answer
+//! within the connect timeout) is skipped for [`DOWN_FOR`], and one an active health check
+//! (`health.rs`) says is Down is skipped until it is up again; if every backend of the set is
+//! down, all are tried in order. The state lives in [`Health`], keyed by address, so a reload
+//! does not forget it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,12 +44,20 @@ pub struct Backend {
     pub addr: SocketAddr,
     /// Milliseconds since [`Health`]'s epoch until which the backend is skipped (0: up).
     down_until: AtomicU64,
+    /// An active health check says Down (`health.rs`); false while none runs.
+    probed_down: AtomicBool,
 }
 
 impl Backend {
-    /// Whether the backend is up at `now_ms`.
+    /// Whether the backend is up at `now_ms`: no failed connect within the hold-down and no
+    /// active health check saying Down.
     pub fn is_up(&self, now_ms: u64) -> bool {
-        self.down_until.load(Ordering::Relaxed) <= now_ms
+        !self.probed_down.load(Ordering::Relaxed) && self.down_until.load(Ordering::Relaxed) <= now_ms
+    }
+
+    /// Records an active health check's verdict; returns whether it changed.
+    pub fn set_probed_down(&self, down: bool) -> bool {
+        self.probed_down.swap(down, Ordering::Relaxed) != down
     }
 }
 
@@ -80,6 +89,7 @@ impl Health {
                 Arc::new(Backend {
                     addr,
                     down_until: AtomicU64::new(0),
+                    probed_down: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -150,6 +160,11 @@ impl RouteTable {
     /// The backend set for a host name (already normalized), else the default.
     pub fn for_host(&self, host: Option<&str>) -> Option<&Arc<BackendSet>> {
         host.and_then(|h| self.hosts.get(h)).or(self.default.as_ref())
+    }
+
+    /// The backend set of exactly `host` (no default).
+    pub fn get(&self, host: &str) -> Option<&Arc<BackendSet>> {
+        self.hosts.get(host)
     }
 
     /// The host name an original destination is mapped to.
