@@ -23,7 +23,15 @@ fn help_lists_every_subcommand() {
     let out = baton().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for sub in ["bootstrap", "controller", "dns", "sim", "config", "version"] {
+    for sub in [
+        "bootstrap",
+        "controller",
+        "dns",
+        "sni",
+        "sim",
+        "config",
+        "version",
+    ] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(sub)),
             "`baton --help` does not list {sub}:\n{help}"

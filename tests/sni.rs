@@ -798,3 +798,36 @@ fn a_hung_api_server_is_skipped_once_its_health_check_fails() {
         t1.cp.unhang(0).unwrap();
     });
 }
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag_and_the_value() {
+    for (args, want) in [
+        (
+            vec!["--listen", "127.0.0.1:0", "--route", "api.t1.example.com=nowhere"],
+            "--route \"api.t1.example.com=nowhere\": \"nowhere\" is not IP:PORT",
+        ),
+        (
+            vec!["--listen", "127.0.0.1:0", "--proxy-route", "10.0.0.1"],
+            "--proxy-route \"10.0.0.1\": expected DSTADDR=HOST",
+        ),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--health-ca",
+                "api.t1.example.com=/nonexistent/ca.crt",
+            ],
+            "--health-ca api.t1.example.com=/nonexistent/ca.crt:",
+        ),
+        (vec!["--route", "a.example=127.0.0.1:1"], "--listen"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["sni", "serve"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
