@@ -6,6 +6,7 @@ use std::time::Duration;
 use baton_cloud::{CherryClient, ClientConfig};
 use baton_core::Secret;
 use baton_sim::{Faults, Sim, SimHandle, Topology};
+use serde_json::Value;
 
 /// A simulator on 127.0.0.1:<random> with the lab topology.
 pub async fn sim(faults: Faults) -> SimHandle {
@@ -35,4 +36,46 @@ pub fn config(sim: &SimHandle, rate: Option<f64>) -> ClientConfig {
 
 pub fn client(sim: &SimHandle, rate: Option<f64>) -> CherryClient {
     CherryClient::new(config(sim, rate)).unwrap()
+}
+
+/// A plain HTTP client for the simulator's wire format (status, headers, JSON body).
+pub struct Raw {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub token: String,
+}
+
+impl Raw {
+    pub fn new(sim: &baton_sim::SimHandle) -> Self {
+        Self {
+            http: baton_testbed::http_client(None).unwrap(),
+            base: format!("http://{}", sim.addr()),
+            token: sim.api_key().to_owned(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap();
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap()
+        };
+        (status, headers, value)
+    }
 }
