@@ -31,6 +31,7 @@ pub mod names;
 pub mod probe;
 pub mod signal;
 pub mod sim;
+pub mod status;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -63,5 +64,10 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             e => subcommand_error(e),
         }),
         Command::Sim(args) => sim::run(args).await.map_err(subcommand_error),
+        Command::Status(args) => match status::run(args).await {
+            Ok(exit::status::HEALTHY) => Ok(()),
+            Ok(code) => Err(Error::Status(code)),
+            Err(e) => Err(Error::Usage(Box::new(e))),
+        },
     }
 }
