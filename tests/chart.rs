@@ -486,3 +486,89 @@ fn chart_installs_upgrades_rolls_back_and_uninstalls_on_a_real_api_server() {
         );
     });
 }
+
+/// Metric names (`baton_…`) used in `text`, without the `_total` / `_bucket` / `_sum` /
+/// `_count` suffixes of the exposition format.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("baton_") {
+        let start = i + at;
+        let mut end = start;
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase() || bytes[end] == b'_' || bytes[end].is_ascii_digit())
+        {
+            end += 1;
+        }
+        let mut name = &text[start..end];
+        for suffix in ["_total", "_bucket", "_sum", "_count"] {
+            name = name.strip_suffix(suffix).unwrap_or(name);
+        }
+        names.insert(name.to_owned());
+        i = end;
+    }
+    names
+}
+
+#[test]
+fn alerts_and_dashboard_use_only_metrics_baton_exports() {
+    let helm = Helm::new();
+    let docs = helm.template(&[
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafanaDashboard.enabled=true",
+    ]);
+    let rule = find(&docs, "PrometheusRule");
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    for want in [
+        "BatonControlPlaneFipDown",
+        "BatonNoController",
+        "BatonCloudErrors",
+        "BatonReconcileErrors",
+    ] {
+        assert!(alerts.contains(&want), "{want} missing: {alerts:?}");
+    }
+    let dashboard = find(&docs, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(dashboard["data"]["baton.json"].as_str().unwrap()).unwrap();
+    assert!(!json["panels"].as_array().unwrap().is_empty());
+
+    // Every family with one sample each (an empty family is not exported at all).
+    let metrics = baton::controller::metrics::Metrics::default();
+    metrics.failover("holder_unhealthy", std::time::Duration::from_millis(800));
+    metrics.failover_error();
+    metrics.stuck("no_healthy_candidate");
+    metrics.failover_fenced();
+    metrics.failover_held();
+    metrics.cloud_stale(false);
+    metrics.set_api_reachable(true);
+    metrics.reconciled("service");
+    metrics.reconcile_failed("service", "no_region");
+    metrics.set_task_up("services", true);
+    baton::probe::ProbeObserver::observe(
+        &metrics,
+        "198.51.100.11:6443".parse().unwrap(),
+        true,
+        std::time::Duration::from_millis(3),
+    );
+    baton::kube::client::ApiObserver::request_failed(&metrics, "timeout");
+    let exported = metrics.encode();
+    let mut used = metric_names(&serde_json::to_string(&rule["spec"]).unwrap());
+    used.extend(metric_names(&json.to_string()));
+    assert!(used.len() >= 8, "{used:?}");
+    for name in used {
+        assert!(
+            exported.contains(&format!("# TYPE {name} ")),
+            "{name} is used by the chart's alerts or dashboard but not exported:\n{exported}"
+        );
+    }
+}
