@@ -13,6 +13,7 @@ use baton_sim::{Faults, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::Value;
@@ -114,6 +115,27 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
                     })
             }
         })
+        .await;
+
+        // Every API server has registered itself in default/kubernetes (the candidates).
+        common::wait_for(
+            "three API servers in default/kubernetes",
+            Duration::from_secs(30),
+            || {
+                let api = Api::<EndpointSlice>::namespaced(client.clone(), "default");
+                async move {
+                    api.list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+                        .await
+                        .map_or(0, |l| {
+                            l.items
+                                .iter()
+                                .map(|s| s.endpoints.iter().map(|e| e.addresses.len()).sum::<usize>())
+                                .sum::<usize>()
+                        })
+                        == 3
+                }
+            },
+        )
         .await;
 
         let (code, out) = status(&kubeconfig, &sim, &["--output", "json"]).await;
