@@ -311,22 +311,26 @@ fn api_servers(slices: &[EndpointSlice]) -> Vec<SocketAddr> {
     out
 }
 
-fn event_time(e: &Event) -> i64 {
-    e.last_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .or_else(|| e.event_time.as_ref().map(|t| t.0.as_second()))
-        .or_else(|| e.first_timestamp.as_ref().map(|t| t.0.as_second()))
-        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()))
-        .unwrap_or(0)
+/// When an Event last happened (the newest of its times; events.k8s.io Events carry
+/// `eventTime`, core ones `lastTimestamp`), to the microsecond.
+fn event_time(e: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    [
+        e.last_timestamp.as_ref().map(|t| t.0),
+        e.event_time.as_ref().map(|t| t.0),
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref())
+            .map(|t| t.0),
+        e.first_timestamp.as_ref().map(|t| t.0),
+        e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
 }
 
 fn event_time_text(e: &Event) -> Option<String> {
-    e.last_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string())
-        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-        .or_else(|| e.first_timestamp.as_ref().map(|t| t.0.to_string()))
+    event_time(e).map(|t| t.to_string())
 }
 
 fn events_of<'a>(k: &'a KubeFacts, ns: &str, name: &str) -> impl Iterator<Item = &'a Event> {
@@ -382,6 +386,7 @@ async fn endpoints(
             .map(|e| MoveStatus {
                 time: event_time_text(e),
                 message: e.message.clone().unwrap_or_default(),
+                count: e.series.as_ref().and_then(|s| s.count).or(e.count),
             });
         out.push(
             endpoint(

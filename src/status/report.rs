@@ -156,6 +156,10 @@ pub struct MoveStatus {
     pub time: Option<String>,
     /// The Event's message: from where to where, and why.
     pub message: String,
+    /// How many moves the Event counts. kube's event Recorder folds repeated Events of the same
+    /// reason on one Service into a series that keeps the *first* message, so with a count above
+    /// 1 the message may describe an earlier move; the holder above is the cloud's truth.
+    pub count: Option<i32>,
 }
 
 /// A Service waiting for, or failing to get, a FIP.
@@ -514,9 +518,13 @@ fn render_endpoints(out: &mut String, endpoints: &[EndpointStatus]) {
         }
         match &ep.last_move {
             Some(m) => {
+                let series = match m.count {
+                    Some(n) if n > 1 => format!(" ({n} moves; the text is the first one's)"),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    "    last move: {} {}",
+                    "    last move: {} {}{series}",
                     m.time.as_deref().unwrap_or("?"),
                     m.message
                 );
