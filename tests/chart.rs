@@ -25,8 +25,14 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The cached Helm binary (`scripts/helm-env` prints its directory; it builds Helm once).
+/// The cached Helm binary (`scripts/helm-env` prints its directory; it builds Helm once). Asked
+/// once per test process, so tests running in parallel never build it side by side.
 fn helm_bin() -> PathBuf {
+    static HELM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HELM.get_or_init(find_helm).clone()
+}
+
+fn find_helm() -> PathBuf {
     let out = Command::new(root().join("scripts/helm-env")).output().unwrap();
     assert!(
         out.status.success(),
