@@ -217,7 +217,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         },
         urgent_cloud,
         tick: Duration::from_millis(250),
-        servers_refresh: Duration::from_secs(60),
+        servers_refresh: Duration::from_secs(600),
     };
     let mut result_rx = spawn_controllers(&sup, ctx, opts, &shutdown);
     let result = tokio::select! {
