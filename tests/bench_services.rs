@@ -15,7 +15,7 @@
 //! simulator), then at that size: `BENCH_PROBES` more Services one at a time (create-to-ingress
 //! p50/p99), the controllers' RSS and CPU seconds, the cloud calls of all replicas while idle over
 //! `BENCH_IDLE_S` seconds (per hour), and the watch events handled. Last lines:
-//! `scale services=<n> nodes=<n> all_ingress_s=<s> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> watch_events=<n>`
+//! `scale services=<n> nodes=<n> all_ingress_s=<s> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> idle_cpu_pct=<n> watch_events=<n>`
 //! `footprint static_binary_mib=<n|unknown> rss_mib=<n> services=<n> nodes=<n>`
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark harness: a panic is the report
 #![allow(clippy::too_many_lines, clippy::cast_precision_loss)] // scenario code reads top to bottom
@@ -432,14 +432,17 @@ fn bench_services() {
             // Idle: nothing changes; every cloud call of every replica is counted.
             tokio::time::sleep(Duration::from_secs(10)).await;
             sim.reset_stats();
+            let cpu_before: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
             tokio::time::sleep(Duration::from_secs(params.idle_s)).await;
             let idle = sim.stats().requests;
+            let cpu_idle: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum::<f64>() - cpu_before;
+            let idle_cpu_pct = cpu_idle / params.idle_s as f64 * 100.0;
             let per_hour = idle as f64 * 3600.0 / params.idle_s as f64;
             let (rss, _) = replicas.usage(leader);
             let cpu: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
             let events = replicas.metric(leader, "baton_watch_events_total").await;
             println!(
-                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} watch_events={events:.0}",
+                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} idle_cpu_pct={idle_cpu_pct:.1} watch_events={events:.0}",
                 params.count,
                 params.nodes,
                 percentile(&latencies, 50),
