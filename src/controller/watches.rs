@@ -19,6 +19,7 @@
 //! kube's `Store::wait_until_ready` wakes only the last task that polled it, so two tasks
 //! waiting on one shared store could wait forever.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -32,6 +33,7 @@ use tokio::sync::watch;
 
 use super::health::LogThrottle;
 use super::kit::Backoff;
+use super::metrics::Metrics;
 use super::mirror::SERVICE_NAME_LABEL;
 
 /// How many object references a subscription may lag behind before the watch waits for it.
@@ -92,20 +94,30 @@ where
         self.changes.subscribe()
     }
 
-    /// Drives the watch until the stream ends (never, with a backoff); errors are logged.
-    async fn run(self) {
+    /// Drives the watch until the stream ends (never, with a backoff); errors are logged, events
+    /// counted.
+    async fn run(self, metrics: Option<Arc<Metrics>>) {
         if !self.used {
             return std::future::pending().await;
         }
-        let errors = StreamErrors::new(K::kind(&()));
+        let kind = K::kind(&());
+        let errors = StreamErrors::new(kind.clone());
         let (changes, ready) = (self.changes, self.ready);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
             .reflect_shared(self.writer)
             .for_each(|event| {
                 match event {
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(watcher::Event::Init) => {}
+                    Ok(watcher::Event::InitApply(_)) => {
+                        if let Some(m) = &metrics {
+                            m.watch_event(&kind);
+                        }
+                    }
                     Ok(event) => {
+                        if let Some(m) = &metrics {
+                            m.watch_event(&kind);
+                        }
                         if matches!(event, watcher::Event::InitDone) {
                             ready.send_if_modified(|r| !std::mem::replace(r, true));
                         }
@@ -155,6 +167,7 @@ pub struct Watches {
     services: Kind<Service>,
     nodes: Kind<Node>,
     api_slices: Kind<EndpointSlice>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -163,6 +176,7 @@ impl std::fmt::Debug for Watches {
             .field("services", &self.services.used)
             .field("nodes", &self.nodes.used)
             .field("api_slices", &self.api_slices.used)
+            .field("counted", &self.metrics.is_some())
             .finish()
     }
 }
@@ -177,7 +191,15 @@ impl Watches {
                 Api::namespaced(client.clone(), "default"),
                 watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")),
             ),
+            metrics: None,
         }
+    }
+
+    /// Counts every object event in `metrics` (`baton_watch_events_total{kind}`).
+    #[must_use]
+    pub fn counted(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Every Service.
@@ -219,9 +241,9 @@ impl Watches {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = shutdown => {}
-            () = self.services.run() => {}
-            () = self.nodes.run() => {}
-            () = self.api_slices.run() => {}
+            () = self.services.run(self.metrics.clone()) => {}
+            () = self.nodes.run(self.metrics.clone()) => {}
+            () = self.api_slices.run(self.metrics) => {}
         }
     }
 }
