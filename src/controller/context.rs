@@ -193,13 +193,29 @@ impl Context {
         action: &str,
         note: String,
     ) {
+        self.event_related(obj, None, type_, reason, action, note).await;
+    }
+
+    /// Publishes an Event on `obj` that also names a `related` object. kube's recorder counts
+    /// Events with the same object, reason, action and related object as one series and keeps
+    /// the first one's note, so an Event whose note differs each time (a FIP moved to another
+    /// node) names what differs as its related object.
+    pub async fn event_related<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let reference: ObjectReference = obj.object_ref(&());
         let ev = Event {
             type_,
             reason: reason.to_owned(),
             note: Some(note),
             action: action.to_owned(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(error) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!(%error, reason, "publishing an Event failed");

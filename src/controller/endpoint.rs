@@ -722,8 +722,17 @@ impl Step<'_> {
         let (ctx, cloud, fip) = (ctx.clone(), Arc::clone(&ctx.cloud), ep.fip.clone());
         tokio::spawn(async move {
             if moved && let Some(svc) = service {
-                ctx.event(
+                // The node it moved to is the Event's related object: repeated moves to other
+                // nodes are separate Events, not one series with the first move's note.
+                let node = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(to_name.clone()),
+                    ..Default::default()
+                };
+                ctx.event_related(
                     &*svc,
+                    Some(node),
                     EventType::Normal,
                     "FloatingIPMoved",
                     "Failover",
