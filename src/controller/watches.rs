@@ -8,6 +8,9 @@
 //!  (WatchBackoff)        └─► changes_K()         a counter bumped on every event, deletes too
 //! ```
 //!
+//! Objects are stored without their `managedFields` (no controller reads them; they are often
+//! most of an object's size).
+//!
 //! Watched kinds: Services (all namespaces), Nodes, and the EndpointSlices of
 //! `default/kubernetes` (the API servers). A kind nobody asked for is not watched, so a process
 //! that runs only some controllers needs only their permissions.
@@ -51,6 +54,8 @@ where
     changes: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     used: bool,
+    /// Drops what no controller reads, before the object is stored.
+    trim: fn(&mut K),
 }
 
 impl<K> Kind<K>
@@ -63,7 +68,7 @@ where
         + Sync
         + 'static,
 {
-    fn new(api: Api<K>, config: watcher::Config) -> Self {
+    fn new(api: Api<K>, config: watcher::Config, trim: fn(&mut K)) -> Self {
         Self {
             api,
             config,
@@ -71,6 +76,7 @@ where
             changes: watch::channel(0).0,
             ready: watch::channel(false).0,
             used: false,
+            trim,
         }
     }
 
@@ -105,6 +111,11 @@ where
         let (changes, ready) = (self.changes, self.ready);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
+            // No controller reads managedFields; they are often most of an object's size.
+            .modify(move |obj: &mut K| {
+                obj.meta_mut().managed_fields = None;
+                (self.trim)(obj);
+            })
             .reflect_shared(self.writer)
             .for_each(|event| {
                 match event {
@@ -185,11 +196,18 @@ impl Watches {
     /// The watches through `client`; nothing runs until [`run`](Self::run).
     pub fn new(client: &kube::Client) -> Self {
         Self {
-            services: Kind::new(Api::all(client.clone()), watcher::Config::default()),
-            nodes: Kind::new(Api::all(client.clone()), watcher::Config::default()),
+            services: Kind::new(Api::all(client.clone()), watcher::Config::default(), |_| {}),
+            // A kubelet lists every image on its node in the status: often the largest part
+            // of a Node, and nothing here reads it.
+            nodes: Kind::new(Api::all(client.clone()), watcher::Config::default(), |node| {
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                }
+            }),
             api_slices: Kind::new(
                 Api::namespaced(client.clone(), "default"),
                 watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")),
+                |_| {},
             ),
             metrics: None,
         }
