@@ -145,13 +145,31 @@ pub fn run(
     opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> impl Future<Output = Result<(), EndpointError>> + Send + 'static {
-    let stores = (watches.api_slices(), watches.nodes(), watches.services());
-    run_on(ctx, stores, opts, shutdown)
+    let inputs = Inputs {
+        slices: watches.api_slices(),
+        nodes: watches.nodes(),
+        services: watches.services(),
+        service_changes: watches.service_changes(),
+    };
+    run_on(ctx, inputs, opts, shutdown)
+}
+
+/// What the endpoint loop reads from the shared watches.
+struct Inputs {
+    slices: Cache<EndpointSlice>,
+    nodes: Cache<Node>,
+    services: Cache<Service>,
+    service_changes: tokio::sync::watch::Receiver<u64>,
 }
 
 async fn run_on(
     ctx: Context,
-    (slices, nodes, services): (Cache<EndpointSlice>, Cache<Node>, Cache<Service>),
+    Inputs {
+        slices,
+        nodes,
+        services: all_services,
+        mut service_changes,
+    }: Inputs,
     opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> Result<(), EndpointError> {
@@ -162,13 +180,17 @@ async fn run_on(
     for ready in [
         slices.wait_until_ready().boxed(),
         nodes.wait_until_ready().boxed(),
-        services.wait_until_ready().boxed(),
+        all_services.wait_until_ready().boxed(),
     ] {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             _ = ready => {}
         }
     }
+    // The control-plane endpoint Services, picked out of every Service again only when a
+    // Service changed (the loop runs several times a second; a cluster may have thousands).
+    let mirror_name = mirror::service_name(&ctx.config.prefix);
+    let mut services = endpoint_services(&all_services.state(), &mirror_name);
     let mut prober = Prober::new(opts.probe.clone(), Arc::clone(&metrics) as _);
     let mut health_rx = prober.subscribe();
     let mut server_list = ServerList::default();
@@ -191,6 +213,10 @@ async fn run_on(
             () = leader.changed() => {}
             () = sleep_until_opt(prefetch_at) => {}
         }
+        if service_changes.has_changed().unwrap_or(false) {
+            service_changes.mark_unchanged();
+            services = endpoint_services(&all_services.state(), &mirror_name);
+        }
         let read_now = takeover.step(&ctx);
         let leading = ctx.leader.is_leader();
         let api_servers = api_server_addresses(&slices.state());
@@ -204,23 +230,17 @@ async fn run_on(
         // at start and ahead of a takeover only, and otherwise decides nothing from it: it only
         // keeps probing. While the cloud cannot be read, decisions go on from the last list read.
         let ips = if leading || read_now {
-            cloud_view
-                .fetch(&ctx, &metrics, &services.state(), &api_servers)
-                .await
+            cloud_view.fetch(&ctx, &metrics, &services, &api_servers).await
         } else {
             match cloud_view.last_list() {
                 Some(ips) => Some(ips),
-                None => {
-                    cloud_view
-                        .fetch(&ctx, &metrics, &services.state(), &api_servers)
-                        .await
-                }
+                None => cloud_view.fetch(&ctx, &metrics, &services, &api_servers).await,
             }
         };
         let Some(ips) = ips else {
             continue;
         };
-        let endpoints = discover(&ctx, &services.state(), &ips, &api_servers);
+        let endpoints = discover(&ctx, &services, &ips, &api_servers);
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
@@ -241,7 +261,7 @@ async fn run_on(
             ctx: &ctx,
             opts: &opts,
             metrics: &metrics,
-            services: &services.state(),
+            services: &services,
             candidates: &candidates,
             api_servers: &api_servers,
         };
@@ -872,6 +892,22 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
             .iter()
             .any(|a| a.address == ip && matches!(a.ip_type, IpType::PrimaryIp | IpType::PrivateIp))
     })
+}
+
+/// The Services that can be control-plane endpoints: the mirror Service and every Service
+/// annotated as one.
+fn endpoint_services(services: &[Arc<Service>], mirror_name: &str) -> Vec<Arc<Service>> {
+    services
+        .iter()
+        .filter(|s| {
+            let ns = s.namespace();
+            (ns.as_deref() == Some("kube-system") && s.name_any() == mirror_name)
+                || s.annotations()
+                    .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+        })
+        .cloned()
+        .collect()
 }
 
 fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Service>> {
