@@ -29,6 +29,9 @@ pub enum Command {
     Sim(crate::sim::SimArgs),
     /// Inspect the configuration.
     Config(crate::config::ConfigCommand),
+    /// One screen for an incident: endpoints, holders, leader, pending Services, BGP, nodes.
+    /// Exit 0 healthy, 10 degraded, 11 down.
+    Status(crate::status::StatusArgs),
     /// Print the version.
     Version,
     /// Run only the Service FIP and node controllers (tests and benchmarks).

@@ -48,9 +48,14 @@ pub struct RecordArgs {
         env = "BATON_DNS_A",
         value_name = "NAME=IP[,IP…]",
         value_delimiter = ';',
-        required = true
+        required_unless_present = "a_file"
     )]
     pub a: Vec<String>,
+
+    /// A file of more names, one `NAME=IP[,IP…]` per line (blank lines and `#` comments
+    /// ignored): for zones too large for the command line or the environment.
+    #[arg(long = "a-file", env = "BATON_DNS_A_FILE", value_name = "PATH")]
+    pub a_file: Option<std::path::PathBuf>,
 
     /// TTL of the records, in seconds.
     #[arg(long, env = "BATON_DNS_TTL", default_value_t = 30, value_name = "S")]
@@ -113,9 +118,28 @@ fn parse_server(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not IP, IP:PORT or [IPv6]:PORT"))
 }
 
+impl RecordArgs {
+    /// The records of `--a` and `--a-file`, checked.
+    pub fn snapshot(&self) -> Result<Snapshot, DnsError> {
+        let mut specs = self.a.clone();
+        if let Some(path) = &self.a_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| DnsError::Config(format!("--a-file {}: {e}", path.display())))?;
+            specs.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        parse_records(&self.zone, &specs)
+    }
+}
+
 /// Parses the `--a` specs into a snapshot of names inside `zone` (all addresses healthy).
 pub fn parse_records(zone: &DnsName, specs: &[String]) -> Result<Snapshot, DnsError> {
     let mut names: Vec<(DnsName, Vec<(IpAddr, bool)>)> = Vec::new();
+    let mut index: std::collections::HashMap<DnsName, usize> = std::collections::HashMap::new();
     for spec in specs {
         let bad = |why: String| DnsError::Config(format!("--a {spec:?}: {why}"));
         let (name, ips) = spec
@@ -129,9 +153,11 @@ pub fn parse_records(zone: &DnsName, specs: &[String]) -> Result<Snapshot, DnsEr
                 .map_err(|_| bad(format!("{ip:?} is not an IP address")))?;
             addresses.push((ip, true));
         }
-        match names.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, existing)) => existing.extend(addresses),
-            None => names.push((name, addresses)),
+        if let Some(&i) = index.get(&name) {
+            names[i].1.extend(addresses);
+        } else {
+            index.insert(name.clone(), names.len());
+            names.push((name, addresses));
         }
     }
     Ok(Snapshot::from_names(
@@ -154,7 +180,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), DnsError> {
         udp_workers,
         ns,
     } = args;
-    let snapshot = parse_records(&records.zone, &records.a)?;
+    let snapshot = records.snapshot()?;
     let ns_name = ns
         .map(|n| DnsName::relative_to(&n, &records.zone))
         .transpose()
@@ -177,7 +203,7 @@ async fn run_push(args: PushArgs) -> Result<(), DnsError> {
         tsig_key_file,
         timeout,
     } = args;
-    let snapshot = parse_records(&records.zone, &records.a)?;
+    let snapshot = records.snapshot()?;
     let key = TsigKey::from_file(&tsig_key_file)?;
     let mut target = PushTarget::new(server, records.zone);
     target.ttl = records.ttl;

@@ -15,6 +15,9 @@ pub enum Error {
     Subcommand(Box<dyn std::error::Error + Send + Sync + 'static>),
     #[error(transparent)]
     Bootstrap(#[from] bootstrap::BootstrapError),
+    /// `baton status` found the cluster degraded or down (the report is already printed).
+    #[error("status: exit {0}")]
+    Status(u8),
 }
 
 impl Error {
@@ -24,6 +27,7 @@ impl Error {
             Self::Config(_) | Self::Logging(_) | Self::Usage(_) => exit::CONFIG,
             Self::Subcommand(_) => exit::FAILURE,
             Self::Bootstrap(e) => e.exit_code(),
+            Self::Status(code) => *code,
         }
     }
 }

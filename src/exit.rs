@@ -1,7 +1,9 @@
-//! Exit codes of every subcommand (documented in docs/bootstrap.md and docs/controller.md).
+//! Exit codes of every subcommand (documented in docs/bootstrap.md, docs/controller.md and
+//! docs/operations.md).
 //!
 //! Every subcommand uses [`OK`], [`FAILURE`] and [`CONFIG`]; `baton bootstrap` adds the codes of
-//! [`bootstrap`], so a script can tell a timeout from a cloud failure.
+//! [`bootstrap`], so a script can tell a timeout from a cloud failure, and `baton status` those
+//! of [`status`] (numbered apart from both, so no code means two things).
 
 /// Success.
 pub const OK: u8 = 0;
@@ -28,4 +30,16 @@ pub mod bootstrap {
     pub const DNS: u8 = 7;
     /// Stopped by SIGTERM/SIGINT before completion; the state is saved, a rerun continues.
     pub const INTERRUPTED: u8 = 8;
+}
+
+/// Exit codes of `baton status` (documented in docs/operations.md). 1 and 2 keep their meaning
+/// (the command itself failed / bad arguments or configuration).
+pub mod status {
+    /// Every endpoint serves and nothing waits.
+    pub const HEALTHY: u8 = super::OK;
+    /// The endpoints serve, but something needs attention (no leader, an unhealthy candidate,
+    /// a Service without a FIP, a node not initialised, the cloud unreadable).
+    pub const DEGRADED: u8 = 10;
+    /// A control-plane endpoint does not serve, or Kubernetes cannot be read.
+    pub const DOWN: u8 = 11;
 }

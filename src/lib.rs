@@ -33,6 +33,7 @@ pub mod probe;
 pub mod signal;
 pub mod sim;
 pub mod sni;
+pub mod status;
 pub mod telemetry;
 
 use cli::{Cli, Command};
@@ -72,5 +73,10 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
                 subcommand_error(e)
             }
         }),
+        Command::Status(args) => match status::run(args).await {
+            Ok(exit::status::HEALTHY) => Ok(()),
+            Ok(code) => Err(Error::Status(code)),
+            Err(e) => Err(Error::Usage(Box::new(e))),
+        },
     }
 }

@@ -16,7 +16,10 @@ fn main() -> ExitCode {
     match runtime.block_on(baton::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("baton: {e}");
+            // `baton status` already printed its report; its exit code is the verdict.
+            if !matches!(e, baton::Error::Status(_)) {
+                eprintln!("baton: {e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

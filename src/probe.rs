@@ -202,6 +202,23 @@ impl Drop for Prober {
     }
 }
 
+/// One probe of `target`, now (for `baton status`): `Ok` on a 2xx answer within the timeout,
+/// else why not. Same client, TLS rules and URL as the continuous probes.
+pub async fn probe_once(settings: &ProbeSettings, target: SocketAddr) -> Result<(), String> {
+    let client = probe_client(settings, target).map_err(|e| e.to_string())?;
+    let url = format!(
+        "https://{}:{}{}",
+        settings.server_name,
+        target.port(),
+        settings.path
+    );
+    match client.get(&url).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("{} answered {}", settings.path, r.status())),
+        Err(e) => Err(error_chain(&e)),
+    }
+}
+
 fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client, ProbeError> {
     let tls = crate::kube::tls::client_config(&s.ca_der).map_err(ProbeError::Ca)?;
     reqwest::Client::builder()

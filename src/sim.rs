@@ -30,10 +30,18 @@ pub struct SimArgs {
     /// CIDR new FIPs are allocated from (overrides the topology's; default 203.0.113.0/24).
     #[arg(long, env = "BATON_SIM_FIP_POOL")]
     pub fip_pool: Option<String>,
-    /// TCP ports forwarded from a targeted FIP to its server (overrides the topology's; default
-    /// 6443). An empty value disables forwarding.
-    #[arg(long, env = "BATON_SIM_FORWARD_PORTS", value_delimiter = ',', num_args = 0..)]
-    pub forward_ports: Option<Vec<u16>>,
+    /// TCP ports forwarded from a targeted FIP to its server, comma-separated (overrides the
+    /// topology's; default 6443). An empty value (`--forward-ports ''`, or the flag alone)
+    /// disables forwarding.
+    #[arg(
+        long,
+        env = "BATON_SIM_FORWARD_PORTS",
+        value_name = "P,..",
+        num_args = 0..=1,
+        default_missing_value = "",
+        value_parser = parse_ports
+    )]
+    pub forward_ports: Option<PortList>,
     /// Latency added to every API request, in milliseconds.
     #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
     pub latency_ms: u64,
@@ -63,9 +71,10 @@ pub struct SimArgs {
     /// Fraction (0..=1) of API requests that hang.
     #[arg(long, env = "BATON_SIM_HANG_RATE", default_value_t = 0.0)]
     pub hang_rate: f64,
-    /// Answer 400 to DELETE of a FIP that is targeted to a server.
-    #[arg(long, env = "BATON_SIM_REJECT_DELETE_ATTACHED")]
-    pub reject_delete_attached: bool,
+    /// Let DELETE remove a FIP that is still targeted to a server. By default it answers 400
+    /// "Attached IP address cannot be deleted", as the real API does.
+    #[arg(long, env = "BATON_SIM_ALLOW_DELETE_ATTACHED")]
+    pub allow_delete_attached: bool,
     /// Seed of the fault dice.
     #[arg(long, env = "BATON_SIM_SEED")]
     pub seed: Option<u64>,
@@ -94,7 +103,7 @@ impl SimArgs {
             rate_limit,
             retry_after,
             hang_rate,
-            reject_delete_attached,
+            allow_delete_attached,
             seed,
             retarget_delay_ms,
         } = self;
@@ -107,7 +116,7 @@ impl SimArgs {
             rate_limit: (rate_limit > 0.0).then_some(rate_limit),
             retry_after_secs: (retry_after > 0).then_some(retry_after),
             hang_rate,
-            reject_delete_attached,
+            reject_delete_attached: !allow_delete_attached,
             seed,
             retarget_delay_ms,
         };
@@ -117,10 +126,32 @@ impl SimArgs {
             state,
             api_key,
             fip_pool,
-            forward_ports,
+            forward_ports: forward_ports.map(|p| p.0),
             faults,
         }
     }
+}
+
+/// A comma-separated list of TCP ports; the empty list is allowed (no forwarding).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortList(pub Vec<u16>);
+
+/// Parses `6443,443` (spaces around commas allowed); `""` is the empty list. A bad entry is
+/// named in the error.
+fn parse_ports(text: &str) -> Result<PortList, String> {
+    if text.trim().is_empty() {
+        return Ok(PortList(Vec::new()));
+    }
+    text.split(',')
+        .map(|p| {
+            let p = p.trim();
+            match p.parse::<u16>() {
+                Ok(port) if port != 0 => Ok(port),
+                _ => Err(format!("{p:?} is not a TCP port (1-65535)")),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(PortList)
 }
 
 /// Runs `baton sim` until SIGINT or SIGTERM.

@@ -236,3 +236,57 @@ fn sim_serves_the_default_project_and_requires_the_token() {
     assert_eq!(status("wrong-token"), "401");
     assert_eq!(terminate(child), Some(0));
 }
+
+/// Runs `baton sim` with stderr to a pipe until it has logged that it listens, stops it, and
+/// returns everything it wrote to stderr.
+fn sim_stderr(extra: &[&str]) -> String {
+    use std::io::Read as _;
+    let port = free_port();
+    let mut child = baton()
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    retry(|| std::net::TcpStream::connect(("127.0.0.1", port)).ok());
+    let mut stderr = child.stderr.take().unwrap();
+    assert_eq!(terminate(child), Some(0));
+    let mut text = String::new();
+    stderr.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn logs_to_a_pipe_or_file_carry_no_colour_codes() {
+    // a pipe: what journald, a pod's log and `2>file | …` see
+    let piped = sim_stderr(&[]);
+    assert!(piped.contains("simulator listening"), "{piped}");
+    assert!(!piped.contains("\x1b["), "ANSI codes in piped logs: {piped:?}");
+
+    // a file
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("baton.log");
+    let port = free_port();
+    let child = baton()
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::fs::File::create(&path).unwrap())
+        .spawn()
+        .unwrap();
+    retry(|| std::net::TcpStream::connect(("127.0.0.1", port)).ok());
+    assert_eq!(terminate(child), Some(0));
+    let logged = std::fs::read_to_string(&path).unwrap();
+    assert!(logged.contains("signal received"), "{logged}");
+    assert!(
+        !logged.contains("\x1b["),
+        "ANSI codes in the log file: {logged:?}"
+    );
+
+    // the detection, not the absence of colour support, is what keeps them out
+    let forced = sim_stderr(&["--log-color", "always"]);
+    assert!(forced.contains("\x1b["), "{forced:?}");
+    let json = sim_stderr(&["--log-format", "json", "--log-color", "always"]);
+    assert!(!json.contains("\x1b["), "{json:?}");
+    for line in json.lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap();
+    }
+}

@@ -281,6 +281,50 @@ fn cordoning_the_holder_moves_the_fip_away() {
         )
         .await;
         assert!(common::readyz(bed.cp.ca_der(), SocketAddr::new(bed.fip.address, 6443)).await);
+
+        // Its new node is cordoned too: the FIP moves again, and a second Event says where to
+        // (not the first one counted again, with the first move's message).
+        let first = holder(&bed).await.unwrap();
+        let i = CP.iter().position(|&c| c == first).unwrap();
+        // Past the hold-down that follows a move (5 s).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        nodes
+            .patch(
+                &format!("cp-{i}"),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        common::wait_for(
+            "the FIP to leave the second cordoned node",
+            Duration::from_secs(15),
+            || async { holder(&bed).await.is_some_and(|h| h != CP[0] && h != first) },
+        )
+        .await;
+        let last = holder(&bed).await.unwrap();
+        common::wait_for(
+            "a FloatingIPMoved Event per move",
+            Duration::from_secs(10),
+            || {
+                let client = client.clone();
+                async move {
+                    let events = Api::<Event>::namespaced(client, "kube-system")
+                        .list(&ListParams::default())
+                        .await
+                        .unwrap()
+                        .items;
+                    let moved: Vec<String> = events
+                        .iter()
+                        .filter(|e| e.reason.as_deref() == Some("FloatingIPMoved"))
+                        .filter_map(|e| e.message.clone())
+                        .collect();
+                    moved.iter().any(|m| m.contains(&format!("(server {first})")))
+                        && moved.iter().any(|m| m.contains(&format!("(server {last})")))
+                }
+            },
+        )
+        .await;
     });
 }
 

@@ -416,3 +416,41 @@ fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
         bed.assert_only_leaders_wrote();
     });
 }
+
+#[test]
+fn followers_do_not_poll_the_cloud_once_started() {
+    lab::run(|| async {
+        let bed = bed(0).await;
+        bed.place_fip(0).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let leader = bed.leader().await;
+        // Every replica reads the server and IP lists once at start; let that pass.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let from = bed.next_seq();
+        // A minute and more of idleness (longer than the shared IP list's 60 s lifetime, after
+        // which every replica used to read it again): a follower makes no cloud call at all;
+        // the leader re-reads the IP list once or twice.
+        tokio::time::sleep(Duration::from_secs(65)).await;
+        let calls = bed.sim.log(from);
+        let by = |who: &str| {
+            calls
+                .iter()
+                .filter(|e| e.user_agent.ends_with(&format!("controller/{who}")))
+                .count()
+        };
+        for i in (0..3).filter(|&i| i != leader) {
+            assert_eq!(
+                by(&format!("cp-{i}")),
+                0,
+                "follower cp-{i} called the cloud while idle: {:#?}\n{}",
+                calls,
+                bed.logs()
+            );
+        }
+        assert!(
+            by(&format!("cp-{leader}")) <= 3,
+            "the leader polls the cloud more than its IP list's lifetime asks: {calls:#?}"
+        );
+        bed.assert_only_leaders_wrote();
+    });
+}

@@ -345,16 +345,16 @@ macro_rules! flags {
 }
 
 flags! {
-    kubeconfig { flag: "kubeconfig", env: "KUBECONFIG", default: None, used_by: ["controller", "bootstrap"],
+    kubeconfig { flag: "kubeconfig", env: "KUBECONFIG", default: None, used_by: ["controller", "bootstrap", "status"],
         doc: "kubeconfig of the API server; `baton controller` uses the in-cluster configuration when unset" },
     identity { flag: "identity", env: "POD_NAME", default: None, used_by: ["controller"],
         doc: "This replica's identity in the leader Lease (the pod name); the host name when unset" },
     admin_listen { flag: "admin-listen", env: "BATON_ADMIN_LISTEN", default: Some("0.0.0.0:9590"), used_by: ["controller"],
         doc: "Listen address of the admin server (/metrics, /health, /ready); `off` disables it" },
     health_check_server_name { flag: "health-check-server-name", env: "BATON_HEALTH_CHECK_SERVER_NAME",
-        default: Some("kubernetes.default.svc"), used_by: ["controller"],
+        default: Some("kubernetes.default.svc"), used_by: ["controller", "status"],
         doc: "TLS server name expected on the API servers' certificates when probing them by address" },
-    cluster_ca { flag: "cluster-ca", env: "BATON_CLUSTER_CA", default: None, used_by: ["controller"],
+    cluster_ca { flag: "cluster-ca", env: "BATON_CLUSTER_CA", default: None, used_by: ["controller", "status"],
         doc: "Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration" },
 }
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
-use baton_cloud::model::ServerId;
+use baton_cloud::model::{Server, ServerId};
 use baton_core::{LoadBalancerMode, ProviderId};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
@@ -187,8 +187,19 @@ impl Bgp {
         // Forget the servers of Nodes that are gone or no longer selected.
         self.cache
             .retain(|name, _| selected.iter().any(|n| n.metadata.name.as_deref() == Some(name)));
+        // Servers whose facts are due are read with one list call when there are several (an
+        // idle cluster's cost then does not grow with its Nodes), else one by one.
+        let due: Vec<&Arc<Node>> = selected.iter().filter(|n| self.due(n)).collect();
+        let mut listed: HashMap<ServerId, Server> = HashMap::new();
+        if due.len() > 1 {
+            let servers = self.ctx.cloud.servers().await.map_err(|source| BgpError::Cloud {
+                step: "listing the project's servers".into(),
+                source: Box::new(source),
+            })?;
+            listed = servers.into_iter().map(|s| (s.id, s)).collect();
+        }
         for node in selected {
-            match self.node(&node, local_asn).await {
+            match self.node(&node, local_asn, &mut listed).await {
                 Ok(Some(bgp)) => peered.push(bgp),
                 Ok(None) => {}
                 Err(e @ BgpError::NotLeader(_)) => return Err(e),
@@ -252,14 +263,25 @@ impl Bgp {
 
     /// Server BGP on, the node's session facts, and its annotations. `None`: the node cannot
     /// peer yet (no provider ID, or unusable facts, reported by an Event).
-    async fn node(&mut self, node: &Node, local_asn: u32) -> Result<Option<NodeBgp>, BgpError> {
+    /// Whether `node`'s server facts must be read (it has a provider ID and none fresh cached).
+    fn due(&self, node: &Node) -> bool {
+        let Some(provider_id) = provider_id(node) else {
+            return false;
+        };
+        !self
+            .cache
+            .get(&node.name_any())
+            .is_some_and(|c| c.provider_id == provider_id && c.fetched.elapsed() < RESYNC)
+    }
+
+    async fn node(
+        &mut self,
+        node: &Node,
+        local_asn: u32,
+        listed: &mut HashMap<ServerId, Server>,
+    ) -> Result<Option<NodeBgp>, BgpError> {
         let name = node.name_any();
-        let Some(provider_id) = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .filter(|p| !p.trim().is_empty())
-        else {
+        let Some(provider_id) = provider_id(node) else {
             debug!(node = %name, "no provider ID yet; BGP waits for node initialisation");
             return Ok(None);
         };
@@ -291,12 +313,15 @@ impl Bgp {
                     source: Box::new(source),
                 }
             };
-            let mut server = self
-                .ctx
-                .cloud
-                .server(id)
-                .await
-                .map_err(cloud_err("reading its server"))?;
+            let mut server = match listed.remove(&id) {
+                Some(server) => server,
+                None => self
+                    .ctx
+                    .cloud
+                    .server(id)
+                    .await
+                    .map_err(cloud_err("reading its server"))?,
+            };
             if !server.bgp.enabled {
                 self.ctx.leader.ensure("enabling BGP on a server")?;
                 let ips = std::mem::take(&mut server.ip_addresses);
@@ -462,6 +487,14 @@ impl Bgp {
         }
         Ok(())
     }
+}
+
+/// A Node's provider ID, if it has a non-blank one.
+fn provider_id(node: &Node) -> Option<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .filter(|p| !p.trim().is_empty())
 }
 
 #[cfg(test)]

@@ -56,9 +56,11 @@ impl LeaderGate {
     /// Waits until this replica's leadership or what it knows of another holder changes (or
     /// 100 ms pass).
     pub async fn changed(&mut self) {
-        let mut handover = self.1.clone();
+        // On this gate's own receivers, so that what was seen is marked seen: a fresh clone
+        // would report every earlier change again, at once, forever (a busy loop).
+        let Self(until, handover) = self;
         tokio::select! {
-            () = self.changed_or_tick() => {}
+            () = changed_or_tick(until) => {}
             Ok(()) = handover.changed() => {}
         }
     }
@@ -83,9 +85,7 @@ impl LeaderGate {
     /// Waits for a change of the leadership record, at most 100 ms (also when the lease task
     /// is gone: then the value can no longer change but the deadline still passes).
     async fn changed_or_tick(&mut self) {
-        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), self.0.changed()).await {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        changed_or_tick(&mut self.0).await;
     }
 
     /// Yields once each time this replica becomes leader (and once at the start if it already
@@ -105,6 +105,14 @@ impl LeaderGate {
                 gate.changed_or_tick().await;
             }
         })
+    }
+}
+
+/// Waits for a change of `rx`, at most 100 ms (also when its sender is gone: then the value can
+/// no longer change, but a deadline in it still passes).
+async fn changed_or_tick(rx: &mut watch::Receiver<Option<Instant>>) {
+    if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -185,16 +193,60 @@ impl Context {
         action: &str,
         note: String,
     ) {
+        self.event_related(obj, None, type_, reason, action, note).await;
+    }
+
+    /// Publishes an Event on `obj` that also names a `related` object. kube's recorder counts
+    /// Events with the same object, reason, action and related object as one series and keeps
+    /// the first one's note, so an Event whose note differs each time (a FIP moved to another
+    /// node) names what differs as its related object.
+    pub async fn event_related<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let reference: ObjectReference = obj.object_ref(&());
         let ev = Event {
             type_,
             reason: reason.to_owned(),
             note: Some(note),
             action: action.to_owned(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(error) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!(%error, reason, "publishing an Event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_of_the_other_holder_wakes_a_waiter_once_not_forever() {
+        let (_until_tx, until_rx) = watch::channel(None);
+        let (handover_tx, handover_rx) = watch::channel(None);
+        let mut gate = LeaderGate::new(until_rx, handover_rx);
+        let now = Instant::now();
+        handover_tx.send_replace(Some(Handover {
+            holder_stopped: now + Duration::from_millis(600),
+            takeover: now + Duration::from_secs(1),
+        }));
+        // The change wakes the waiter at once…
+        let woke = tokio::time::timeout(Duration::from_millis(10), gate.changed()).await;
+        assert!(woke.is_ok(), "a change of the holder wakes the waiter");
+        // …and once: with nothing new the next wait lasts until the 100 ms tick.
+        let start = Instant::now();
+        gate.changed().await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "woke after {:?} with nothing changed",
+            start.elapsed()
+        );
     }
 }

@@ -145,13 +145,31 @@ pub fn run(
     opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> impl Future<Output = Result<(), EndpointError>> + Send + 'static {
-    let stores = (watches.api_slices(), watches.nodes(), watches.services());
-    run_on(ctx, stores, opts, shutdown)
+    let inputs = Inputs {
+        slices: watches.api_slices(),
+        nodes: watches.nodes(),
+        services: watches.services(),
+        service_changes: watches.service_changes(),
+    };
+    run_on(ctx, inputs, opts, shutdown)
+}
+
+/// What the endpoint loop reads from the shared watches.
+struct Inputs {
+    slices: Cache<EndpointSlice>,
+    nodes: Cache<Node>,
+    services: Cache<Service>,
+    service_changes: tokio::sync::watch::Receiver<u64>,
 }
 
 async fn run_on(
     ctx: Context,
-    (slices, nodes, services): (Cache<EndpointSlice>, Cache<Node>, Cache<Service>),
+    Inputs {
+        slices,
+        nodes,
+        services: all_services,
+        mut service_changes,
+    }: Inputs,
     opts: EndpointOptions,
     shutdown: CancellationToken,
 ) -> Result<(), EndpointError> {
@@ -162,17 +180,20 @@ async fn run_on(
     for ready in [
         slices.wait_until_ready().boxed(),
         nodes.wait_until_ready().boxed(),
-        services.wait_until_ready().boxed(),
+        all_services.wait_until_ready().boxed(),
     ] {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             _ = ready => {}
         }
     }
+    // The control-plane endpoint Services, picked out of every Service again only when a
+    // Service changed (the loop runs several times a second; a cluster may have thousands).
+    let mirror_name = mirror::service_name(&ctx.config.prefix);
+    let mut services = endpoint_services(&all_services.state(), &mirror_name);
     let mut prober = Prober::new(opts.probe.clone(), Arc::clone(&metrics) as _);
     let mut health_rx = prober.subscribe();
-    let mut servers: Vec<Server> = Vec::new();
-    let mut servers_at: Option<Instant> = None;
+    let mut server_list = ServerList::default();
     let mut states: BTreeMap<String, EndpointState> = BTreeMap::new();
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -192,39 +213,38 @@ async fn run_on(
             () = leader.changed() => {}
             () = sleep_until_opt(prefetch_at) => {}
         }
-        takeover.step(&ctx);
+        if service_changes.has_changed().unwrap_or(false) {
+            service_changes.mark_unchanged();
+            services = endpoint_services(&all_services.state(), &mirror_name);
+        }
+        let read_now = takeover.step(&ctx);
+        let leading = ctx.leader.is_leader();
         let api_servers = api_server_addresses(&slices.state());
         if api_servers.is_empty() {
             tracing::debug!("default/kubernetes lists no API server yet");
             continue;
         }
-        // Refresh the server list slowly, or at once when an API server has no known server.
-        let unknown = api_servers
-            .iter()
-            .any(|a| server_by_ip(&servers, a.ip()).is_none());
-        if servers_at.is_none_or(|t| {
-            t.elapsed() > opts.servers_refresh || (unknown && t.elapsed() > Duration::from_secs(5))
-        }) {
-            // Urgent, like the move itself: a queue of Service FIP work must not delay failover.
-            match opts.urgent_cloud.servers().await {
-                Ok(s) => servers = s,
-                Err(error) => tracing::warn!(%error, "listing servers failed"),
+        let servers = server_list.refresh(&opts, &api_servers, leading).await;
+        // The IP list: the leader reads the shared, cached list (fetched in the urgent lane,
+        // whoever asks first; re-read when older than the cache's lifetime). A follower reads it
+        // at start and ahead of a takeover only, and otherwise decides nothing from it: it only
+        // keeps probing. While the cloud cannot be read, decisions go on from the last list read.
+        let ips = if leading || read_now {
+            cloud_view.fetch(&ctx, &metrics, &services, &api_servers).await
+        } else {
+            match cloud_view.last_list() {
+                Some(ips) => Some(ips),
+                None => cloud_view.fetch(&ctx, &metrics, &services, &api_servers).await,
             }
-            servers_at = Some(Instant::now());
-        }
-        // The shared IP list is always fetched in the urgent lane (baton-cloud's cache), whoever
-        // asks first. While the cloud cannot be read, decisions go on from the last list read.
-        let Some(ips) = cloud_view
-            .fetch(&ctx, &metrics, &services.state(), &api_servers)
-            .await
-        else {
+        };
+        let Some(ips) = ips else {
             continue;
         };
-        let endpoints = discover(&ctx, &services.state(), &ips, &api_servers);
+        let endpoints = discover(&ctx, &services, &ips, &api_servers);
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
-        let probe_addrs = probe_addresses(&api_servers, &endpoints, &servers);
+        let probe_addrs = probe_addresses(&api_servers, &endpoints, servers);
         let mut targets: Vec<SocketAddr> = probe_addrs.clone();
         if !ctx.config.health_check.use_host_ip {
             targets.extend(
@@ -235,19 +255,74 @@ async fn run_on(
         }
         prober.set_targets(&targets)?;
 
-        let candidates = candidates(&probe_addrs, &servers, &nodes.state(), &prober);
+        let candidates = candidates(&probe_addrs, servers, &nodes.state(), &prober);
 
         let step = Step {
             ctx: &ctx,
             opts: &opts,
             metrics: &metrics,
-            services: &services.state(),
+            services: &services,
             candidates: &candidates,
             api_servers: &api_servers,
         };
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
             .await?;
+    }
+}
+
+/// The project's servers, as the endpoint loop knows them: read at start, every
+/// `servers_refresh` on the leader, and soon when an API server has no known server. Followers do
+/// not poll it.
+struct ServerList {
+    servers: Vec<Server>,
+    at: Option<Instant>,
+    /// How long an API server address without a known server waits for the next list (5 s,
+    /// doubling up to `servers_refresh`): an address that is no server of the project (a
+    /// bootstrap host elsewhere) must not cost a list call every few seconds.
+    unknown_wait: Duration,
+}
+
+impl Default for ServerList {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            at: None,
+            unknown_wait: Self::UNKNOWN_FIRST_WAIT,
+        }
+    }
+}
+
+impl ServerList {
+    const UNKNOWN_FIRST_WAIT: Duration = Duration::from_secs(5);
+
+    async fn refresh(
+        &mut self,
+        opts: &EndpointOptions,
+        api_servers: &[SocketAddr],
+        leading: bool,
+    ) -> &[Server] {
+        let unknown = api_servers
+            .iter()
+            .any(|a| server_by_ip(&self.servers, a.ip()).is_none());
+        if !unknown {
+            self.unknown_wait = Self::UNKNOWN_FIRST_WAIT;
+        }
+        let due = self.at.is_none_or(|t| {
+            (leading && t.elapsed() > opts.servers_refresh) || (unknown && t.elapsed() > self.unknown_wait)
+        });
+        if due {
+            if self.at.is_some() && unknown {
+                self.unknown_wait = (self.unknown_wait * 2).min(opts.servers_refresh);
+            }
+            // Urgent, like the move itself: a queue of Service FIP work must not delay failover.
+            match opts.urgent_cloud.servers().await {
+                Ok(s) => self.servers = s,
+                Err(error) => tracing::warn!(%error, "listing servers failed"),
+            }
+            self.at = Some(Instant::now());
+        }
+        &self.servers
     }
 }
 
@@ -279,7 +354,10 @@ impl Takeover {
             .then_some(at)
     }
 
-    fn step(&mut self, ctx: &Context) {
+    /// Follows leadership; returns whether the IP list was dropped for a fresh read now (ahead
+    /// of a takeover, or on winning the Lease).
+    fn step(&mut self, ctx: &Context) -> bool {
+        let mut read_now = false;
         let now_leading = ctx.leader.is_leader();
         if !now_leading {
             if let Some(h) = ctx.leader.handover() {
@@ -292,6 +370,7 @@ impl Takeover {
                         "the leader has stopped renewing: reading the FIP list ahead of a takeover"
                     );
                     ctx.cloud.invalidate_ips();
+                    read_now = true;
                     self.prefetched = Some((Instant::now(), h.holder_stopped));
                 }
             }
@@ -302,10 +381,12 @@ impl Takeover {
             );
             if !fresh {
                 ctx.cloud.invalidate_ips();
+                read_now = true;
             }
             self.prefetched = None;
         }
         self.leading = now_leading;
+        read_now
     }
 }
 
@@ -327,6 +408,11 @@ struct CloudView {
 impl CloudView {
     /// After this long without a successful read, the operator is told (Event, log).
     const REPORT_AFTER: Duration = Duration::from_secs(10);
+
+    /// The last list read, if any.
+    fn last_list(&self) -> Option<Arc<Vec<IpAddress>>> {
+        self.last.as_ref().map(|(ips, _)| Arc::clone(ips))
+    }
 
     fn read(&mut self, ips: &Arc<Vec<IpAddress>>, metrics: &Metrics) {
         if self.failing_since.take().is_some() {
@@ -656,8 +742,17 @@ impl Step<'_> {
         let (ctx, cloud, fip) = (ctx.clone(), Arc::clone(&ctx.cloud), ep.fip.clone());
         tokio::spawn(async move {
             if moved && let Some(svc) = service {
-                ctx.event(
+                // The node it moved to is the Event's related object: repeated moves to other
+                // nodes are separate Events, not one series with the first move's note.
+                let node = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(to_name.clone()),
+                    ..Default::default()
+                };
+                ctx.event_related(
                     &*svc,
+                    Some(node),
                     EventType::Normal,
                     "FloatingIPMoved",
                     "Failover",
@@ -797,6 +892,22 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
             .iter()
             .any(|a| a.address == ip && matches!(a.ip_type, IpType::PrimaryIp | IpType::PrivateIp))
     })
+}
+
+/// The Services that can be control-plane endpoints: the mirror Service and every Service
+/// annotated as one.
+fn endpoint_services(services: &[Arc<Service>], mirror_name: &str) -> Vec<Arc<Service>> {
+    services
+        .iter()
+        .filter(|s| {
+            let ns = s.namespace();
+            (ns.as_deref() == Some("kube-system") && s.name_any() == mirror_name)
+                || s.annotations()
+                    .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+        })
+        .cloned()
+        .collect()
 }
 
 fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Service>> {

@@ -30,6 +30,11 @@ struct ErrorLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabel {
     task: String,
 }
@@ -56,6 +61,7 @@ pub struct Metrics {
     task_up: Family<TaskLabel, Gauge>,
     reconciles: Family<ControllerLabel, Counter>,
     reconcile_errors: Family<ErrorLabel, Counter>,
+    watch_events: Family<KindLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -68,104 +74,111 @@ fn probe_histogram() -> Histogram {
     Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5])
 }
 
+/// Registers `metric` under `name` and hands it back.
+fn register<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("baton");
-        let failovers = Family::<ReasonLabel, Counter>::default();
-        let failover_errors = Counter::default();
-        let stuck = Family::<ReasonLabel, Counter>::default();
-        let time_to_recover = Histogram::new([0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]);
-        let probe_duration =
-            Family::<ProbeLabel, Histogram>::new_with_constructor(probe_histogram as fn() -> Histogram);
-        registry.register(
-            "failovers",
-            "Control-plane FIP moves, by reason",
-            failovers.clone(),
-        );
-        registry.register(
-            "failover_errors",
-            "Failed control-plane FIP retarget calls",
-            failover_errors.clone(),
-        );
-        registry.register(
-            "failover_stuck",
-            "Times a FIP should have moved but no candidate was healthy",
-            stuck.clone(),
-        );
-        registry.register(
-            "failover_time_to_recover_seconds",
-            "From the first failed probe (of the holder or through the FIP) to the completed retarget",
-            time_to_recover.clone(),
-        );
-        registry.register(
-            "probe_duration_seconds",
-            "API server health probe latency, by target and result",
-            probe_duration.clone(),
-        );
-        let failover_fenced = Counter::default();
-        registry.register(
-            "failover_fenced",
-            "FIP moves given up because this replica's leadership ended before the call could leave",
-            failover_fenced.clone(),
-        );
-        let failover_held = Counter::default();
-        registry.register(
-            "failover_held",
-            "FIP moves for an unreachable FIP held back by the hold-down after a recent such move",
-            failover_held.clone(),
-        );
-        let cloud_stale = Gauge::default();
-        registry.register(
-            "cloud_ip_list_stale",
-            "1 while the cloud cannot be read and failover decisions use the last IP list read",
-            cloud_stale.clone(),
-        );
-        let api_reachable = Gauge::default();
-        let api_failed = Family::<ReasonLabel, Counter>::default();
-        let task_up = Family::<TaskLabel, Gauge>::default();
-        registry.register(
-            "api_server_reachable",
-            "1 while an API server answered within the readiness window, else 0",
-            api_reachable.clone(),
-        );
-        registry.register(
-            "api_requests_failed",
-            "Failed Kubernetes API attempts (one per API server tried), by reason",
-            api_failed.clone(),
-        );
-        registry.register(
-            "task_up",
-            "1 while a supervised controller task runs, 0 once it ended unexpectedly",
-            task_up.clone(),
-        );
-        let reconciles = Family::<ControllerLabel, Counter>::default();
-        let reconcile_errors = Family::<ErrorLabel, Counter>::default();
-        registry.register(
-            "reconciles",
-            "Successful reconciles (a BGP pass counts as one), by controller",
-            reconciles.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles, by controller and error category",
-            reconcile_errors.clone(),
-        );
-        Self {
-            registry: Mutex::new(registry),
-            reconciles,
-            reconcile_errors,
-            api_reachable,
-            api_failed,
-            task_up,
-            failovers,
-            failover_errors,
-            stuck,
-            time_to_recover,
-            probe_duration,
-            failover_fenced,
-            failover_held,
-            cloud_stale,
-        }
+        let r = &mut registry;
+        let mut metrics = Self {
+            failovers: register(
+                r,
+                "failovers",
+                "Control-plane FIP moves, by reason",
+                Family::default(),
+            ),
+            failover_errors: register(
+                r,
+                "failover_errors",
+                "Failed control-plane FIP retarget calls",
+                Counter::default(),
+            ),
+            stuck: register(
+                r,
+                "failover_stuck",
+                "Times a FIP should have moved but no candidate was healthy",
+                Family::default(),
+            ),
+            time_to_recover: register(
+                r,
+                "failover_time_to_recover_seconds",
+                "From the first failed probe (of the holder or through the FIP) to the completed retarget",
+                Histogram::new([0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0]),
+            ),
+            probe_duration: register(
+                r,
+                "probe_duration_seconds",
+                "API server health probe latency, by target and result",
+                Family::new_with_constructor(probe_histogram as fn() -> Histogram),
+            ),
+            failover_fenced: register(
+                r,
+                "failover_fenced",
+                "FIP moves given up because this replica's leadership ended before the call could leave",
+                Counter::default(),
+            ),
+            failover_held: register(
+                r,
+                "failover_held",
+                "FIP moves for an unreachable FIP held back by the hold-down after a recent such move",
+                Counter::default(),
+            ),
+            cloud_stale: register(
+                r,
+                "cloud_ip_list_stale",
+                "1 while the cloud cannot be read and failover decisions use the last IP list read",
+                Gauge::default(),
+            ),
+            api_reachable: register(
+                r,
+                "api_server_reachable",
+                "1 while an API server answered within the readiness window, else 0",
+                Gauge::default(),
+            ),
+            api_failed: register(
+                r,
+                "api_requests_failed",
+                "Failed Kubernetes API attempts (one per API server tried), by reason",
+                Family::default(),
+            ),
+            task_up: register(
+                r,
+                "task_up",
+                "1 while a supervised controller task runs, 0 once it ended unexpectedly",
+                Family::default(),
+            ),
+            reconciles: register(
+                r,
+                "reconciles",
+                "Successful reconciles (a BGP pass counts as one), by controller",
+                Family::default(),
+            ),
+            reconcile_errors: register(
+                r,
+                "reconcile_errors",
+                "Failed reconciles, by controller and error category",
+                Family::default(),
+            ),
+            watch_events: register(
+                r,
+                "watch_events",
+                "Objects received from the shared watches (listed or changed), by kind",
+                Family::default(),
+            ),
+            registry: Mutex::new(Registry::default()),
+        };
+        *metrics
+            .registry
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
+        metrics
     }
 }
 
@@ -229,6 +242,15 @@ impl Metrics {
             .get_or_create(&ErrorLabel {
                 controller: controller.to_owned(),
                 category: category.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records an object received from a shared watch of `kind`.
+    pub fn watch_event(&self, kind: &str) {
+        self.watch_events
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
             })
             .inc();
     }

@@ -217,7 +217,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         },
         urgent_cloud,
         tick: Duration::from_millis(250),
-        servers_refresh: Duration::from_secs(60),
+        servers_refresh: Duration::from_secs(600),
     };
     let mut result_rx = spawn_controllers(&sup, ctx, opts, &shutdown);
     let result = tokio::select! {
@@ -265,7 +265,7 @@ fn spawn_controllers(
     opts: EndpointOptions,
     shutdown: &CancellationToken,
 ) -> tokio::sync::oneshot::Receiver<Result<(), endpoint::EndpointError>> {
-    let mut watches = Watches::new(&ctx.client);
+    let mut watches = Watches::new(&ctx.client).counted(Arc::clone(&ctx.metrics));
     let config = Arc::clone(&ctx.config);
     spawn_cloud_controllers(sup, &config, Arc::new(ctx.clone()), &mut watches, shutdown);
     let (result_tx, result_rx) = tokio::sync::oneshot::channel();

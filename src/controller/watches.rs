@@ -8,6 +8,9 @@
 //!  (WatchBackoff)        └─► changes_K()         a counter bumped on every event, deletes too
 //! ```
 //!
+//! Objects are stored without their `managedFields` (no controller reads them; they are often
+//! most of an object's size).
+//!
 //! Watched kinds: Services (all namespaces), Nodes, and the EndpointSlices of
 //! `default/kubernetes` (the API servers). A kind nobody asked for is not watched, so a process
 //! that runs only some controllers needs only their permissions.
@@ -19,6 +22,7 @@
 //! kube's `Store::wait_until_ready` wakes only the last task that polled it, so two tasks
 //! waiting on one shared store could wait forever.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -32,6 +36,7 @@ use tokio::sync::watch;
 
 use super::health::LogThrottle;
 use super::kit::Backoff;
+use super::metrics::Metrics;
 use super::mirror::SERVICE_NAME_LABEL;
 
 /// How many object references a subscription may lag behind before the watch waits for it.
@@ -49,6 +54,8 @@ where
     changes: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     used: bool,
+    /// Drops what no controller reads, before the object is stored.
+    trim: fn(&mut K),
 }
 
 impl<K> Kind<K>
@@ -61,7 +68,7 @@ where
         + Sync
         + 'static,
 {
-    fn new(api: Api<K>, config: watcher::Config) -> Self {
+    fn new(api: Api<K>, config: watcher::Config, trim: fn(&mut K)) -> Self {
         Self {
             api,
             config,
@@ -69,6 +76,7 @@ where
             changes: watch::channel(0).0,
             ready: watch::channel(false).0,
             used: false,
+            trim,
         }
     }
 
@@ -92,20 +100,35 @@ where
         self.changes.subscribe()
     }
 
-    /// Drives the watch until the stream ends (never, with a backoff); errors are logged.
-    async fn run(self) {
+    /// Drives the watch until the stream ends (never, with a backoff); errors are logged, events
+    /// counted.
+    async fn run(self, metrics: Option<Arc<Metrics>>) {
         if !self.used {
             return std::future::pending().await;
         }
-        let errors = StreamErrors::new(K::kind(&()));
+        let kind = K::kind(&());
+        let errors = StreamErrors::new(kind.clone());
         let (changes, ready) = (self.changes, self.ready);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
+            // No controller reads managedFields; they are often most of an object's size.
+            .modify(move |obj: &mut K| {
+                obj.meta_mut().managed_fields = None;
+                (self.trim)(obj);
+            })
             .reflect_shared(self.writer)
             .for_each(|event| {
                 match event {
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(watcher::Event::Init) => {}
+                    Ok(watcher::Event::InitApply(_)) => {
+                        if let Some(m) = &metrics {
+                            m.watch_event(&kind);
+                        }
+                    }
                     Ok(event) => {
+                        if let Some(m) = &metrics {
+                            m.watch_event(&kind);
+                        }
                         if matches!(event, watcher::Event::InitDone) {
                             ready.send_if_modified(|r| !std::mem::replace(r, true));
                         }
@@ -155,6 +178,7 @@ pub struct Watches {
     services: Kind<Service>,
     nodes: Kind<Node>,
     api_slices: Kind<EndpointSlice>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -163,6 +187,7 @@ impl std::fmt::Debug for Watches {
             .field("services", &self.services.used)
             .field("nodes", &self.nodes.used)
             .field("api_slices", &self.api_slices.used)
+            .field("counted", &self.metrics.is_some())
             .finish()
     }
 }
@@ -171,13 +196,28 @@ impl Watches {
     /// The watches through `client`; nothing runs until [`run`](Self::run).
     pub fn new(client: &kube::Client) -> Self {
         Self {
-            services: Kind::new(Api::all(client.clone()), watcher::Config::default()),
-            nodes: Kind::new(Api::all(client.clone()), watcher::Config::default()),
+            services: Kind::new(Api::all(client.clone()), watcher::Config::default(), |_| {}),
+            // A kubelet lists every image on its node in the status: often the largest part
+            // of a Node, and nothing here reads it.
+            nodes: Kind::new(Api::all(client.clone()), watcher::Config::default(), |node| {
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                }
+            }),
             api_slices: Kind::new(
                 Api::namespaced(client.clone(), "default"),
                 watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")),
+                |_| {},
             ),
+            metrics: None,
         }
+    }
+
+    /// Counts every object event in `metrics` (`baton_watch_events_total{kind}`).
+    #[must_use]
+    pub fn counted(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Every Service.
@@ -219,9 +259,9 @@ impl Watches {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = shutdown => {}
-            () = self.services.run() => {}
-            () = self.nodes.run() => {}
-            () = self.api_slices.run() => {}
+            () = self.services.run(self.metrics.clone()) => {}
+            () = self.nodes.run(self.metrics.clone()) => {}
+            () = self.api_slices.run(self.metrics) => {}
         }
     }
 }

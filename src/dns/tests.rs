@@ -112,3 +112,62 @@ fn repeated_names_merge() {
     assert_eq!(snap.get(&api).unwrap().served_v6().len(), 1);
     assert_eq!(snap.get(&api).unwrap().served_v4().len(), 1);
 }
+
+#[test]
+fn a_file_adds_names_to_the_flags_and_names_a_bad_line() {
+    let dir = std::env::temp_dir().join(format!("baton-dns-a-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("records");
+    std::fs::write(
+        &file,
+        "# the workers\n\nw1=10.0.0.1\n  w2=10.0.0.2,10.0.0.3  \napi=2001:db8::1\n",
+    )
+    .unwrap();
+    let parse = |extra: &[&str]| {
+        let mut argv = vec![
+            "dns",
+            "serve",
+            "--listen",
+            "127.0.0.1:5300",
+            "--zone",
+            "c1.example.com",
+        ];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv)?;
+        let DnsCommand::Serve(serve) = cli.dns.command else {
+            panic!("not serve")
+        };
+        Ok::<_, clap::Error>(serve.records)
+    };
+    let file_arg = file.to_str().unwrap();
+    let records = parse(&["--a", "api=192.0.2.1", "--a-file", file_arg]).unwrap();
+    let snap = records.snapshot().unwrap();
+    assert_eq!(snap.len(), 3);
+    let api: DnsName = "api.c1.example.com".parse().unwrap();
+    assert_eq!(snap.get(&api).unwrap().served().len(), 2, "a name in both merges");
+    let w2: DnsName = "w2.c1.example.com".parse().unwrap();
+    assert_eq!(snap.get(&w2).unwrap().served_v4().len(), 2);
+
+    // The file alone is enough; neither is an error.
+    assert_eq!(
+        parse(&["--a-file", file_arg]).unwrap().snapshot().unwrap().len(),
+        3
+    );
+    assert!(parse(&[]).is_err());
+
+    std::fs::write(&file, "w1=10.0.0.1\nw3=not-an-ip\n").unwrap();
+    let err = parse(&["--a-file", file_arg])
+        .unwrap()
+        .snapshot()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("w3=not-an-ip") && err.contains("not-an-ip"), "{err}");
+    let missing = dir.join("missing");
+    let err = parse(&["--a-file", missing.to_str().unwrap()])
+        .unwrap()
+        .snapshot()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--a-file") && err.contains("missing"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -51,3 +51,29 @@ fn defaults_match_the_issue() {
     assert_eq!(options.topology, None);
     assert_eq!(options.api_key, None);
 }
+
+#[test]
+fn forward_ports_empty_disables_forwarding() {
+    for args in [
+        &["sim", "--forward-ports", ""][..],
+        &["sim", "--forward-ports="][..],
+        &["sim", "--forward-ports"][..],
+    ] {
+        let cli = Cli::try_parse_from(args).unwrap();
+        assert_eq!(cli.sim.into_options().forward_ports, Some(vec![]), "{args:?}");
+    }
+    let cli = Cli::try_parse_from(["sim", "--forward-ports", "6443, 443"]).unwrap();
+    assert_eq!(cli.sim.into_options().forward_ports, Some(vec![6443, 443]));
+    let cli = Cli::try_parse_from(["sim"]).unwrap();
+    assert_eq!(cli.sim.into_options().forward_ports, None, "the topology's ports");
+    let err = Cli::try_parse_from(["sim", "--forward-ports", "6443,http"]).unwrap_err();
+    assert!(err.to_string().contains("\"http\" is not a TCP port"), "{err}");
+}
+
+#[test]
+fn deleting_an_attached_fip_is_refused_unless_allowed() {
+    let cli = Cli::try_parse_from(["sim"]).unwrap();
+    assert!(cli.sim.into_options().faults.reject_delete_attached);
+    let cli = Cli::try_parse_from(["sim", "--allow-delete-attached"]).unwrap();
+    assert!(!cli.sim.into_options().faults.reject_delete_attached);
+}

@@ -434,8 +434,13 @@ impl<'de> Deserialize<'de> for TargetedTo {
 pub struct CreateIpRequest {
     /// Region slug (the simulator also accepts the legacy name and the id).
     pub region: String,
-    /// Tags; creation is idempotent by these.
-    #[serde(default, skip_serializing_if = "Tags::is_empty")]
+    /// Tags; creation is idempotent by these. `null` (the official Python SDK sends it when
+    /// no tags are given) reads as none.
+    #[serde(
+        default,
+        skip_serializing_if = "Tags::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub tags: Tags,
     /// Optionally target a server at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]

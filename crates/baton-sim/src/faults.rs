@@ -30,7 +30,9 @@ pub struct Faults {
     pub retry_after_secs: Option<u64>,
     /// Fraction of API requests that hang (never answered until the client gives up).
     pub hang_rate: f64,
-    /// Refuse `DELETE` of a FIP that is targeted to a server (400), as the real API likely does.
+    /// Refuse `DELETE` of a FIP that is still targeted to a server (400 "Attached IP address
+    /// cannot be deleted"), as the real API does; on by default. Turn it off only to mimic a
+    /// lenient API.
     pub reject_delete_attached: bool,
     /// Seed of the fault dice (for reproducible runs).
     pub seed: Option<u64>,
@@ -51,7 +53,7 @@ impl Default for Faults {
             rate_limit: Some(4.0),
             retry_after_secs: Some(1),
             hang_rate: 0.0,
-            reject_delete_attached: false,
+            reject_delete_attached: true,
             seed: None,
             retarget_delay_ms: 0,
         }
@@ -59,7 +61,8 @@ impl Default for Faults {
 }
 
 impl Faults {
-    /// No faults at all, not even the rate limit.
+    /// No faults at all, not even the rate limit. (Refusing to delete an attached FIP is the
+    /// real API's behaviour, not a fault: it stays on.)
     pub fn none() -> Self {
         Self {
             rate_limit: None,

@@ -339,10 +339,13 @@ fn dispatch(
             let resp = answer(StatusCode::CREATED, world.update_project(pid, parse(body)?));
             write_done(&world, resp)
         }
-        (&Method::GET, ["projects", pid, "servers"]) => match world.list_servers(id_u64(pid, "Project")?) {
-            Ok(servers) => list(servers, &query),
-            Err(e) => api_error(e.status, &e.message),
-        },
+        (&Method::GET, ["projects", pid, "servers"]) => {
+            let search = query.iter().find(|(k, _)| k == "search").map(|(_, v)| v.as_str());
+            match world.list_servers(id_u64(pid, "Project")?, search) {
+                Ok(servers) => list(servers, &query),
+                Err(e) => api_error(e.status, &e.message),
+            }
+        }
         (&Method::GET, ["projects", pid, "ips"]) => {
             let types: Vec<String> = query
                 .iter()

@@ -19,6 +19,7 @@ mod faults;
 mod forward;
 mod http;
 mod stats;
+pub mod testing;
 mod topology;
 mod world;
 

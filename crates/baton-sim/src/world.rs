@@ -370,6 +370,12 @@ impl World {
 
     fn render_ip(&self, ip: &IpRec, top_level: bool) -> IpAddress {
         let target = ip.target.and_then(|t| self.server_rec(t));
+        // A server's own primary and private IPs show `targeted_to` = that server (and no
+        // `routed_to`), as in the real payloads (cherrygo `testdata/allow_bmc.json`).
+        let shown_target = match ip.ip_type {
+            IpType::FloatingIp => target,
+            _ => ip.owner.and_then(|o| self.server_rec(o)),
+        };
         IpAddress {
             id: IpId(ip.id.clone()),
             address: IpAddr::V4(ip.address),
@@ -386,7 +392,7 @@ impl World {
                 .owner
                 .and_then(|o| self.server_rec(o))
                 .map(|s| self.render_summary(s)),
-            targeted_to: target.map(|s| self.render_summary(s)),
+            targeted_to: shown_target.map(|s| self.render_summary(s)),
             project: top_level.then(|| self.render_project()),
             ptr_record: ip.ptr_record.clone(),
             a_record: ip.a_record.clone(),
@@ -448,9 +454,29 @@ impl World {
         Ok(self.render_project())
     }
 
-    pub(crate) fn list_servers(&self, pid: u64) -> Res<Vec<Server>> {
+    /// The project's servers; `search` (the `search` query parameter, as cherryctl's
+    /// `server list --search` sends it: "hostname or public IP phrase") keeps those whose
+    /// hostname contains it (case-insensitively) or whose primary IP address contains it.
+    pub(crate) fn list_servers(&self, pid: u64, search: Option<&str>) -> Res<Vec<Server>> {
         self.check_project(pid)?;
-        Ok(self.servers.iter().map(|s| self.render_server(s, true)).collect())
+        let phrase = search
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_lowercase);
+        Ok(self
+            .servers
+            .iter()
+            .filter(|s| phrase.as_deref().is_none_or(|p| self.server_matches(s, p)))
+            .map(|s| self.render_server(s, true))
+            .collect())
+    }
+
+    /// Whether `phrase` (lower case) is part of the server's hostname or primary IP address.
+    fn server_matches(&self, s: &ServerRec, phrase: &str) -> bool {
+        s.hostname.to_lowercase().contains(phrase)
+            || self
+                .ip_rec(&s.primary_ip)
+                .is_some_and(|ip| ip.address.to_string().contains(phrase))
     }
 
     pub(crate) fn get_server(&self, id: u64) -> Res<Server> {

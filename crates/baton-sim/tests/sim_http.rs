@@ -13,49 +13,9 @@
 mod common;
 
 use baton_sim::{Faults, Sim, Stats};
+use common::Raw;
 use reqwest::Method as M;
 use serde_json::{Value, json};
-
-struct Raw {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
-impl Raw {
-    fn new(sim: &baton_sim::SimHandle) -> Self {
-        Self {
-            http: baton_testbed::http_client(None).unwrap(),
-            base: format!("http://{}", sim.addr()),
-            token: sim.api_key().to_owned(),
-        }
-    }
-
-    async fn send(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, reqwest::header::HeaderMap, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap()
-        };
-        (status, headers, value)
-    }
-}
 
 #[tokio::test]
 async fn status_codes_bodies_and_quirks() {
@@ -233,24 +193,20 @@ async fn status_codes_bodies_and_quirks() {
         assert_eq!((s, r["bgp"]["asn"].as_u64()), (200, Some(16_125)));
     }
 
-    // delete: optional 400 on an attached FIP, then 204, then 404
+    // delete: 400 on an attached FIP (the default), then 204 once unassigned, then 404
     raw.send(
         M::PUT,
         &format!("/v1/ips/{id}"),
         Some(json!({"targeted_to": 600_101})),
     )
     .await;
-    sim.set_faults(Faults {
-        reject_delete_attached: true,
-        ..Faults::none()
-    })
-    .unwrap();
     let (s, _, b) = raw.send(M::DELETE, &format!("/v1/ips/{id}"), None).await;
     assert_eq!(
         (s, b["message"].as_str()),
         (400, Some("Attached IP address cannot be deleted"))
     );
-    sim.set_faults(Faults::none()).unwrap();
+    raw.send(M::PUT, &format!("/v1/ips/{id}"), Some(json!({"targeted_to": 0})))
+        .await;
     let (s, _, b) = raw.send(M::DELETE, &format!("/v1/ips/{id}"), None).await;
     assert_eq!((s, b), (204, Value::Null));
     assert_eq!(raw.send(M::DELETE, &format!("/v1/ips/{id}"), None).await.0, 404);

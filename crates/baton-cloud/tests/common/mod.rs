@@ -1,38 +1,4 @@
-//! Shared helpers of the integration tests.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used)] // test helpers: a failure is a test failure
+//! Shared helpers of the integration tests: the simulator's own (`baton_sim::testing`).
+#![allow(unused_imports, unreachable_pub)] // each test binary uses a subset
 
-use std::time::Duration;
-
-use baton_cloud::{CherryClient, ClientConfig};
-use baton_core::Secret;
-use baton_sim::{Faults, Sim, SimHandle, Topology};
-
-/// A simulator on 127.0.0.1:<random> with the lab topology.
-pub async fn sim(faults: Faults) -> SimHandle {
-    sim_with(Topology::default(), faults).await
-}
-
-pub async fn sim_with(topology: Topology, faults: Faults) -> SimHandle {
-    Sim::builder()
-        .topology(topology)
-        .faults(faults)
-        .bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-}
-
-/// A client config for `sim` with fast backoff.
-pub fn config(sim: &SimHandle, rate: Option<f64>) -> ClientConfig {
-    let mut cfg =
-        ClientConfig::new(Secret::new(sim.api_key()), sim.project_id()).with_base_url(sim.base_url());
-    cfg.requests_per_second = rate;
-    cfg.backoff_base = Duration::from_millis(10);
-    cfg.backoff_cap = Duration::from_millis(200);
-    cfg.request_timeout = Duration::from_secs(2);
-    cfg.max_retries = 10;
-    cfg
-}
-
-pub fn client(sim: &SimHandle, rate: Option<f64>) -> CherryClient {
-    CherryClient::new(config(sim, rate)).unwrap()
-}
+pub use baton_sim::testing::*;

@@ -24,7 +24,7 @@ fn create(w: &mut World, tags: &[(&str, &str)]) -> IpAddress {
 #[test]
 fn default_topology_has_the_lab_servers() {
     let w = world();
-    let servers = w.list_servers(123_456).unwrap();
+    let servers = w.list_servers(123_456, None).unwrap();
     assert_eq!(servers.len(), 6);
     let cp0 = servers.iter().find(|s| s.hostname == "cp-0").unwrap();
     assert_eq!(
@@ -36,7 +36,7 @@ fn default_topology_has_the_lab_servers() {
         Some("192.0.2.11".parse().unwrap())
     );
     assert_eq!(cp0.region.as_ref().unwrap().bgp.asn, 16_125);
-    assert_eq!(w.list_servers(1).unwrap_err().status, 404);
+    assert_eq!(w.list_servers(1, None).unwrap_err().status, 404);
 }
 
 #[test]

@@ -1,0 +1,625 @@
+//! `baton status`: the one screen an operator reads during an incident.
+//!
+//! ```text
+//!  Kubernetes (kubeconfig)          the cloud (layered config,        admin endpoints
+//!   Lease <prefix>-controller        the same CherryClient)            (--admin URL…)
+//!   Services, Events, Nodes          FIPs: targeted_to, servers         /leader, /health
+//!   default/kubernetes slices               │                                 │
+//!          │   /readyz of every candidate and through each FIP (crate::probe) │
+//!          └──────────────┬─────────────────┴─────────────────────────────────┘
+//!                         ▼
+//!        report::Report (plain data) ── assess(): problems, verdict, exit code
+//!                         ▼
+//!              text (one screen) | --output json
+//! ```
+//!
+//! Exit codes (docs/operations.md): 0 healthy, 10 degraded, 11 down; 2 bad arguments or
+//! configuration, as everywhere. Every read is time-limited; a source that cannot be read is a
+//! problem in the report, not a failure of the command. The API key is never printed.
+
+pub mod report;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_cloud::Cloud as _;
+use baton_cloud::model::{IpAddress, IpType, Server};
+use baton_core::health::Thresholds;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt as _};
+
+use crate::config::{Config, ConfigArgs, ProcessEnv};
+use crate::controller::mirror::service_name;
+use crate::controller::node::UNINITIALIZED_TAINT;
+use crate::controller::service::{Scope, facts_of, scope};
+use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
+use crate::probe::{ProbeSettings, probe_once};
+
+use self::report::{
+    BgpStatus, CandidateStatus, ControllerStatus, EndpointStatus, LeaderStatus, MoveStatus, PendingService,
+    Report, ServerRef, SourceStatus,
+};
+
+/// Time limit of each read (Kubernetes, cloud, admin endpoints).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Flags of `baton status` (plus every configuration setting, as `baton controller` takes them).
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// kubeconfig to use; in-cluster configuration when unset.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Every control-plane API server (`https://IP:6443`, comma-separated): reads fail over
+    /// between them, as the controller's do. The kubeconfig's own server when empty.
+    #[arg(long, env = "BATON_API_SERVERS", value_delimiter = ',', value_name = "URL")]
+    pub api_servers: Vec<String>,
+
+    /// Namespace of the controller's leader Lease.
+    #[arg(long, env = "BATON_LEASE_NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+
+    /// Admin endpoints of controller replicas to ask (`http://IP:9590`, comma-separated).
+    #[arg(long, env = "BATON_STATUS_ADMIN", value_delimiter = ',', value_name = "URL")]
+    pub admin: Vec<url::Url>,
+
+    /// TLS server name expected on the API servers' certificates when probing them by address.
+    #[arg(
+        long,
+        env = "BATON_HEALTH_CHECK_SERVER_NAME",
+        default_value = "kubernetes.default.svc"
+    )]
+    pub health_check_server_name: String,
+
+    /// Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration.
+    #[arg(long, env = "BATON_CLUSTER_CA", value_name = "PATH")]
+    pub cluster_ca: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
+    pub output: StatusOutput,
+}
+
+/// Output formats of `baton status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// One screen of text.
+    Text,
+    /// The report as one JSON document.
+    Json,
+}
+
+/// Why `baton status` cannot run at all (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+    #[error("reading --cluster-ca {path}: {reason}")]
+    ClusterCa { path: PathBuf, reason: String },
+}
+
+/// Runs `baton status`: prints the report and returns its exit code.
+pub async fn run(args: StatusArgs) -> Result<u8, StatusError> {
+    let output = args.output;
+    let report = collect(&args).await?;
+    match output {
+        StatusOutput::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".to_owned())
+        ),
+        StatusOutput::Text => print!("{}", report::render_text(&report)),
+    }
+    Ok(report.exit_code)
+}
+
+/// Reads every source and builds the assessed report.
+pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
+    let config = Config::resolve(&args.config, &ProcessEnv)?;
+    let kube_config = crate::kube::config::load(args.kubeconfig.as_deref())
+        .await
+        .map_err(|e| StatusError::KubeConfig(e.with_path()))?;
+    let ca_der = match &args.cluster_ca {
+        Some(path) => crate::kube::tls::read_ca(path).map_err(|e| StatusError::ClusterCa {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?,
+        None => kube_config.root_cert.clone().unwrap_or_default(),
+    };
+    let urls = if args.api_servers.is_empty() {
+        vec![kube_config.cluster_url.to_string()]
+    } else {
+        args.api_servers.clone()
+    };
+    let reach = crate::kube::client::ApiReachability::new();
+    let client = crate::kube::client::client(&kube_config, &urls, &reach)
+        .map_err(|e| StatusError::KubeConfig(e.to_string()))?;
+    let probe = ProbeSettings {
+        path: config.health_check.path.clone(),
+        server_name: args.health_check_server_name.clone(),
+        ca_der,
+        interval: Duration::from_secs(1),
+        timeout: config.health_check.timeout.max(Duration::from_secs(1)),
+        thresholds: Thresholds { rise: 1, fall: 1 },
+    };
+
+    let mut report = Report::default();
+    let (cloud_ips, servers) = read_cloud(&config, &mut report).await;
+    let kube = read_kube(&client, &config, &args.lease_namespace).await;
+    match kube {
+        Ok(k) => {
+            report.kubernetes.reachable = true;
+            report.leader = k.leader.clone();
+            report.endpoints = endpoints(&k, &config, &cloud_ips, &servers, &probe).await;
+            report.pending_services = pending_services(&k, &config);
+            report.bgp = bgp(&k, &config);
+            report.uninitialized_nodes = uninitialized(&k.nodes);
+        }
+        Err(error) => report.kubernetes.error = Some(error),
+    }
+    report.controllers = controllers(&args.admin).await;
+    report.assess();
+    Ok(report)
+}
+
+/// The project's IPs and servers; records on the report whether the cloud could be read.
+async fn read_cloud(config: &Config, report: &mut Report) -> (Vec<IpAddress>, Vec<Server>) {
+    let Ok(cloud_config) = config.cloud_client_config() else {
+        report.cloud = SourceStatus {
+            skipped: true,
+            error: Some("no apiKey / projectID configured".to_owned()),
+            ..SourceStatus::default()
+        };
+        return (Vec::new(), Vec::new());
+    };
+    let read = async {
+        let cloud = baton_cloud::CherryClient::new(cloud_config)?;
+        let ips = cloud.ips().await?.as_ref().clone();
+        let servers = cloud.servers().await?;
+        Ok::<_, baton_cloud::CloudError>((ips, servers))
+    };
+    match tokio::time::timeout(READ_TIMEOUT * 3, read).await {
+        Ok(Ok(found)) => {
+            report.cloud.reachable = true;
+            found
+        }
+        Ok(Err(e)) => {
+            report.cloud.error = Some(e.to_string());
+            (Vec::new(), Vec::new())
+        }
+        Err(_) => {
+            report.cloud.error = Some(format!("no answer within {}s", (READ_TIMEOUT * 3).as_secs()));
+            (Vec::new(), Vec::new())
+        }
+    }
+}
+
+/// What `baton status` reads from Kubernetes.
+struct KubeFacts {
+    leader: Option<LeaderStatus>,
+    services: Vec<Service>,
+    nodes: Vec<Node>,
+    /// `default/kubernetes` API server addresses (`IP:port`).
+    api_servers: Vec<SocketAddr>,
+    /// Warning Events and `FloatingIPMoved` Events of Services, newest last.
+    events: Vec<Event>,
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    what: &str,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(READ_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {}s", READ_TIMEOUT.as_secs())),
+    }
+}
+
+async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Result<KubeFacts, String> {
+    let services = timed(
+        "listing Services",
+        Api::<Service>::all(client.clone()).list(&ListParams::default()),
+    )
+    .await?
+    .items;
+    let nodes = timed(
+        "listing Nodes",
+        Api::<Node>::all(client.clone()).list(&ListParams::default()),
+    )
+    .await?
+    .items;
+    let lease_name = format!("{}-controller", config.prefix);
+    let lease = timed(
+        "reading the Lease",
+        Api::<Lease>::namespaced(client.clone(), lease_ns).get_opt(&lease_name),
+    )
+    .await?;
+    let slices = timed(
+        "listing default/kubernetes EndpointSlices",
+        Api::<EndpointSlice>::namespaced(client.clone(), "default")
+            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes"))),
+    )
+    .await?
+    .items;
+    let mut events = timed(
+        "listing Service Events",
+        Api::<Event>::all(client.clone()).list(&ListParams::default().fields("involvedObject.kind=Service")),
+    )
+    .await?
+    .items;
+    events
+        .retain(|e| e.type_.as_deref() == Some("Warning") || e.reason.as_deref() == Some("FloatingIPMoved"));
+    events.sort_by_key(event_time);
+    Ok(KubeFacts {
+        leader: Some(leader_status(lease_ns, &lease_name, lease.as_ref())),
+        services,
+        nodes,
+        api_servers: api_servers(&slices),
+        events,
+    })
+}
+
+fn leader_status(ns: &str, name: &str, lease: Option<&Lease>) -> LeaderStatus {
+    let spec = lease.and_then(|l| l.spec.as_ref());
+    let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+    let duration = spec.and_then(|s| s.lease_duration_seconds);
+    let age = renewed.map(|t| k8s_openapi::jiff::Timestamp::now().as_second() - t.as_second());
+    let holder = spec
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty());
+    LeaderStatus {
+        lease: format!("{ns}/{name}"),
+        valid: lease.is_some()
+            && holder.is_some()
+            && matches!((age, duration), (Some(a), Some(d)) if a <= i64::from(d)),
+        holder,
+        renewed: renewed.map(|t| t.to_string()),
+        age_seconds: age,
+        duration_seconds: duration,
+    }
+}
+
+fn api_servers(slices: &[EndpointSlice]) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let port = slice
+            .ports
+            .as_ref()
+            .and_then(|p| p.iter().find_map(|p| p.port))
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(6443);
+        for ep in &slice.endpoints {
+            for addr in &ep.addresses {
+                if let Ok(ip) = addr.parse::<IpAddr>() {
+                    out.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// When an Event last happened (the newest of its times; events.k8s.io Events carry
+/// `eventTime`, core ones `lastTimestamp`), to the microsecond.
+fn event_time(e: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    [
+        e.last_timestamp.as_ref().map(|t| t.0),
+        e.event_time.as_ref().map(|t| t.0),
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref())
+            .map(|t| t.0),
+        e.first_timestamp.as_ref().map(|t| t.0),
+        e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+}
+
+fn event_time_text(e: &Event) -> Option<String> {
+    event_time(e).map(|t| t.to_string())
+}
+
+fn events_of<'a>(k: &'a KubeFacts, ns: &str, name: &str) -> impl Iterator<Item = &'a Event> {
+    let (ns, name) = (ns.to_owned(), name.to_owned());
+    k.events.iter().filter(move |e| {
+        e.involved_object.name.as_deref() == Some(name.as_str())
+            && e.involved_object.namespace.as_deref() == Some(ns.as_str())
+    })
+}
+
+fn is_endpoint(svc: &Service, mirror: &str) -> bool {
+    svc.annotations()
+        .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || (svc.namespace().as_deref() == Some("kube-system") && svc.name_any() == mirror)
+}
+
+fn server_ref(s: &Server) -> ServerRef {
+    ServerRef {
+        id: s.id.0,
+        hostname: s.hostname.clone(),
+    }
+}
+
+async fn endpoints(
+    k: &KubeFacts,
+    config: &Config,
+    ips: &[IpAddress],
+    servers: &[Server],
+    probe: &ProbeSettings,
+) -> Vec<EndpointStatus> {
+    let mirror = service_name(&config.prefix);
+    let fips: Vec<&IpAddress> = ips.iter().filter(|ip| ip.ip_type == IpType::FloatingIp).collect();
+    let mut out: Vec<EndpointStatus> = Vec::new();
+    for svc in k.services.iter().filter(|s| is_endpoint(s, &mirror)) {
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let spec = svc.spec.as_ref();
+        let address = spec
+            .and_then(|s| s.load_balancer_ip.clone())
+            .or_else(|| facts_of(svc).ingress_ips.first().cloned());
+        let port = spec
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .and_then(|p| u16::try_from(p.port).ok())
+            .unwrap_or(6443);
+        let fip = address
+            .as_deref()
+            .and_then(|a| a.parse::<IpAddr>().ok())
+            .and_then(|a| fips.iter().find(|ip| ip.address == a).copied());
+        let last_move = events_of(k, &ns, &name)
+            .filter(|e| e.reason.as_deref() == Some("FloatingIPMoved"))
+            .last()
+            .map(|e| MoveStatus {
+                time: event_time_text(e),
+                message: e.message.clone().unwrap_or_default(),
+                count: e.series.as_ref().and_then(|s| s.count).or(e.count),
+            });
+        out.push(
+            endpoint(
+                Some(format!("{ns}/{name}")),
+                address,
+                port,
+                fip,
+                last_move,
+                &k.api_servers,
+                servers,
+                probe,
+            )
+            .await,
+        );
+    }
+    // A tagged control-plane FIP whose mirror Service does not exist (yet).
+    if let Some(tag) = &config.fip_tag
+        && !k
+            .services
+            .iter()
+            .any(|s| s.namespace().as_deref() == Some("kube-system") && s.name_any() == mirror)
+        && let Some(fip) = fips
+            .iter()
+            .find(|ip| tag.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+    {
+        let port = if config.api_server_port == 0 {
+            6443
+        } else {
+            config.api_server_port
+        };
+        out.push(
+            endpoint(
+                None,
+                Some(fip.address.to_string()),
+                port,
+                Some(fip),
+                None,
+                &k.api_servers,
+                servers,
+                probe,
+            )
+            .await,
+        );
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)] // one endpoint's facts, gathered by the caller
+async fn endpoint(
+    service: Option<String>,
+    address: Option<String>,
+    port: u16,
+    fip: Option<&IpAddress>,
+    last_move: Option<MoveStatus>,
+    api_servers: &[SocketAddr],
+    servers: &[Server],
+    probe: &ProbeSettings,
+) -> EndpointStatus {
+    let holder_id = fip.and_then(IpAddress::target);
+    let holder = holder_id.map(|id| {
+        servers.iter().find(|s| s.id == id).map_or_else(
+            || ServerRef {
+                id: id.0,
+                hostname: fip
+                    .and_then(|f| f.targeted_to.as_ref())
+                    .map(|t| t.hostname.clone())
+                    .unwrap_or_default(),
+            },
+            server_ref,
+        )
+    });
+    let checks = api_servers.iter().map(|addr| async move {
+        let result = probe_once(probe, *addr).await;
+        (*addr, result)
+    });
+    let results = futures::future::join_all(checks).await;
+    let candidates = results
+        .into_iter()
+        .map(|(addr, result)| {
+            let server = servers.iter().find(|s| {
+                s.first_ipv4(&IpType::PrimaryIp) == Some(addr.ip())
+                    || s.first_ipv4(&IpType::PrivateIp) == Some(addr.ip())
+            });
+            CandidateStatus {
+                address: addr.to_string(),
+                holder: server.is_some_and(|s| Some(s.id) == holder_id),
+                server: server.map(server_ref),
+                ready: result.is_ok(),
+                error: result.err(),
+            }
+        })
+        .collect();
+    let through = match address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) {
+        Some(ip) if holder_id.is_some() => Some(probe_once(probe, SocketAddr::new(ip, port)).await),
+        _ => None,
+    };
+    EndpointStatus {
+        service,
+        fip: address,
+        fip_id: fip.map(|f| f.id.0.clone()),
+        holder,
+        fip_ready: through.as_ref().map(Result::is_ok),
+        fip_error: through.and_then(Result::err),
+        candidates,
+        last_move,
+    }
+}
+
+fn pending_services(k: &KubeFacts, config: &Config) -> Vec<PendingService> {
+    let mirror = service_name(&config.prefix);
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let mut out = Vec::new();
+    for svc in &k.services {
+        let facts = facts_of(svc);
+        if scope(&facts, ("kube-system", &mirror)) != Scope::Managed
+            || facts.deleting
+            || !facts.ingress_ips.is_empty()
+        {
+            continue;
+        }
+        let warning = events_of(k, &facts.namespace, &facts.name)
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .last()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.as_deref().unwrap_or("Warning"),
+                    e.message.as_deref().unwrap_or_default()
+                )
+            });
+        let reason = warning.unwrap_or_else(|| {
+            if config.load_balancer.is_none() {
+                "Service FIPs are off (loadbalancer is not configured)".to_owned()
+            } else {
+                "waiting for a FIP (no Event yet)".to_owned()
+            }
+        });
+        out.push(PendingService {
+            service: facts.key(),
+            age_seconds: (facts.created > 0).then(|| now - facts.created),
+            reason,
+        });
+    }
+    out
+}
+
+fn bgp(k: &KubeFacts, config: &Config) -> BgpStatus {
+    let mut status = BgpStatus {
+        load_balancer: config.load_balancer.as_ref().map(ToString::to_string),
+        node_selector: config.bgp_node_selector.as_ref().map(ToString::to_string),
+        ..BgpStatus::default()
+    };
+    if config.load_balancer.is_none() {
+        return status;
+    }
+    let annotation = config.annotations.local_asn.replace("{{n}}", "0");
+    for node in &k.nodes {
+        let selected = config
+            .bgp_node_selector
+            .as_ref()
+            .is_none_or(|sel| sel.matches(node.labels()));
+        let has_provider = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_ref())
+            .is_some_and(|p| !p.is_empty());
+        if !(selected && has_provider) {
+            continue;
+        }
+        status.nodes_selected += 1;
+        if node.annotations().contains_key(&annotation) {
+            status.nodes_annotated += 1;
+        } else {
+            status.nodes_missing.push(node.name_any());
+        }
+    }
+    status
+}
+
+fn uninitialized(nodes: &[Node]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+        })
+        .map(kube::ResourceExt::name_any)
+        .collect()
+}
+
+async fn controllers(urls: &[url::Url]) -> Vec<ControllerStatus> {
+    let Ok(http) = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .no_proxy()
+        .build()
+    else {
+        return Vec::new();
+    };
+    let ask = |url: &url::Url, path: &str| {
+        let http = http.clone();
+        let target = url.join(path);
+        async move {
+            let target = target.map_err(|e| e.to_string())?;
+            let resp = http.get(target).send().await.map_err(|e| e.to_string())?;
+            let ok = resp.status().is_success();
+            let text = resp.text().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((ok, text.trim().to_owned()))
+        }
+    };
+    let mut out = Vec::new();
+    for url in urls {
+        let mut status = ControllerStatus {
+            url: url.to_string(),
+            ..ControllerStatus::default()
+        };
+        match ask(url, "/leader").await {
+            Ok((true, role)) => status.role = Some(role),
+            Ok((false, text)) | Err(text) => status.error = Some(format!("/leader: {text}")),
+        }
+        match ask(url, "/health").await {
+            Ok((true, _)) => status.healthy = Some(true),
+            Ok((false, text)) => {
+                status.healthy = Some(false);
+                status.error = Some(text);
+            }
+            Err(e) => status.error = Some(format!("/health: {e}")),
+        }
+        out.push(status);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

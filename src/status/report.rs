@@ -1,0 +1,537 @@
+//! What `baton status` reports: plain data, the verdict (healthy / degraded / down) decided from
+//! it by a pure function, and the one-screen text form. No I/O here.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::exit;
+
+/// The whole report (`--output json` prints it as is).
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// `healthy`, `degraded` or `down`.
+    pub verdict: Verdict,
+    /// The exit code that goes with the verdict.
+    pub exit_code: u8,
+    /// Every problem found, most serious first; empty when healthy.
+    pub problems: Vec<Problem>,
+    /// The leader Lease.
+    pub leader: Option<LeaderStatus>,
+    /// Each control-plane endpoint.
+    pub endpoints: Vec<EndpointStatus>,
+    /// LoadBalancer Services baton manages that have no address yet (or failed to get one).
+    pub pending_services: Vec<PendingService>,
+    /// BGP / load-balancer state.
+    pub bgp: BgpStatus,
+    /// Nodes still carrying the uninitialized taint.
+    pub uninitialized_nodes: Vec<String>,
+    /// The controllers' admin endpoints that were asked.
+    pub controllers: Vec<ControllerStatus>,
+    /// Whether the cloud API could be read.
+    pub cloud: SourceStatus,
+    /// Whether the Kubernetes API could be read.
+    pub kubernetes: SourceStatus,
+}
+
+/// The overall state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Everything answers and nothing waits.
+    #[default]
+    Healthy,
+    /// The endpoints serve, but something needs attention (no leader, an unhealthy candidate,
+    /// a Service without a FIP, a node not initialised, the cloud unreadable).
+    Degraded,
+    /// A control-plane endpoint does not serve (its FIP is missing, not routed, or its holder
+    /// fails its health check), or Kubernetes cannot be read at all.
+    Down,
+}
+
+impl Verdict {
+    /// The exit code of `baton status` for this verdict (docs/operations.md).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::Healthy => exit::OK,
+            Self::Degraded => exit::status::DEGRADED,
+            Self::Down => exit::status::DOWN,
+        }
+    }
+}
+
+/// One problem and how serious it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// `degraded` or `down`.
+    pub severity: Verdict,
+    /// What is wrong, in a sentence.
+    pub message: String,
+}
+
+/// Whether a source (Kubernetes, the cloud) could be read.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceStatus {
+    /// It answered.
+    pub reachable: bool,
+    /// Why not (never carries a secret).
+    pub error: Option<String>,
+    /// Not asked (e.g. no cloud credentials configured).
+    pub skipped: bool,
+}
+
+/// The leader Lease `<namespace>/<prefix>-controller`.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderStatus {
+    /// `namespace/name`.
+    pub lease: String,
+    /// `spec.holderIdentity` (None: nobody holds it).
+    pub holder: Option<String>,
+    /// `spec.renewTime` (RFC 3339).
+    pub renewed: Option<String>,
+    /// Seconds since the last renewal.
+    pub age_seconds: Option<i64>,
+    /// `spec.leaseDurationSeconds`.
+    pub duration_seconds: Option<i32>,
+    /// The Lease exists and was renewed within its duration.
+    pub valid: bool,
+}
+
+/// A control-plane endpoint.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    /// `namespace/name` of its Service (None: the FIP is tagged but the Service does not exist).
+    pub service: Option<String>,
+    /// The FIP address.
+    pub fip: Option<String>,
+    /// The FIP's id in the cloud.
+    pub fip_id: Option<String>,
+    /// The server the cloud routes the FIP to (`targeted_to`).
+    pub holder: Option<ServerRef>,
+    /// `/readyz` through the FIP itself.
+    pub fip_ready: Option<bool>,
+    /// Why `/readyz` through the FIP failed.
+    pub fip_error: Option<String>,
+    /// Every candidate API server (the addresses of `default/kubernetes`).
+    pub candidates: Vec<CandidateStatus>,
+    /// The latest `FloatingIPMoved` Event of the Service.
+    pub last_move: Option<MoveStatus>,
+}
+
+/// A server, as the cloud names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerRef {
+    /// Numeric id.
+    pub id: u64,
+    /// Hostname.
+    pub hostname: String,
+}
+
+/// One candidate API server and its `/readyz` answer.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateStatus {
+    /// `IP:port`.
+    pub address: String,
+    /// The server with this primary IP, if the cloud knows it.
+    pub server: Option<ServerRef>,
+    /// Whether `/readyz` answered 2xx.
+    pub ready: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// The FIP is routed to this candidate's server.
+    pub holder: bool,
+}
+
+/// A FIP move, from its Event.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveStatus {
+    /// When (RFC 3339).
+    pub time: Option<String>,
+    /// The Event's message: from where to where, and why.
+    pub message: String,
+    /// How many moves the Event counts. kube's event Recorder folds repeated Events of the same
+    /// reason on one Service into a series that keeps the *first* message, so with a count above
+    /// 1 the message may describe an earlier move; the holder above is the cloud's truth.
+    pub count: Option<i32>,
+}
+
+/// A Service waiting for, or failing to get, a FIP.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingService {
+    /// `namespace/name`.
+    pub service: String,
+    /// Seconds since it was created.
+    pub age_seconds: Option<i64>,
+    /// Why it has no address: the latest Warning Event (`Reason: message`), or a description.
+    pub reason: String,
+}
+
+/// BGP and the load-balancer implementation.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpStatus {
+    /// `loadbalancer` (None: Service FIPs are off).
+    pub load_balancer: Option<String>,
+    /// The BGP node selector (None: every node).
+    pub node_selector: Option<String>,
+    /// Nodes the selector picks.
+    pub nodes_selected: usize,
+    /// Selected nodes that carry the BGP peer annotations.
+    pub nodes_annotated: usize,
+    /// Selected nodes without them.
+    pub nodes_missing: Vec<String>,
+}
+
+/// A controller replica's admin endpoint.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerStatus {
+    /// The base URL asked.
+    pub url: String,
+    /// `/leader`: `leader` or `follower`.
+    pub role: Option<String>,
+    /// `/health`: whether it answered 200.
+    pub healthy: Option<bool>,
+    /// `/health`'s text when unhealthy, or why the endpoint could not be read.
+    pub error: Option<String>,
+}
+
+impl Report {
+    /// Records a problem.
+    pub fn problem(&mut self, severity: Verdict, message: impl Into<String>) {
+        self.problems.push(Problem {
+            severity,
+            message: message.into(),
+        });
+    }
+
+    /// Derives the problems from the facts collected, then the verdict and exit code.
+    pub fn assess(&mut self) {
+        let mut found = Vec::new();
+        let mut add = |severity: Verdict, message: String| found.push(Problem { severity, message });
+        if !self.kubernetes.reachable {
+            add(
+                Verdict::Down,
+                format!(
+                    "the Kubernetes API cannot be read: {}",
+                    self.kubernetes.error.as_deref().unwrap_or("unknown error")
+                ),
+            );
+        }
+        if !self.cloud.reachable && !self.cloud.skipped {
+            add(
+                Verdict::Degraded,
+                format!(
+                    "the cloud API cannot be read: {}",
+                    self.cloud.error.as_deref().unwrap_or("unknown error")
+                ),
+            );
+        }
+        match &self.leader {
+            Some(l) if l.valid => {}
+            Some(l) => add(
+                Verdict::Degraded,
+                format!(
+                    "no controller holds the Lease {} (holder {}, renewed {}): nothing moves a failed FIP",
+                    l.lease,
+                    l.holder.as_deref().unwrap_or("none"),
+                    l.renewed.as_deref().unwrap_or("never")
+                ),
+            ),
+            None if self.kubernetes.reachable => add(
+                Verdict::Degraded,
+                "no leader Lease: is baton controller running?".to_owned(),
+            ),
+            None => {}
+        }
+        for ep in &self.endpoints {
+            assess_endpoint(ep, self.cloud.reachable, &mut add);
+        }
+        for svc in &self.pending_services {
+            add(
+                Verdict::Degraded,
+                format!("Service {} has no FIP: {}", svc.service, svc.reason),
+            );
+        }
+        if !self.bgp.nodes_missing.is_empty() {
+            add(
+                Verdict::Degraded,
+                format!(
+                    "nodes without BGP peer annotations: {}",
+                    self.bgp.nodes_missing.join(", ")
+                ),
+            );
+        }
+        if !self.uninitialized_nodes.is_empty() {
+            add(
+                Verdict::Degraded,
+                format!("nodes not initialised: {}", self.uninitialized_nodes.join(", ")),
+            );
+        }
+        for c in &self.controllers {
+            if c.healthy != Some(true) {
+                add(
+                    Verdict::Degraded,
+                    format!(
+                        "controller {} is not healthy: {}",
+                        c.url,
+                        c.error.as_deref().unwrap_or("no answer")
+                    ),
+                );
+            }
+        }
+        self.problems.extend(found);
+        self.problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
+        self.verdict = self
+            .problems
+            .iter()
+            .map(|p| p.severity)
+            .max()
+            .unwrap_or(Verdict::Healthy);
+        self.exit_code = self.verdict.exit_code();
+    }
+}
+
+fn assess_endpoint(ep: &EndpointStatus, cloud_read: bool, add: &mut impl FnMut(Verdict, String)) {
+    let name = ep
+        .service
+        .clone()
+        .or_else(|| ep.fip.clone())
+        .unwrap_or_else(|| "?".to_owned());
+    if ep.service.is_none() {
+        add(
+            Verdict::Degraded,
+            format!(
+                "control-plane FIP {} has no Service yet",
+                ep.fip.as_deref().unwrap_or("?")
+            ),
+        );
+    }
+    if cloud_read {
+        if ep.fip_id.is_none() {
+            add(
+                Verdict::Down,
+                format!(
+                    "endpoint {name}: FIP {} is not in the project",
+                    ep.fip.as_deref().unwrap_or("?")
+                ),
+            );
+            return;
+        }
+        let Some(holder) = &ep.holder else {
+            add(
+                Verdict::Down,
+                format!("endpoint {name}: the FIP is not routed to any server"),
+            );
+            return;
+        };
+        let holder_candidate = ep.candidates.iter().find(|c| c.holder);
+        match holder_candidate {
+            Some(c) if !c.ready => add(
+                Verdict::Down,
+                format!(
+                    "endpoint {name}: the holder {} fails its health check: {}",
+                    holder.hostname,
+                    c.error.as_deref().unwrap_or("not ready")
+                ),
+            ),
+            None if !ep.candidates.is_empty() => add(
+                Verdict::Down,
+                format!(
+                    "endpoint {name}: the holder {} is not a control-plane API server",
+                    holder.hostname
+                ),
+            ),
+            _ => {}
+        }
+    }
+    if ep.fip_ready == Some(false) {
+        add(
+            Verdict::Down,
+            format!(
+                "endpoint {name}: /readyz through the FIP fails: {}",
+                ep.fip_error.as_deref().unwrap_or("no answer")
+            ),
+        );
+    }
+    let unhealthy: Vec<String> = ep
+        .candidates
+        .iter()
+        .filter(|c| !c.ready && !c.holder)
+        .map(|c| {
+            c.server
+                .as_ref()
+                .map_or_else(|| c.address.clone(), |s| s.hostname.clone())
+        })
+        .collect();
+    if !unhealthy.is_empty() {
+        add(
+            Verdict::Degraded,
+            format!(
+                "endpoint {name}: candidates failing /readyz: {}",
+                unhealthy.join(", ")
+            ),
+        );
+    }
+}
+
+/// The one-screen text form.
+pub fn render_text(r: &Report) -> String {
+    let mut out = String::new();
+    let verdict = match r.verdict {
+        Verdict::Healthy => "HEALTHY",
+        Verdict::Degraded => "DEGRADED",
+        Verdict::Down => "DOWN",
+    };
+    let _ = writeln!(out, "baton status: {verdict} (exit {})", r.exit_code);
+    for p in &r.problems {
+        let mark = if p.severity == Verdict::Down {
+            "DOWN"
+        } else {
+            "warn"
+        };
+        let _ = writeln!(out, "  [{mark}] {}", p.message);
+    }
+
+    let _ = writeln!(out, "\nLeader");
+    match &r.leader {
+        Some(l) => {
+            let age = l
+                .age_seconds
+                .map_or_else(String::new, |a| format!(", renewed {a}s ago"));
+            let state = if l.valid { "" } else { " (EXPIRED)" };
+            let _ = writeln!(
+                out,
+                "  {}: {}{age}{state}",
+                l.lease,
+                l.holder.as_deref().unwrap_or("<none>")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  <no Lease>");
+        }
+    }
+
+    render_endpoints(&mut out, &r.endpoints);
+
+    let _ = writeln!(out, "\nServices without a FIP");
+    if r.pending_services.is_empty() {
+        let _ = writeln!(out, "  <none>");
+    }
+    for s in &r.pending_services {
+        let age = s.age_seconds.map_or_else(String::new, |a| format!(" ({a}s)"));
+        let _ = writeln!(out, "  {}{age}: {}", s.service, s.reason);
+    }
+
+    let _ = writeln!(out, "\nBGP / load balancer");
+    let _ = writeln!(
+        out,
+        "  loadbalancer: {}  node selector: {}",
+        r.bgp.load_balancer.as_deref().unwrap_or("<off>"),
+        r.bgp.node_selector.as_deref().unwrap_or("<all nodes>")
+    );
+    if r.bgp.load_balancer.is_some() {
+        let _ = writeln!(
+            out,
+            "  BGP annotations on {}/{} selected nodes",
+            r.bgp.nodes_annotated, r.bgp.nodes_selected
+        );
+    }
+
+    let _ = writeln!(out, "\nNodes not initialised");
+    if r.uninitialized_nodes.is_empty() {
+        let _ = writeln!(out, "  <none>");
+    } else {
+        let _ = writeln!(out, "  {}", r.uninitialized_nodes.join(", "));
+    }
+
+    if !r.controllers.is_empty() {
+        let _ = writeln!(out, "\nControllers");
+        for c in &r.controllers {
+            let health = match c.healthy {
+                Some(true) => "healthy".to_owned(),
+                _ => format!("UNHEALTHY: {}", c.error.as_deref().unwrap_or("no answer")),
+            };
+            let _ = writeln!(out, "  {}  {}  {health}", c.url, c.role.as_deref().unwrap_or("?"));
+        }
+    }
+    let source = |s: &SourceStatus| {
+        if s.skipped {
+            "skipped".to_owned()
+        } else if s.reachable {
+            "ok".to_owned()
+        } else {
+            format!("UNREACHABLE: {}", s.error.as_deref().unwrap_or("?"))
+        }
+    };
+    let _ = writeln!(
+        out,
+        "\nSources: kubernetes {}, cloud {}",
+        source(&r.kubernetes),
+        source(&r.cloud)
+    );
+    out
+}
+
+/// The endpoints section of the text form.
+fn render_endpoints(out: &mut String, endpoints: &[EndpointStatus]) {
+    let _ = writeln!(out, "\nControl-plane endpoints");
+    if endpoints.is_empty() {
+        let _ = writeln!(out, "  <none>");
+    }
+    for ep in endpoints {
+        let holder = ep.holder.as_ref().map_or_else(
+            || "<not routed>".to_owned(),
+            |h| format!("{} ({})", h.hostname, h.id),
+        );
+        let through = match ep.fip_ready {
+            Some(true) => "ready",
+            Some(false) => "NOT READY",
+            None => "not probed",
+        };
+        let _ = writeln!(
+            out,
+            "  {}  FIP {}  holder {holder}  via FIP: {through}",
+            ep.service.as_deref().unwrap_or("<no Service>"),
+            ep.fip.as_deref().unwrap_or("?")
+        );
+        for c in &ep.candidates {
+            let name = c
+                .server
+                .as_ref()
+                .map_or_else(|| "?".to_owned(), |s| s.hostname.clone());
+            let mark = if c.holder { "*" } else { " " };
+            let health = if c.ready {
+                "ready".to_owned()
+            } else {
+                format!("FAILING: {}", c.error.as_deref().unwrap_or("not ready"))
+            };
+            let _ = writeln!(out, "   {mark} {:<22} {name:<12} {health}", c.address);
+        }
+        match &ep.last_move {
+            Some(m) => {
+                let series = match m.count {
+                    Some(n) if n > 1 => format!(" ({n} moves; the text is the first one's)"),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    out,
+                    "    last move: {} {}{series}",
+                    m.time.as_deref().unwrap_or("?"),
+                    m.message
+                );
+            }
+            None => {
+                let _ = writeln!(out, "    last move: none recorded");
+            }
+        }
+    }
+}

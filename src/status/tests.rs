@@ -1,0 +1,184 @@
+use super::report::*;
+use crate::exit;
+
+/// A named change to a healthy report.
+type Case = (&'static str, Box<dyn Fn(&mut Report)>);
+
+fn healthy() -> Report {
+    Report {
+        kubernetes: SourceStatus {
+            reachable: true,
+            ..SourceStatus::default()
+        },
+        cloud: SourceStatus {
+            reachable: true,
+            ..SourceStatus::default()
+        },
+        leader: Some(LeaderStatus {
+            lease: "kube-system/baton-controller".into(),
+            holder: Some("ctl-a".into()),
+            valid: true,
+            ..LeaderStatus::default()
+        }),
+        endpoints: vec![EndpointStatus {
+            service: Some("kube-system/baton-kubernetes-external".into()),
+            fip: Some("203.0.113.1".into()),
+            fip_id: Some("x".into()),
+            holder: Some(ServerRef {
+                id: 600_101,
+                hostname: "cp-0".into(),
+            }),
+            fip_ready: Some(true),
+            candidates: vec![
+                CandidateStatus {
+                    address: "198.51.100.11:6443".into(),
+                    ready: true,
+                    holder: true,
+                    ..CandidateStatus::default()
+                },
+                CandidateStatus {
+                    address: "198.51.100.12:6443".into(),
+                    ready: true,
+                    ..CandidateStatus::default()
+                },
+            ],
+            ..EndpointStatus::default()
+        }],
+        ..Report::default()
+    }
+}
+
+fn assessed(mut r: Report) -> Report {
+    r.assess();
+    r
+}
+
+#[test]
+fn all_well_is_healthy_exit_0() {
+    let r = assessed(healthy());
+    assert_eq!((r.verdict, r.exit_code), (Verdict::Healthy, exit::OK));
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert!(render_text(&r).starts_with("baton status: HEALTHY (exit 0)"));
+}
+
+#[test]
+fn attention_items_are_degraded_exit_10() {
+    let cases: Vec<Case> = vec![
+        (
+            "no leader",
+            Box::new(|r| r.leader.as_mut().unwrap().valid = false),
+        ),
+        (
+            "unhealthy candidate",
+            Box::new(|r| r.endpoints[0].candidates[1].ready = false),
+        ),
+        (
+            "pending Service",
+            Box::new(|r| {
+                r.pending_services.push(PendingService {
+                    service: "default/web".into(),
+                    reason: "InvalidRegion: no region".into(),
+                    ..PendingService::default()
+                });
+            }),
+        ),
+        (
+            "uninitialised node",
+            Box::new(|r| r.uninitialized_nodes.push("worker-0".into())),
+        ),
+        (
+            "cloud unreadable",
+            Box::new(|r| {
+                r.cloud = SourceStatus {
+                    error: Some("401".into()),
+                    ..SourceStatus::default()
+                };
+            }),
+        ),
+        (
+            "BGP annotations missing",
+            Box::new(|r| r.bgp.nodes_missing.push("worker-1".into())),
+        ),
+    ];
+    for (what, change) in cases {
+        let mut r = healthy();
+        change(&mut r);
+        let r = assessed(r);
+        assert_eq!(
+            (r.verdict, r.exit_code),
+            (Verdict::Degraded, exit::status::DEGRADED),
+            "{what}: {:?}",
+            r.problems
+        );
+    }
+}
+
+#[test]
+fn an_endpoint_that_does_not_serve_is_down_exit_11() {
+    let cases: Vec<Case> = vec![
+        (
+            "holder fails /readyz",
+            Box::new(|r| r.endpoints[0].candidates[0].ready = false),
+        ),
+        ("FIP not routed", Box::new(|r| r.endpoints[0].holder = None)),
+        (
+            "FIP not in the project",
+            Box::new(|r| r.endpoints[0].fip_id = None),
+        ),
+        (
+            "FIP does not answer",
+            Box::new(|r| r.endpoints[0].fip_ready = Some(false)),
+        ),
+        (
+            "Kubernetes unreadable",
+            Box::new(|r| {
+                r.kubernetes = SourceStatus {
+                    error: Some("connection refused".into()),
+                    ..SourceStatus::default()
+                };
+            }),
+        ),
+    ];
+    for (what, change) in cases {
+        let mut r = healthy();
+        change(&mut r);
+        let r = assessed(r);
+        assert_eq!(
+            (r.verdict, r.exit_code),
+            (Verdict::Down, exit::status::DOWN),
+            "{what}"
+        );
+        assert_eq!(
+            r.problems[0].severity,
+            Verdict::Down,
+            "most serious first: {what}"
+        );
+    }
+}
+
+#[test]
+fn exit_codes_do_not_collide() {
+    let taken = [
+        exit::FAILURE,
+        exit::CONFIG,
+        exit::bootstrap::TIMEOUT,
+        exit::bootstrap::CLOUD,
+        exit::bootstrap::KUBERNETES,
+        exit::bootstrap::DNS,
+        exit::bootstrap::INTERRUPTED,
+    ];
+    for code in [exit::status::DEGRADED, exit::status::DOWN] {
+        assert!(!taken.contains(&code), "{code}");
+    }
+}
+
+#[test]
+fn the_json_names_are_camel_case() {
+    let r = assessed(healthy());
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["verdict"], "healthy");
+    assert_eq!(v["exitCode"], 0);
+    assert_eq!(v["leader"]["holder"], "ctl-a");
+    assert_eq!(v["endpoints"][0]["holder"]["hostname"], "cp-0");
+    assert!(v["pendingServices"].is_array() && v["uninitializedNodes"].is_array());
+}

@@ -1,0 +1,580 @@
+//! The Helm chart (`charts/baton`) with real Helm, built from its Go module by
+//! `scripts/helm-env` (scripts/setup runs it): `helm lint`; what `helm template` renders equals
+//! the kustomize manifests (`manifests/`: RBAC, Deployment, Secret format), so neither drifts;
+//! the rendered objects pass a server-side dry-run on a real API server; and `helm install`,
+//! `upgrade`, `rollback` and `uninstall` against the lab's API server.
+// In tests a panic is the failure report; each lab story reads best as one sequence.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::Api;
+use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::discovery::Discovery;
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+
+const API_KEY: &str = "chart-test-api-key-0123456789";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The cached Helm binary (`scripts/helm-env` prints its directory; it builds Helm once). Asked
+/// once per test process, so tests running in parallel never build it side by side.
+fn helm_bin() -> PathBuf {
+    static HELM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HELM.get_or_init(find_helm).clone()
+}
+
+fn find_helm() -> PathBuf {
+    let out = Command::new(root().join("scripts/helm-env")).output().unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/helm-env failed (scripts/setup runs it): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("bin/helm")
+}
+
+/// Runs helm with its own config, cache and data directories (nothing of the user's).
+struct Helm {
+    bin: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Helm {
+    fn new() -> Self {
+        Self {
+            bin: helm_bin(),
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let h = self.home.path();
+        Command::new(&self.bin)
+            .args(args)
+            .current_dir(root())
+            .env("HELM_CACHE_HOME", h.join("cache"))
+            .env("HELM_CONFIG_HOME", h.join("config"))
+            .env("HELM_DATA_HOME", h.join("data"))
+            .output()
+            .unwrap()
+    }
+
+    /// Runs helm and returns stdout; fails the test with helm's stderr.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "helm {args:?}: {stderr}\n{stdout}");
+        assert!(
+            !stderr.contains(API_KEY) && (args.contains(&"template") || !stdout.contains(API_KEY)),
+            "helm printed the API key"
+        );
+        stdout
+    }
+
+    /// `helm template baton charts/baton -n kube-system <args>` as objects.
+    fn template(&self, args: &[&str]) -> Vec<Value> {
+        let mut all = vec!["template", "baton", "charts/baton", "--namespace", "kube-system"];
+        all.extend_from_slice(args);
+        yaml_docs(&self.ok(&all))
+    }
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn manifest(file: &str) -> Vec<Value> {
+    yaml_docs(&std::fs::read_to_string(root().join("manifests").join(file)).unwrap())
+}
+
+/// `kind/namespace/name`.
+fn key(v: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        v["kind"].as_str().unwrap_or_default(),
+        v["metadata"]["namespace"].as_str().unwrap_or_default(),
+        v["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// The object without what Helm adds for its own bookkeeping (labels) and without comments'
+/// absence of meaning: everything else must be equal.
+fn without_labels(mut v: Value) -> Value {
+    if let Some(meta) = v["metadata"].as_object_mut() {
+        meta.remove("labels");
+    }
+    v
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+#[test]
+fn chart_lints_and_renders_what_the_manifests_say() {
+    let helm = Helm::new();
+    let set = [
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "config.projectID=123456",
+    ];
+    let mut lint = vec!["lint", "--strict", "charts/baton"];
+    lint.extend_from_slice(&set);
+    helm.ok(&lint);
+
+    // RBAC: the same objects and rules as manifests/rbac.yaml (+ rbac-metallb.yaml on demand).
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "metallb.rbac=true"]);
+    let rendered = helm.template(&args);
+    let rbac_kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let mut chart_rbac: Vec<(String, Value)> = rendered
+        .iter()
+        .filter(|d| rbac_kinds.contains(&d["kind"].as_str().unwrap_or_default()))
+        .map(|d| (key(d), without_labels(d.clone())))
+        .collect();
+    let mut shipped: Vec<(String, Value)> = manifest("rbac.yaml")
+        .into_iter()
+        .chain(manifest("rbac-metallb.yaml"))
+        .map(|d| (key(&d), without_labels(d)))
+        .collect();
+    chart_rbac.sort_by(|a, b| a.0.cmp(&b.0));
+    shipped.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        chart_rbac.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        shipped.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "the same RBAC objects"
+    );
+    for ((k, chart), (_, man)) in chart_rbac.iter().zip(&shipped) {
+        assert_eq!(chart, man, "{k} differs between charts/baton and manifests/");
+    }
+
+    // The Deployment: the pod spec equals manifests/deployment.yaml at the default values (the
+    // image aside: the manifests name a local build, the chart the release's tag).
+    let rendered = helm.template(&set);
+    let chart_dep = find(&rendered, "Deployment");
+    let man = manifest("deployment.yaml");
+    let man_dep = find(&man, "Deployment");
+    assert_eq!(key(chart_dep), key(man_dep));
+    assert_eq!(chart_dep["spec"]["replicas"], man_dep["spec"]["replicas"]);
+    assert_eq!(chart_dep["spec"]["selector"], man_dep["spec"]["selector"]);
+    let normalise = |pod: &Value| {
+        let mut pod = pod.clone();
+        for c in pod["containers"].as_array_mut().unwrap() {
+            let c = c.as_object_mut().unwrap();
+            c.remove("imagePullPolicy");
+            c.insert("image".into(), json!("<image>"));
+        }
+        pod
+    };
+    assert_eq!(
+        normalise(&chart_dep["spec"]["template"]["spec"]),
+        normalise(&man_dep["spec"]["template"]["spec"]),
+        "the pod spec differs between charts/baton and manifests/deployment.yaml"
+    );
+    assert_eq!(
+        chart_dep["spec"]["template"]["metadata"]["labels"],
+        man_dep["spec"]["template"]["metadata"]["labels"]
+    );
+
+    // The Secret: cloud-provider-cherry's format (name, key cloud-sa.json, the CCM's keys).
+    let secret = find(&rendered, "Secret");
+    let man_secret = manifest("secret.yaml");
+    assert_eq!(key(secret), key(&man_secret[0]));
+    let cloud_sa: Value =
+        serde_json::from_str(secret["stringData"]["cloud-sa.json"].as_str().unwrap()).unwrap();
+    assert_eq!(cloud_sa, json!({"apiKey": API_KEY, "projectID": 123_456}));
+    let man_sa: Value =
+        serde_json::from_str(man_secret[0]["stringData"]["cloud-sa.json"].as_str().unwrap()).unwrap();
+    for k in cloud_sa.as_object().unwrap().keys() {
+        assert!(
+            man_sa.get(k).is_some(),
+            "{k} is not a key of manifests/secret.yaml"
+        );
+    }
+}
+
+#[test]
+fn values_of_cloud_provider_cherry_and_batons_own() {
+    let helm = Helm::new();
+    // A cloud-provider-cherry values file, as its users have it.
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("ccm-values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "config:\n  apiKey: {API_KEY}\n  projectID: 123456\n  region: LT-Siauliai\n  \
+             loadbalancer: metallb:///metallb-system/\n  fipTag: cluster=my-cp\n  apiServerPort: 6443\n  \
+             bgpNodeSelector: kubernetes.io/os=linux\nimage:\n  repository: registry.example/baton\n  tag: v9\n\
+             resources:\n  limits: {{memory: 256Mi}}\nnodeSelector: {{role: cp}}\ntolerations: []\n\
+             podSecurityContext: {{fsGroup: 2000}}\nenv:\n  - {{name: EXTRA, value: x}}\n\
+             envFrom:\n  - configMapRef: {{name: extra}}\n"
+        ),
+    )
+    .unwrap();
+    let docs = helm.template(&[
+        "--values",
+        values.to_str().unwrap(),
+        "--set",
+        "replicas=3",
+        "--set",
+        "lease.duration=2s",
+        "--set",
+        "healthCheck.fall=5",
+        "--set",
+        "prefix=edge",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+    ]);
+    let secret = find(&docs, "Secret");
+    let cloud_sa: Value =
+        serde_json::from_str(secret["stringData"]["cloud-sa.json"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        cloud_sa,
+        json!({"apiKey": API_KEY, "projectID": 123_456, "region": "LT-Siauliai",
+               "loadbalancer": "metallb:///metallb-system/", "fipTag": "cluster=my-cp",
+               "apiServerPort": 6443, "bgpNodeSelector": "kubernetes.io/os=linux"})
+    );
+    let dep = find(&docs, "Deployment");
+    let pod = &dep["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(dep["spec"]["replicas"], 3);
+    assert_eq!(c["image"], "registry.example/baton:v9");
+    // Helm merges maps with the defaults: the requests stay, the limit is the user's.
+    assert_eq!(
+        c["resources"],
+        json!({"limits": {"memory": "256Mi"}, "requests": {"cpu": "20m", "memory": "32Mi"}})
+    );
+    assert_eq!(
+        pod["nodeSelector"]["role"], "cp",
+        "merged with the default selector"
+    );
+    assert!(pod.get("tolerations").is_none());
+    assert_eq!(pod["securityContext"], json!({"fsGroup": 2000}));
+    assert_eq!(c["envFrom"], json!([{"configMapRef": {"name": "extra"}}]));
+    let env: Vec<(String, String)> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+        .collect();
+    for want in [
+        ("EXTRA", "x"),
+        ("BATON_LEASE_DURATION", "2s"),
+        ("BATON_HEALTH_CHECK_FALL", "5"),
+        ("BATON_PREFIX", "edge"),
+    ] {
+        assert!(
+            env.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "{want:?} not in {env:?}"
+        );
+    }
+    // the Lease Role follows the prefix; metrics Service and ServiceMonitor are rendered
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "baton-leader")
+        .unwrap();
+    assert_eq!(role["rules"][1]["resourceNames"], json!(["edge-controller"]));
+    assert_eq!(find(&docs, "Service")["spec"]["ports"][0]["targetPort"], "admin");
+    assert_eq!(
+        find(&docs, "ServiceMonitor")["spec"]["endpoints"][0]["path"],
+        "/metrics"
+    );
+
+    // Bad input: a clear error naming the value to set; an existing Secret needs no key.
+    let out = helm.run(&["template", "baton", "charts/baton"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.apiKey is required"));
+    let docs = helm.template(&[
+        "--set",
+        "configSecret.create=false",
+        "--set",
+        "configSecret.name=ccm-secret",
+    ]);
+    assert!(docs.iter().all(|d| d["kind"] != "Secret"));
+    assert_eq!(
+        find(&docs, "Deployment")["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "ccm-secret"
+    );
+}
+
+/// Applies every object with a server-side dry-run: the API server validates and defaults it,
+/// stores nothing.
+async fn dry_run(client: &kube::Client, docs: &[Value]) {
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    for doc in docs {
+        let obj: DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+        let types = obj.types.clone().unwrap();
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", types.api_version.as_str()));
+        let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .unwrap_or_else(|| panic!("the API server does not serve {gvk:?}"));
+        let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+            Api::namespaced_with(client.clone(), obj.metadata.namespace.as_deref().unwrap(), &ar)
+        } else {
+            Api::all_with(client.clone(), &ar)
+        };
+        api.patch(
+            &obj.metadata.name.clone().unwrap(),
+            &PatchParams::apply("baton-chart-test").dry_run(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("server-side dry-run of {}: {e}", key(doc)));
+    }
+}
+
+#[test]
+fn chart_installs_upgrades_rolls_back_and_uninstalls_on_a_real_api_server() {
+    let helm = Helm::new();
+    lab::run(|| async move {
+        let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
+        let client = cp.client(0).unwrap();
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let kc = kubeconfig.to_str().unwrap();
+        let set = [
+            "--set",
+            &format!("config.apiKey={API_KEY}"),
+            "--set",
+            "config.projectID=123456",
+        ];
+
+        // helm template | server-side dry-run (with the metrics Service and MetalLB's Role)
+        let ns = k8s_openapi::api::core::v1::Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some("metallb-system".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .create(&kube::api::PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let mut args = set.to_vec();
+        args.extend_from_slice(&[
+            "--set",
+            "metrics.service.enabled=true",
+            "--set",
+            "metallb.rbac=true",
+        ]);
+        dry_run(&client, &helm.template(&args)).await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
+        assert!(
+            deployments.get_opt("baton").await.unwrap().is_none(),
+            "a dry-run stores nothing"
+        );
+
+        // install
+        let mut install = vec![
+            "install",
+            "baton",
+            "charts/baton",
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            kc,
+        ];
+        install.extend_from_slice(&set);
+        let notes = helm.ok(&install);
+        assert!(notes.contains("STATUS: deployed"), "{notes}");
+        let dep = deployments.get("baton").await.unwrap();
+        assert_eq!(dep.spec.unwrap().replicas, Some(2));
+        let secret = Api::<Secret>::namespaced(client.clone(), "kube-system")
+            .get("cherry-cloud-config")
+            .await
+            .unwrap();
+        let cloud_sa = secret.data.unwrap()["cloud-sa.json"].0.clone();
+        let cloud_sa: Value = serde_json::from_slice(&cloud_sa).unwrap();
+        assert_eq!(cloud_sa["projectID"], 123_456);
+        assert!(
+            Api::<ClusterRole>::all(client.clone())
+                .get_opt("baton-endpoints")
+                .await
+                .unwrap()
+                .is_some()
+        );
+
+        // upgrade
+        helm.ok(&[
+            "upgrade",
+            "baton",
+            "charts/baton",
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            kc,
+            "--reuse-values",
+            "--set",
+            "replicas=3",
+        ]);
+        assert_eq!(
+            deployments.get("baton").await.unwrap().spec.unwrap().replicas,
+            Some(3)
+        );
+
+        // rollback to the first revision
+        helm.ok(&[
+            "rollback",
+            "baton",
+            "1",
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            kc,
+        ]);
+        assert_eq!(
+            deployments.get("baton").await.unwrap().spec.unwrap().replicas,
+            Some(2)
+        );
+        let history = helm.ok(&[
+            "history",
+            "baton",
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            kc,
+            "-o",
+            "json",
+        ]);
+        let history: Value = serde_json::from_str(&history).unwrap();
+        assert_eq!(history.as_array().unwrap().len(), 3, "{history:#}");
+
+        // uninstall: every object goes
+        helm.ok(&[
+            "uninstall",
+            "baton",
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            kc,
+            "--wait",
+        ]);
+        assert!(deployments.get_opt("baton").await.unwrap().is_none());
+        assert!(
+            Api::<ClusterRole>::all(client.clone())
+                .get_opt("baton")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            Api::<Secret>::namespaced(client.clone(), "kube-system")
+                .get_opt("cherry-cloud-config")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    });
+}
+
+/// Metric names (`baton_…`) used in `text`, without the `_total` / `_bucket` / `_sum` /
+/// `_count` suffixes of the exposition format.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("baton_") {
+        let start = i + at;
+        let mut end = start;
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase() || bytes[end] == b'_' || bytes[end].is_ascii_digit())
+        {
+            end += 1;
+        }
+        let mut name = &text[start..end];
+        for suffix in ["_total", "_bucket", "_sum", "_count"] {
+            name = name.strip_suffix(suffix).unwrap_or(name);
+        }
+        names.insert(name.to_owned());
+        i = end;
+    }
+    names
+}
+
+#[test]
+fn alerts_and_dashboard_use_only_metrics_baton_exports() {
+    let helm = Helm::new();
+    let docs = helm.template(&[
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafanaDashboard.enabled=true",
+    ]);
+    let rule = find(&docs, "PrometheusRule");
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    for want in [
+        "BatonControlPlaneFipDown",
+        "BatonNoController",
+        "BatonCloudErrors",
+        "BatonReconcileErrors",
+    ] {
+        assert!(alerts.contains(&want), "{want} missing: {alerts:?}");
+    }
+    let dashboard = find(&docs, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(dashboard["data"]["baton.json"].as_str().unwrap()).unwrap();
+    assert!(!json["panels"].as_array().unwrap().is_empty());
+
+    // Every family with one sample each (an empty family is not exported at all).
+    let metrics = baton::controller::metrics::Metrics::default();
+    metrics.failover("holder_unhealthy", std::time::Duration::from_millis(800));
+    metrics.failover_error();
+    metrics.stuck("no_healthy_candidate");
+    metrics.failover_fenced();
+    metrics.failover_held();
+    metrics.cloud_stale(false);
+    metrics.set_api_reachable(true);
+    metrics.reconciled("service");
+    metrics.reconcile_failed("service", "no_region");
+    metrics.set_task_up("services", true);
+    baton::probe::ProbeObserver::observe(
+        &metrics,
+        "198.51.100.11:6443".parse().unwrap(),
+        true,
+        std::time::Duration::from_millis(3),
+    );
+    baton::kube::client::ApiObserver::request_failed(&metrics, "timeout");
+    let exported = metrics.encode();
+    let mut used = metric_names(&serde_json::to_string(&rule["spec"]).unwrap());
+    used.extend(metric_names(&json.to_string()));
+    assert!(used.len() >= 8, "{used:?}");
+    for name in used {
+        assert!(
+            exported.contains(&format!("# TYPE {name} ")),
+            "{name} is used by the chart's alerts or dashboard but not exported:\n{exported}"
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! `baton status` against a real control plane, the simulator and a running `baton controller`,
+//! in a lab: the JSON names the leader, the endpoint's holder and every candidate's health, and a
+//! Service that cannot get a FIP with its reason; the exit code is the verdict.
+// in tests a panic is the failure report; the lab story reads best as one sequence
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_sim::{Faults, Topology};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::Value;
+use tokio::process::Command;
+
+const CP0: u64 = 600_101;
+
+/// `baton status` with the controller's settings; returns (exit code, stdout).
+async fn status(kubeconfig: &std::path::Path, sim: &baton_sim::SimHandle, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("status")
+        .args(extra)
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .env_clear()
+        .env("CHERRY_API_KEY", sim.api_key())
+        .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+        .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+        .env("CHERRY_BASE_URL", sim.base_url().as_str())
+        .env("CHERRY_LOAD_BALANCER", "empty://")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stdout.contains(sim.api_key()) && !stderr.contains(sim.api_key()),
+        "the API key is printed"
+    );
+    (out.status.code().unwrap_or(-1), stdout)
+}
+
+#[test]
+fn status_reports_leader_holder_candidates_and_a_pending_service() {
+    lab::run(|| async {
+        let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP0).await;
+        let client = cp.client(1).unwrap();
+        let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let _controller = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .arg("controller")
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--identity", "replica-a", "--admin-listen", "off"])
+            .env("CHERRY_API_KEY", sim.api_key())
+            .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+            .env("CHERRY_BASE_URL", sim.base_url().as_str())
+            // Service FIPs on, but no region: a Service without the region annotation waits.
+            .env("CHERRY_LOAD_BALANCER", "empty://")
+            .env("BATON_API_RATE_LIMIT", "0")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(logs.path().join("controller.log")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+
+        common::namespace(&client, "apps").await;
+        Api::<Service>::namespaced(client.clone(), "apps")
+            .create(&PostParams::default(), &common::lb_service("apps", "web", &[]))
+            .await
+            .unwrap();
+        common::wait_for("the leader Lease", Duration::from_secs(30), || {
+            let api = Api::<Lease>::namespaced(client.clone(), "kube-system");
+            async move {
+                api.get_opt("baton-controller")
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.spec?.holder_identity)
+                    .as_deref()
+                    == Some("replica-a")
+            }
+        })
+        .await;
+        common::wait_for("the mirror Service", Duration::from_secs(30), || {
+            let api = Api::<Service>::namespaced(client.clone(), "kube-system");
+            async move {
+                api.get_opt("baton-kubernetes-external")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            }
+        })
+        .await;
+        common::wait_for("the Service's Warning Event", Duration::from_secs(30), || {
+            let api = Api::<Event>::namespaced(client.clone(), "apps");
+            async move {
+                api.list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .any(|e| {
+                        e.involved_object.name.as_deref() == Some("web")
+                            && e.type_.as_deref() == Some("Warning")
+                    })
+            }
+        })
+        .await;
+
+        // Every API server has registered itself in default/kubernetes (the candidates).
+        common::wait_for(
+            "three API servers in default/kubernetes",
+            Duration::from_secs(30),
+            || {
+                let api = Api::<EndpointSlice>::namespaced(client.clone(), "default");
+                async move {
+                    api.list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+                        .await
+                        .map_or(0, |l| {
+                            l.items
+                                .iter()
+                                .map(|s| s.endpoints.iter().map(|e| e.addresses.len()).sum::<usize>())
+                                .sum::<usize>()
+                        })
+                        == 3
+                }
+            },
+        )
+        .await;
+
+        let (code, out) = status(&kubeconfig, &sim, &["--output", "json"]).await;
+        let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(code, 10, "degraded (a Service waits): {report:#}");
+        assert_eq!(report["verdict"], "degraded", "{report:#}");
+        assert_eq!(report["exitCode"], 10);
+        assert_eq!(report["leader"]["holder"], "replica-a", "{report:#}");
+        assert_eq!(report["leader"]["valid"], true);
+
+        let endpoints = report["endpoints"].as_array().unwrap();
+        assert_eq!(endpoints.len(), 1, "{report:#}");
+        let ep = &endpoints[0];
+        assert_eq!(ep["service"], "kube-system/baton-kubernetes-external");
+        assert_eq!(ep["fip"], fip.address.to_string());
+        assert_eq!(ep["holder"]["id"], CP0);
+        assert_eq!(ep["holder"]["hostname"], "cp-0");
+        assert_eq!(ep["fipReady"], true, "{ep:#}");
+        let candidates = ep["candidates"].as_array().unwrap();
+        assert_eq!(candidates.len(), 3, "{ep:#}");
+        assert!(candidates.iter().all(|c| c["ready"] == true), "{ep:#}");
+        let holders: Vec<&Value> = candidates.iter().filter(|c| c["holder"] == true).collect();
+        assert_eq!(holders.len(), 1);
+        assert_eq!(holders[0]["server"]["hostname"], "cp-0");
+
+        let pending = report["pendingServices"].as_array().unwrap();
+        let web = pending
+            .iter()
+            .find(|s| s["service"] == "apps/web")
+            .unwrap_or_else(|| panic!("apps/web is not listed: {report:#}"));
+        let reason = web["reason"].as_str().unwrap();
+        assert!(reason.contains("NoRegion"), "{reason}");
+        assert!(report["cloud"]["reachable"] == true && report["kubernetes"]["reachable"] == true);
+
+        // The human form says the same on one screen.
+        let (code, text) = status(&kubeconfig, &sim, &[]).await;
+        assert_eq!(code, 10);
+        assert!(text.starts_with("baton status: DEGRADED (exit 10)"), "{text}");
+        assert!(
+            text.contains("replica-a") && text.contains("apps/web") && text.contains("cp-0"),
+            "{text}"
+        );
+        eprintln!("{text}");
+
+        // The holder's API server stops: until the FIP moves, the endpoint is down (exit 11),
+        // or, once moved, the dead candidate is still reported (degraded).
+        let mut cp = cp;
+        cp.kill_apiserver(0).await;
+        let (code, out) = status(&kubeconfig, &sim, &["--output", "json"]).await;
+        let report: Value = serde_json::from_str(&out).unwrap();
+        assert!(code == 10 || code == 11, "{report:#}");
+        let failing: Vec<&Value> = report["endpoints"][0]["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["ready"] == false)
+            .collect();
+        assert_eq!(failing.len(), 1, "{report:#}");
+        assert_eq!(failing[0]["server"]["hostname"], "cp-0");
+        drop(logs);
+    });
+}
