@@ -348,10 +348,7 @@ async fn delete_all(api: &Api<Service>, sim: &SimHandle, timeout: Duration) -> (
             tokio::time::sleep(period).await;
             continue;
         };
-        let left = ips
-            .iter()
-            .filter(|ip| ip.tags.get("usage").map(String::as_str) == Some("cloud-provider-cherry-auto"))
-            .count();
+        let left = ips.iter().filter(|ip| common::is_service_fip(ip)).count();
         let services = api.list(&ListParams::default()).await.unwrap().items.len();
         if left == 0 && services == 0 {
             return (started.elapsed().as_secs_f64(), 0);

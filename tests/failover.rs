@@ -265,15 +265,21 @@ fn cordoning_the_holder_moves_the_fip_away() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(holder(&bed).await, Some(CP[0]));
 
-        let patch = serde_json::json!({"spec": {"unschedulable": true}});
-        nodes
-            .patch(
-                "cp-0",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
+        let cordon = |name: String| {
+            let nodes = nodes.clone();
+            async move {
+                let patch = serde_json::json!({"spec": {"unschedulable": true}});
+                nodes
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .unwrap();
+            }
+        };
+        cordon("cp-0".into()).await;
         common::wait_for(
             "the FIP to leave the cordoned node",
             Duration::from_secs(15),
@@ -288,14 +294,7 @@ fn cordoning_the_holder_moves_the_fip_away() {
         let i = CP.iter().position(|&c| c == first).unwrap();
         // Past the hold-down that follows a move (5 s).
         tokio::time::sleep(Duration::from_secs(5)).await;
-        nodes
-            .patch(
-                &format!("cp-{i}"),
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
+        cordon(format!("cp-{i}")).await;
         common::wait_for(
             "the FIP to leave the second cordoned node",
             Duration::from_secs(15),

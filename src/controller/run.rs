@@ -157,7 +157,10 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let metrics = Arc::new(Metrics::default());
     let reach = ApiReachability::new();
     reach.set_observer(Arc::clone(&metrics) as _);
-    let client = kube_client(&kube_cfg, &args.api_servers, &reach)?;
+    // `--api-servers` when given, else the kubeconfig's own server, always with the failover
+    // client's time limits and reachability record.
+    let client = crate::kube::client::client(&kube_cfg, &args.api_servers, &reach)
+        .map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
     let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
 
     let identity = args.identity.clone().unwrap_or_else(|| {
@@ -341,21 +344,6 @@ async fn spawn_admin(
         .instrument(tracing::info_span!("admin")),
     );
     Ok(())
-}
-
-/// The controller's Kubernetes client: `--api-servers` when given, else the kubeconfig's own
-/// server, always through [`crate::kube::client`] (its time limits and reachability record).
-fn kube_client(
-    cfg: &kube::Config,
-    api_servers: &[String],
-    reach: &ApiReachability,
-) -> Result<kube::Client, ControllerError> {
-    let urls = if api_servers.is_empty() {
-        vec![cfg.cluster_url.to_string()]
-    } else {
-        api_servers.to_vec()
-    };
-    crate::kube::client::client(cfg, &urls, reach).map_err(|e| ControllerError::KubeConfig(e.to_string()))
 }
 
 /// A task spawned elsewhere, as a future for the supervisor (its panic is passed on).

@@ -68,8 +68,6 @@ pub enum FailoverError {
         #[source]
         source: kube::Error,
     },
-    #[error("no API server URL given")]
-    Empty,
 }
 
 /// Told about every failed attempt (the metrics implement it).
@@ -330,16 +328,15 @@ fn bounded_watch(uri: &http::Uri, max: Duration) -> Option<http::Uri> {
 
 /// A client for `base` (credentials, CA, TLS server name) that sends each request to the first
 /// reachable of `urls`, starting from the last one that answered, with the time limits of this
-/// module, recording every attempt in `reach`. Used with one URL too (the kubeconfig's server):
-/// the time limits and the reachability record matter there as much.
+/// module, recording every attempt in `reach`. With no `urls`, `base`'s own server (the
+/// kubeconfig's): the time limits and the reachability record matter there as much.
 pub fn client(
     base: &kube::Config,
     urls: &[String],
     reach: &ApiReachability,
 ) -> Result<kube::Client, FailoverError> {
-    if urls.is_empty() {
-        return Err(FailoverError::Empty);
-    }
+    let own = [base.cluster_url.to_string()];
+    let urls = if urls.is_empty() { &own[..] } else { urls };
     let mut clients = Vec::with_capacity(urls.len());
     for url in urls {
         let mut cfg = base.clone();

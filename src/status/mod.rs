@@ -135,13 +135,8 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
         })?,
         None => kube_config.root_cert.clone().unwrap_or_default(),
     };
-    let urls = if args.api_servers.is_empty() {
-        vec![kube_config.cluster_url.to_string()]
-    } else {
-        args.api_servers.clone()
-    };
     let reach = crate::kube::client::ApiReachability::new();
-    let client = crate::kube::client::client(&kube_config, &urls, &reach)
+    let client = crate::kube::client::client(&kube_config, &args.api_servers, &reach)
         .map_err(|e| StatusError::KubeConfig(e.to_string()))?;
     let probe = ProbeSettings {
         path: config.health_check.path.clone(),

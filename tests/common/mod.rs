@@ -71,14 +71,13 @@ pub async fn cloud_ips(sim: &SimHandle) -> Vec<IpAddress> {
 
 /// The FIPs baton made for Services (usage tag).
 pub async fn service_fips(sim: &SimHandle) -> Vec<IpAddress> {
-    cloud_ips(sim)
-        .await
-        .into_iter()
-        .filter(|ip| {
-            ip.ip_type == IpType::FloatingIp
-                && ip.tags.get("usage").map(String::as_str) == Some("cloud-provider-cherry-auto")
-        })
-        .collect()
+    cloud_ips(sim).await.into_iter().filter(is_service_fip).collect()
+}
+
+/// Whether `ip` is a FIP baton made for a Service (its usage tag).
+pub fn is_service_fip(ip: &IpAddress) -> bool {
+    ip.ip_type == IpType::FloatingIp
+        && ip.tags.get("usage").map(String::as_str) == Some("cloud-provider-cherry-auto")
 }
 
 /// A Service of type LoadBalancer.
