@@ -36,7 +36,7 @@ use kube::{Api, ResourceExt as _};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
-use crate::controller::service::{Scope, facts_of, scope};
+use crate::controller::service::{facts_of, is_pending};
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
 use crate::probe::{ProbeSettings, probe_once};
 
@@ -496,10 +496,7 @@ fn pending_services(k: &KubeFacts, config: &Config) -> Vec<PendingService> {
     let mut out = Vec::new();
     for svc in &k.services {
         let facts = facts_of(svc);
-        if scope(&facts, ("kube-system", &mirror)) != Scope::Managed
-            || facts.deleting
-            || !facts.ingress_ips.is_empty()
-        {
+        if !is_pending(&facts, ("kube-system", &mirror)) {
             continue;
         }
         let warning = events_of(k, &facts.namespace, &facts.name)

@@ -150,6 +150,12 @@ pub fn scope(svc: &ServiceFacts, mirror: (&str, &str)) -> Scope {
     Scope::Managed
 }
 
+/// Whether `svc` is a Service baton manages that still waits for its address (no ingress, not
+/// being deleted): `baton_services_pending`, and the pending list of `baton status`.
+pub fn is_pending(svc: &ServiceFacts, mirror: (&str, &str)) -> bool {
+    scope(svc, mirror) == Scope::Managed && !svc.deleting && svc.ingress_ips.is_empty()
+}
+
 /// The Service annotation baton writes the FIP's address to, per implementation (reference §6).
 pub fn ip_annotation(mode: &LoadBalancerMode) -> &str {
     match mode {
