@@ -941,8 +941,9 @@ fn endpoint_services(services: &[Arc<Service>], mirror_name: &str) -> Vec<Arc<Se
     services
         .iter()
         .filter(|s| {
-            let ns = s.namespace();
-            (ns.as_deref() == Some("kube-system") && s.name_any() == mirror_name)
+            // Read in place: this runs over every Service whenever one changes.
+            (s.metadata.namespace.as_deref() == Some("kube-system")
+                && s.metadata.name.as_deref() == Some(mirror_name))
                 || s.annotations()
                     .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
                     .is_some_and(|v| v == "true")
@@ -954,12 +955,13 @@ fn endpoint_services(services: &[Arc<Service>], mirror_name: &str) -> Vec<Arc<Se
 fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Service>> {
     services
         .iter()
-        .find(|s| s.namespace().as_deref() == Some(spec.namespace.as_str()) && s.name_any() == spec.name)
+        .find(|s| {
+            s.metadata.namespace.as_deref() == Some(spec.namespace.as_str())
+                && s.metadata.name.as_deref() == Some(spec.name.as_str())
+        })
         .cloned()
 }
 
-/// The control-plane endpoints: the `fipTag` FIP with the mirror Service, and every annotated
-/// Service whose `loadBalancerIP` is a FIP of the project.
 /// How many of `ips` are Service FIPs of this cluster (the tags the Service controller puts on).
 fn service_fips(ips: &[IpAddress], cluster_id: &str) -> usize {
     use baton_cloud::tags::{CLUSTER_KEY, USAGE_KEY, USAGE_VALUE};
@@ -972,6 +974,8 @@ fn service_fips(ips: &[IpAddress], cluster_id: &str) -> usize {
         .count()
 }
 
+/// The control-plane endpoints: the `fipTag` FIP with the mirror Service, and every annotated
+/// Service whose `loadBalancerIP` is a FIP of the project.
 fn discover(
     ctx: &Context,
     services: &[Arc<Service>],

@@ -250,13 +250,15 @@ pub fn run_services(
 ) -> impl Future<Output = ()> + Send + 'static {
     let store = watches.services();
     let trigger = watches.subscribe_services();
-    run(ctx, store, trigger, shutdown)
+    let changes = watches.service_changes();
+    run(ctx, store, trigger, changes, shutdown)
 }
 
 async fn run(
     ctx: Arc<Context>,
     store: Cache<Service>,
     trigger: ReflectHandle<Service>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     if ctx.config.load_balancer.is_none() {
@@ -314,7 +316,15 @@ async fn run(
         if store.wait_until_ready().await.is_err() {
             return futures::future::pending().await;
         }
+        let mut seen = None;
         loop {
+            // Counted again only when a Service changed: this reads every Service.
+            let version = *changes.borrow_and_update();
+            if seen == Some(version) {
+                tokio::time::sleep(PENDING_EVERY).await;
+                continue;
+            }
+            seen = Some(version);
             let mirror = svc_ctx.mirror();
             let n = store
                 .state()

@@ -43,6 +43,9 @@ use super::mirror::SERVICE_NAME_LABEL;
 /// Every subscriber is a kube Controller that drains its trigger at once.
 const BUFFER: usize = 1024;
 
+/// The annotation `kubectl apply` keeps a full copy of the object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// One kind's shared watch, before it runs.
 struct Kind<K>
 where
@@ -111,9 +114,14 @@ where
         let (changes, ready) = (self.changes, self.ready);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
-            // No controller reads managedFields; they are often most of an object's size.
+            // No controller reads managedFields or kubectl's copy of the last applied object;
+            // together they are often most of an object's size.
             .modify(move |obj: &mut K| {
-                obj.meta_mut().managed_fields = None;
+                let meta = obj.meta_mut();
+                meta.managed_fields = None;
+                if let Some(annotations) = meta.annotations.as_mut() {
+                    annotations.remove(LAST_APPLIED);
+                }
                 (self.trim)(obj);
             })
             .reflect_shared(self.writer)
