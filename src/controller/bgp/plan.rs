@@ -28,6 +28,19 @@ use crate::config::Annotations;
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
 pub const MANAGED_BY: &str = "baton";
+/// The label cloud-provider-cherry (and CPEM before it) puts on every MetalLB object it writes.
+/// baton adopts such objects on a switch from the CCM ([`adoptable`]).
+pub const CCM_LABEL: (&str, &str) = ("cloud-provider", "equinix-metal");
+
+/// Whether baton may modify or delete a MetalLB object with these labels: its own, or one
+/// cloud-provider-cherry left (baton replaces the CCM; its pools of the same name are taken
+/// over in place, its advertisement and pools baton does not want are deleted after baton's own
+/// objects are applied).
+pub fn adoptable(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+        || labels.get(CCM_LABEL.0).map(String::as_str) == Some(CCM_LABEL.1)
+}
+
 /// On an IPAddressPool: the namespace of the Service it serves.
 pub const SERVICE_NAMESPACE_LABEL: &str = "baton.dev/service-namespace";
 /// On an IPAddressPool: the name of the Service it serves.
@@ -421,7 +434,7 @@ pub struct Existing {
     pub kind: Kind,
     /// Its name.
     pub name: String,
-    /// Whether it carries baton's label.
+    /// Whether baton may change it: its label, or cloud-provider-cherry's ([`adoptable`]).
     pub ours: bool,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
