@@ -14,3 +14,5 @@ pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
 pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
 /// The label EndpointSlices use to name their Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// cloud-provider-cherry's mirror Service (`kube-system`), left behind on a switch to baton.
+pub const CCM_MIRROR_SERVICE: &str = "cloud-provider-cherry-kubernetes-external";

@@ -130,3 +130,51 @@ fn every_label_and_annotation_we_write_is_valid() {
         }
     }
 }
+
+fn leftover(ns: &str, name: &str, lb_ip: Option<&str>, ingress: Option<&str>) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "LoadBalancer", "loadBalancerIP": lb_ip},
+        "status": {"loadBalancer": {"ingress": ingress.map(|ip| vec![serde_json::json!({"ip": ip, "ipMode": "Proxy"})])}},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_ccms_mirror_of_the_same_fip_is_a_leftover_and_nothing_else_is() {
+    let fip: IpAddr = "203.0.113.5".parse().unwrap();
+    let own = "baton-kubernetes-external";
+    let ccm = CCM_MIRROR_SERVICE;
+    assert!(is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(is_ccm_leftover(
+        &leftover("kube-system", ccm, None, Some("203.0.113.5")),
+        fip,
+        own
+    ));
+    // Another FIP (a user's Service of that name for something else), another namespace,
+    // another name, or baton's own mirror under the CCM's name (prefix cloud-provider-cherry).
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.6"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("default", ccm, Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", "other", Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.5"), None),
+        fip,
+        ccm
+    ));
+}
