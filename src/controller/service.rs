@@ -426,7 +426,15 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
                 }
                 // Bring-your-own IP, never managed by baton: no finalizer, no FIP; its ingress
                 // shows the address, as the Cherry CCM sets it.
-                Ok(Some(ip)) if !facts.has_finalizer && !facts.deleting && Record::read(&facts).is_none() => {
+                // A FIP carrying the Service's tags (cloud-provider-cherry's, whose address the
+                // CCM wrote into the IP annotation, or baton's with a lost record) is adopted by
+                // the finalizer path instead.
+                Ok(Some(ip))
+                    if !facts.has_finalizer
+                        && !facts.deleting
+                        && Record::read(&facts).is_none()
+                        && find_ours(&ctx, &facts, None).await?.is_empty() =>
+                {
                     debug!(%ip, "bring-your-own IP");
                     set_ingress(&ctx, &facts, ip).await?;
                     ctx.retries.succeeded(&facts.key());
