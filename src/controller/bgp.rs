@@ -386,6 +386,7 @@ impl Bgp {
         let admission = budget::admitted(
             &facts,
             ("kube-system", &mirror_name),
+            control_plane,
             self.ctx.config.bgp_prefix_limit,
         );
         let mut out: Vec<LbService> = facts

@@ -231,7 +231,13 @@ impl ServiceContext {
             return false;
         }
         let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
-        budget::admitted(&all, self.mirror(), limit).refuses(&facts.key())
+        // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
+        // for the cloud anyway).
+        let control_plane = match self.base.cloud.ips().await {
+            Ok(ips) => control_plane_addresses(self.base.config.fip_tag.as_ref(), &ips, &all),
+            Err(_) => BTreeSet::new(),
+        };
+        budget::admitted(&all, self.mirror(), &control_plane, limit).refuses(&facts.key())
     }
 }
 
