@@ -206,6 +206,7 @@ async fn run_on(
     // The resourceVersion each finalizer write was last made for (no repeat before the watch
     // shows its result).
     let mut finalized: BTreeMap<String, String> = BTreeMap::new();
+    let mut unknown_fips = UnknownFips::default();
 
     let mut again = false;
     loop {
@@ -246,6 +247,14 @@ async fn run_on(
         let Some(ips) = ips else {
             continue;
         };
+        // An endpoint Service naming a FIP the cached list does not show yet (reserved a moment
+        // ago): read the list again now, then after 5 s, doubling up to 10 minutes while it stays
+        // unknown (an address that is no FIP of the project must not cost a list every second).
+        if leading && unknown_fips.due(&unknown_endpoint_ips(&services, &ips)) {
+            ctx.cloud.invalidate_ips();
+            again = true;
+            continue;
+        }
         if leading {
             finalize(&ctx, &services, &ips, &mirror_name, &mut finalized).await;
         }
@@ -911,6 +920,72 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
     })
 }
 
+/// The `loadBalancerIP`s of live annotated endpoint Services that are no FIP in `ips`.
+fn unknown_endpoint_ips(services: &[Arc<Service>], ips: &[IpAddress]) -> BTreeSet<IpAddr> {
+    services
+        .iter()
+        .filter(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.annotations()
+                    .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+        })
+        .filter_map(|s| lb_ip(s))
+        .filter(|ip| {
+            !ips.iter()
+                .any(|f| f.address == *ip && f.ip_type == IpType::FloatingIp)
+        })
+        .collect()
+}
+
+/// When to read the IP list again for endpoint addresses it does not show: at once when the set
+/// of unknown addresses changes, then after [`Self::FIRST_WAIT`], doubling up to [`Self::MAX_WAIT`].
+#[derive(Debug)]
+struct UnknownFips {
+    last: BTreeSet<IpAddr>,
+    at: Option<Instant>,
+    wait: Duration,
+}
+
+impl Default for UnknownFips {
+    fn default() -> Self {
+        Self {
+            last: BTreeSet::new(),
+            at: None,
+            wait: Self::FIRST_WAIT,
+        }
+    }
+}
+
+impl UnknownFips {
+    const FIRST_WAIT: Duration = Duration::from_secs(5);
+    const MAX_WAIT: Duration = Duration::from_secs(600);
+
+    /// Whether the list should be read again now, given the addresses it does not show.
+    fn due(&mut self, unknown: &BTreeSet<IpAddr>) -> bool {
+        if unknown.is_empty() {
+            *self = Self::default();
+            return false;
+        }
+        let now = Instant::now();
+        if !unknown.is_subset(&self.last) {
+            self.last.clone_from(unknown);
+            self.at = Some(now);
+            self.wait = Self::FIRST_WAIT;
+            return true;
+        }
+        self.last.clone_from(unknown);
+        match self.at {
+            Some(at) if now.duration_since(at) < self.wait => false,
+            _ => {
+                self.at = Some(now);
+                self.wait = (self.wait * 2).min(Self::MAX_WAIT);
+                true
+            }
+        }
+    }
+}
+
 /// The finalizer that keeps an annotated control-plane endpoint Service until its FIP is
 /// unassigned (DESIGN.md: deleting the Service stops routing the FIP, never deletes it).
 pub const ENDPOINT_FINALIZER: &str = "baton.dev/control-plane-fip";
@@ -1249,6 +1324,48 @@ mod tests {
                 FinalizerStep::Add { .. } => None,
             })
             .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoint_address_the_list_does_not_show_rereads_it_at_once_then_ever_more_rarely() {
+        let mut u = UnknownFips::default();
+        let none = BTreeSet::new();
+        let one: BTreeSet<IpAddr> = BTreeSet::from(["203.0.113.9".parse().unwrap()]);
+        let two: BTreeSet<IpAddr> =
+            BTreeSet::from(["203.0.113.9".parse().unwrap(), "203.0.113.10".parse().unwrap()]);
+        assert!(!u.due(&none));
+        assert!(u.due(&one), "a new unknown address: at once");
+        assert!(!u.due(&one));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(u.due(&one), "then after 5 s");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!u.due(&one), "then after 10 s");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(u.due(&one));
+        assert!(u.due(&two), "another new address: at once again");
+        assert!(!u.due(&one), "one of the known ones going is no reason");
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_secs(600)).await;
+            assert!(u.due(&one));
+        }
+        assert_eq!(u.wait, UnknownFips::MAX_WAIT);
+        assert!(!u.due(&none));
+        assert!(u.due(&one), "known again, then unknown: at once");
+    }
+
+    #[test]
+    fn unknown_endpoint_ips_are_live_annotated_services_addresses_missing_from_the_list() {
+        let ips = vec![fip_at("203.0.113.1", Some(1), &[])];
+        let services = vec![
+            endpoint_svc("default", "api", "203.0.113.1", false, false, true),
+            endpoint_svc("default", "new", "203.0.113.2", false, false, true),
+            endpoint_svc("default", "going", "203.0.113.3", true, true, true),
+            endpoint_svc("default", "plain", "203.0.113.4", false, false, false),
+        ];
+        assert_eq!(
+            unknown_endpoint_ips(&services, &ips),
+            BTreeSet::from(["203.0.113.2".parse().unwrap()])
+        );
     }
 
     #[test]
