@@ -16,10 +16,12 @@
 //! with its Service's ingress unchanged. Failures counted: 0 expected.
 //!
 //! After: everything adopted (Service FIPs by their tags, MetalLB objects by their labels), the
-//! CCM's leftovers baton replaces removed, no FIP created, deleted or moved, nothing a user
-//! reserved touched. Then the guards: a Service of another name asking for the control-plane
+//! CCM's leftovers baton replaces removed (its mirror despite the service controller's cleanup
+//! finalizer the CCM left on every LoadBalancer Service), no FIP created, deleted or moved,
+//! nothing a user reserved touched. Then the guards: a Service of another name asking for the control-plane
 //! FIP is never handed to MetalLB, and deleting a control-plane endpoint Service unassigns its
-//! FIP and keeps the reservation.
+//! FIP and keeps the reservation; and deleting a Service the CCM served releases its FIP and
+//! finishes (the CCM's finalizer removed after baton's cleanup).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a runbook reads top to bottom
 
@@ -49,6 +51,7 @@ const SA_TOKEN: &str = "baton-sa-token";
 const MLB: &str = "metallb-system";
 const CCM_MIRROR: &str = "cloud-provider-cherry-kubernetes-external";
 const CCM_MANAGER: &str = "cloud-provider-cherry-auto";
+const CCM_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -91,6 +94,9 @@ async fn ccm_service(
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let mut svc = common::lb_service(ns, name, annotations);
     svc.spec.as_mut().unwrap().load_balancer_ip = lb_ip.map(str::to_owned);
+    // Kubernetes' service controller (run by the CCM) puts its cleanup finalizer on every
+    // LoadBalancer Service it handles.
+    svc.metadata.finalizers = Some(vec![CCM_FINALIZER.to_owned()]);
     api.create(&PostParams::default(), &svc).await.unwrap();
     let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
@@ -159,6 +165,11 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         });
         kube_system
             .patch(CCM_MIRROR, &ccm_pp, &Patch::Apply(&mirror))
+            .await
+            .unwrap();
+        let finalizer = json!({"metadata": {"finalizers": [CCM_FINALIZER]}});
+        kube_system
+            .patch(CCM_MIRROR, &PatchParams::default(), &Patch::Merge(&finalizer))
             .await
             .unwrap();
         let status = json!({"apiVersion": "v1", "kind": "Service",
@@ -576,7 +587,10 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             "the control-plane FIP is in a MetalLB pool"
         );
         let sneaky = apps.get("sneaky").await.unwrap();
-        assert!(sneaky.finalizers().is_empty());
+        assert!(
+            sneaky.finalizers().iter().all(|f| f != "baton.dev/service-fip"),
+            "no FIP of baton's to guard"
+        );
         assert_eq!(
             ingress(&sneaky).as_deref(),
             Some("192.0.2.250"),
@@ -621,6 +635,23 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             cloud.ip(&cp_fip.id).await.unwrap().target(),
             "the fipTag FIP stays"
         );
+
+        // A Service the CCM served is deleted: its FIP is released as the CCM's cleanup would
+        // have, and the CCM's finalizer goes with baton's, so the deletion finishes.
+        let (_, _, db_fip) = &workloads[1];
+        apps.delete("db", &DeleteParams::default()).await.unwrap();
+        eventually(WAIT, "apps/db gone", || async {
+            apps.get_opt("db").await.unwrap().is_none().then_some(())
+        })
+        .await;
+        let left: Vec<String> = common::cloud_ips(&sim)
+            .await
+            .iter()
+            .map(|ip| ip.id.to_string())
+            .collect();
+        assert!(!left.contains(db_fip), "its FIP released");
+        assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 1, "that one only");
+        assert!(left.contains(&spare.id.to_string()) && left.contains(&api_fip.id.to_string()));
 
         for pod in &mut pods {
             assert!(pod.running(), "{} exited:\n{}", pod.name, pod.log_tail(40));

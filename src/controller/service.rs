@@ -392,6 +392,31 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         resource_version = svc.resource_version().unwrap_or_default(),
         "reconcile"
     );
+    // cloud-provider-cherry's service controller left its cleanup finalizer: once baton's own
+    // cleanup is done (and, for a Service baton would manage, the FIPs carrying its tags are
+    // released, as the CCM's cleanup did), remove it so the deletion finishes.
+    let has_ccm_finalizer = svc.finalizers().iter().any(|f| f == CCM_CLEANUP_FINALIZER);
+    if clears_ccm_finalizer(&facts, has_ccm_finalizer, ctx.mirror()) {
+        if scope(&facts, ctx.mirror()) == Scope::Managed {
+            cleanup(&svc, &ctx).await?;
+        }
+        let finalizers: Vec<&String> = svc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != CCM_CLEANUP_FINALIZER)
+            .collect();
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": svc.resource_version()}});
+        merge_patch(
+            &ctx,
+            &facts,
+            "removing cloud-provider-cherry's cleanup finalizer",
+            &patch,
+        )
+        .await?;
+        info!("removed the cleanup finalizer cloud-provider-cherry left (its cleanup is baton's now)");
+        return Ok(Action::await_change());
+    }
     // A Service asking for a control-plane FIP's address is a control-plane endpoint whatever
     // its name (CPEM #258); judged only while it lives, so a deletion always finishes.
     let control_plane = if facts.deleting {

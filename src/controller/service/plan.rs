@@ -22,6 +22,11 @@ use kube::ResourceExt as _;
 
 /// The finalizer that keeps a Service until its FIP is released.
 pub const FINALIZER: &str = "baton.dev/service-fip";
+/// The finalizer Kubernetes' own service controller puts on every LoadBalancer Service it runs
+/// for a cloud provider (cloud-provider-cherry's included) and removes after its cleanup. With
+/// the CCM gone nobody removes it, and such a Service could never be deleted: baton does, once
+/// its own cleanup is done ([`clears_ccm_finalizer`]).
+pub const CCM_CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 /// Records the id of the FIP baton reserved for the Service.
 pub const FIP_ID_ANNOTATION: &str = "baton.dev/fip-id";
 /// Records the address of that FIP (tells baton's own IP annotation from a bring-your-own one).
@@ -229,6 +234,17 @@ pub fn scope_excluding(
         }
         other => other,
     }
+}
+
+/// Whether baton removes the CCM's [`CCM_CLEANUP_FINALIZER`] from a Service carrying it: only
+/// while the Service is being deleted, after baton's own finalizer is gone, and never for a
+/// Service of another `loadBalancerClass` (another controller's, which Kubernetes' service
+/// controller does not handle either).
+pub fn clears_ccm_finalizer(svc: &ServiceFacts, has_ccm_finalizer: bool, mirror: (&str, &str)) -> bool {
+    has_ccm_finalizer
+        && svc.deleting
+        && !svc.has_finalizer
+        && !matches!(scope(svc, mirror), Scope::Ignored(Ignored::OtherClass(_)))
 }
 
 /// The Service annotation baton writes the FIP's address to, per implementation (reference §6).

@@ -463,3 +463,41 @@ fn a_service_of_any_name_asking_for_a_control_plane_fip_is_never_managed() {
         Scope::Ignored(Ignored::OptedOut)
     );
 }
+
+#[test]
+fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own() {
+    let mut going = lb("apps", "web");
+    going.deleting = true;
+    assert!(clears_ccm_finalizer(&going, true, MIRROR));
+    assert!(!clears_ccm_finalizer(&going, false, MIRROR), "not there");
+    let mut live = going.clone();
+    live.deleting = false;
+    assert!(
+        !clears_ccm_finalizer(&live, true, MIRROR),
+        "a live Service keeps it"
+    );
+    let mut ours_first = going.clone();
+    ours_first.has_finalizer = true;
+    assert!(
+        !clears_ccm_finalizer(&ours_first, true, MIRROR),
+        "baton's cleanup first"
+    );
+    let mut other = going.clone();
+    other.class = Some("example.com/other".into());
+    assert!(
+        !clears_ccm_finalizer(&other, true, MIRROR),
+        "another controller's Service"
+    );
+    let mut opted = with(going.clone(), &[(MANAGED_ANNOTATION, "false")]);
+    opted.deleting = true;
+    assert!(
+        clears_ccm_finalizer(&opted, true, MIRROR),
+        "the CCM put it on opted-out Services too"
+    );
+    let mut cluster_ip = going;
+    cluster_ip.type_ = Some("ClusterIP".into());
+    assert!(
+        clears_ccm_finalizer(&cluster_ip, true, MIRROR),
+        "a Service turned ClusterIP after the CCM stopped"
+    );
+}
