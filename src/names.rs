@@ -16,3 +16,9 @@ pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-end
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// cloud-provider-cherry's mirror Service (`kube-system`), left behind on a switch to baton.
 pub const CCM_MIRROR_SERVICE: &str = "cloud-provider-cherry-kubernetes-external";
+/// The `spec.loadBalancerClass` of the mirror Service baton creates: no load-balancer
+/// implementation handles a class it does not own (MetalLB and kube-vip handle Services without a
+/// class, or with theirs), so MetalLB's speaker never announces the control-plane FIP through it,
+/// whatever pools exist (CPEM #258). Set only when baton creates the Service: the field is
+/// immutable.
+pub const CONTROL_PLANE_CLASS: &str = "baton.dev/control-plane";

@@ -13,7 +13,10 @@
 //! `common::pod`). While it switches, a client polls the control-plane FIP's `/readyz` through
 //! the simulator's forwarding (real TCP to the routed API server), and another checks every
 //! workload address stays in a MetalLB pool named by an advertisement (what MetalLB announces)
-//! with its Service's ingress unchanged. Failures counted: 0 expected.
+//! with its Service's ingress unchanged, and a real BGP router (gobgpd on the region's route
+//! server address) peered with MetalLB's speaker for cp-0 is read every 200 ms: every workload
+//! route stays in its RIB throughout. Failures counted: 0 expected. Before the switch the router
+//! also has the control-plane FIP (the CCM's pool for its mirror: CPEM #258); after, never.
 //!
 //! After: everything adopted (Service FIPs by their tags, MetalLB objects by their labels), the
 //! CCM's leftovers baton replaces removed (its mirror despite the service controller's cleanup
@@ -39,10 +42,12 @@ use baton_cloud::Cloud as _;
 use baton_cloud::model::{CreateIpRequest, ServerId, Tags};
 use baton_cloud::tags::service_fip_tags;
 use baton_sim::{Faults, Topology};
+use baton_testbed::control_plane::Proc;
 use baton_testbed::{ControlPlane, Options, TokenUser, lab};
 use common::{eventually, ingress, namespace};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
@@ -54,6 +59,11 @@ const CCM_MANAGER: &str = "cloud-provider-cherry-auto";
 const CCM_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
 const WAIT: Duration = Duration::from_secs(90);
+/// The region's first route server (`bgp.hosts[0]` of the simulator's topology) and cp-0's
+/// public IP (server 600101).
+const ROUTER: &str = "198.51.100.2";
+const NODE_IP: &str = "198.51.100.11";
+const GOBGP_API: &str = "127.0.0.1:50051";
 
 fn baton_user() -> TokenUser {
     TokenUser {
@@ -140,7 +150,50 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         namespace(&admin, MLB).await;
         namespace(&admin, "apps").await;
         let sim = common::sim(Faults::none(), Topology::default()).await;
-        common::register_cp_nodes(&admin, &CP).await;
+        // The Nodes as kubelets and the CCM left them: host name and region labels, provider ID.
+        for (i, id) in CP.iter().enumerate() {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": format!("cp-{i}"), "labels": {
+                    "kubernetes.io/hostname": format!("cp-{i}"),
+                    "node-role.kubernetes.io/control-plane": "",
+                    "topology.kubernetes.io/region": "LT-Siauliai"}},
+                "spec": {"providerID": format!("cherryservers://{id}")},
+            }))
+            .unwrap();
+            Api::<Node>::all(admin.clone())
+                .create(&PostParams::default(), &node)
+                .await
+                .unwrap();
+        }
+        // A real BGP router on the region's first route server, and MetalLB's speaker for cp-0
+        // peering with it from cp-0's public IP. On a real server that IP is an interface
+        // address (MetalLB checks its sourceAddress is one); the lab's ranges are local routes
+        // only, so lo gets both addresses.
+        for address in [ROUTER, NODE_IP] {
+            let status = std::process::Command::new("ip")
+                .args(["addr", "add", &format!("{address}/32"), "dev", "lo"])
+                .status()
+                .unwrap();
+            assert!(status.success(), "ip addr add {address}/32 dev lo");
+        }
+        let bgp_dir = tempfile::tempdir().unwrap();
+        let conf = bgp_dir.path().join("gobgpd.toml");
+        std::fs::write(
+            &conf,
+            metallb::gobgpd_config(ROUTER, 16_125, &[(NODE_IP, 65_000)]),
+        )
+        .unwrap();
+        let router = Proc::spawn(
+            "gobgpd",
+            bgp_dir.path(),
+            tokio::process::Command::new("gobgpd").arg("-f").arg(&conf).args([
+                "-p",
+                "--pprof-disable",
+                "--api-hosts",
+                GOBGP_API,
+            ]),
+        )
+        .unwrap();
         let cluster = Api::<Namespace>::all(admin.clone())
             .get("kube-system")
             .await
@@ -283,6 +336,75 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             json!({"addresses": ["192.0.2.128/25"]}),
         )
         .await;
+        // One ready endpoint per workload Service (MetalLB announces a Service only then), and
+        // the speaker on cp-0, announcing what the CCM configured.
+        for name in ["web", "db", "own"] {
+            let slice: EndpointSlice = serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-1"), "namespace": "apps",
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["192.0.2.50"], "nodeName": "cp-0",
+                               "conditions": {"ready": true, "serving": true, "terminating": false}}],
+                "ports": [{"name": "", "port": 80, "protocol": "TCP"}],
+            }))
+            .unwrap();
+            Api::<EndpointSlice>::namespaced(admin.clone(), "apps")
+                .create(&PostParams::default(), &slice)
+                .await
+                .unwrap();
+        }
+        // The mirror's EndpointSlice, as kube-controller-manager mirrors the CCM's Endpoints: with
+        // the CCM's pool for the control-plane FIP, MetalLB announces that FIP (CPEM #258).
+        let mirror_slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": format!("{CCM_MIRROR}-abcde"), "namespace": "kube-system",
+                         "labels": {"kubernetes.io/service-name": CCM_MIRROR,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslicemirroring-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["198.51.100.11"], "conditions": {"ready": true}}],
+            "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+        }))
+        .unwrap();
+        Api::<EndpointSlice>::namespaced(admin.clone(), "kube-system")
+            .create(&PostParams::default(), &mirror_slice)
+            .await
+            .unwrap();
+        Api::<Pod>::namespaced(admin.clone(), MLB)
+            .create(&PostParams::default(), &metallb::speaker_pod(MLB, "cp-0"))
+            .await
+            .unwrap();
+        let speaker = Proc::spawn(
+            "speaker",
+            bgp_dir.path(),
+            &mut metallb::speaker_command(&kubeconfig, MLB, "cp-0", 7472),
+        )
+        .unwrap();
+        let prefixes: Vec<String> = [workloads[0].1.as_str(), workloads[1].1.as_str(), own_ip.as_str()]
+            .iter()
+            .map(|ip| format!("{ip}/32"))
+            .collect();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let rib = metallb::router_rib(GOBGP_API).await;
+            if prefixes
+                .iter()
+                .all(|p| rib.get(p).is_some_and(|h| h.iter().any(|h| h == NODE_IP)))
+                && rib.contains_key(&format!("{control_ip}/32"))
+            {
+                eprintln!(
+                    "before the switch the router has {:?} (the control-plane FIP among them: CPEM #258)",
+                    rib.keys()
+                );
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the router did not learn {prefixes:?} from the CCM's configuration; RIB {rib:?}\n--- speaker ---\n{}\n--- gobgpd ---\n{}",
+                speaker.log_tail(40),
+                router.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
         // The CCM's Secret and Deployment (the lab runs no kubelet: the Deployment only exists).
         let cloud_sa = json!({"apiKey": sim.api_key(), "projectID": sim.project_id(),
             "loadbalancer": "metallb:///metallb-system/", "region": "LT-Siauliai", "fipTag": "cluster=my-cp"});
@@ -368,6 +490,24 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                 failures
             }
         });
+        // The router's view: every workload prefix, every 200 ms.
+        let rib_poller = tokio::spawn({
+            let (stop, prefixes) = (stop.clone(), prefixes.clone());
+            async move {
+                let (mut samples, mut missing) = (0u64, Vec::new());
+                while !stop.load(Ordering::SeqCst) {
+                    let rib = metallb::router_rib(GOBGP_API).await;
+                    samples += 1;
+                    for p in &prefixes {
+                        if !rib.get(p).is_some_and(|h| h.iter().any(|h| h == NODE_IP)) {
+                            missing.push(format!("{p} at sample {samples}"));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                (samples, missing)
+            }
+        });
         tokio::time::sleep(Duration::from_secs(1)).await;
 
         // ---- The runbook (docs/migration.md). ----
@@ -433,8 +573,20 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                 .filter(|s| ingress(s).as_deref() == Some(control_ip.as_str()))
         })
         .await;
-        let ing = &mirror.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0];
+        let ing = &mirror
+            .status
+            .clone()
+            .unwrap()
+            .load_balancer
+            .unwrap()
+            .ingress
+            .unwrap()[0];
         assert_eq!(ing.ip_mode.as_deref(), Some("Proxy"));
+        assert_eq!(
+            mirror.spec.as_ref().unwrap().load_balancer_class.as_deref(),
+            Some("baton.dev/control-plane"),
+            "no load balancer implementation handles it"
+        );
         eventually(WAIT, "the CCM's mirror Service removed", || async {
             kube_system
                 .get_opt(CCM_MIRROR)
@@ -500,25 +652,46 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             pools["user-pool"].labels().is_empty(),
             "the user's pool is untouched"
         );
+        // The CCM's peers mean what baton wants (their extra selectors match no node): taken
+        // over by label, their specs untouched, so MetalLB keeps its BGP sessions.
         let peers = eventually(WAIT, "the peers taken over", || async {
             let peers = metallb::objects(&admin, MLB, Kind::BgpPeer).await;
             peers
                 .values()
-                .all(|p| {
-                    p.labels().get("app.kubernetes.io/managed-by").map(String::as_str) == Some("baton")
-                        && metallb::spec(p)["nodeSelectors"]
-                            .as_array()
-                            .is_some_and(|s| s.len() == 1)
-                })
+                .all(|p| p.labels().get("app.kubernetes.io/managed-by").map(String::as_str) == Some("baton"))
                 .then_some(peers)
         })
         .await;
         assert_eq!(peers.len(), 6, "{:?}", peers.keys());
+        for (name, p) in &peers {
+            assert_eq!(
+                metallb::spec(p)["nodeSelectors"].as_array().map(Vec::len),
+                Some(2),
+                "{name}'s spec was rewritten"
+            );
+        }
+        // The control-plane FIP is no longer announced by MetalLB.
+        let cp_prefix = format!("{control_ip}/32");
+        eventually(WAIT, "the control-plane FIP withdrawn from BGP", || async {
+            (!metallb::router_rib(GOBGP_API).await.contains_key(&cp_prefix)).then_some(())
+        })
+        .await;
         // Converged: a few more seconds of traffic, then the counts.
         tokio::time::sleep(Duration::from_secs(3)).await;
         stop.store(true, Ordering::SeqCst);
         cp_poller.await.unwrap();
         let lb_failures = lb_poller.await.unwrap();
+        let (rib_samples, rib_missing) = rib_poller.await.unwrap();
+        eprintln!(
+            "the router's RIB: {rib_samples} samples, {} prefixes missing",
+            rib_missing.len()
+        );
+        assert!(rib_samples >= 10, "the RIB poller ran ({rib_samples})");
+        assert!(
+            rib_missing.is_empty(),
+            "a workload route was withdrawn during the switch: {rib_missing:?}\n--- speaker ---\n{}",
+            speaker.log_tail(60)
+        );
         let (ok, failed) = (cp_ok.load(Ordering::SeqCst), cp_failed.load(Ordering::SeqCst));
         eprintln!(
             "traffic during the switch: control-plane FIP {ok} ok / {failed} failed; workload Services {} checks / {} failed",
@@ -636,6 +809,11 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             "the fipTag FIP stays"
         );
 
+        assert!(
+            !metallb::router_rib(GOBGP_API).await.contains_key(&cp_prefix),
+            "the control-plane FIP is announced again"
+        );
+
         // A Service the CCM served is deleted: its FIP is released as the CCM's cleanup would
         // have, and the CCM's finalizer goes with baton's, so the deletion finishes.
         let (_, _, db_fip) = &workloads[1];
@@ -659,5 +837,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         for pod in pods {
             pod.stop().await;
         }
+        speaker.terminate(Duration::from_secs(2)).await;
+        router.terminate(Duration::from_secs(2)).await;
     });
 }

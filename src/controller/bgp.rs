@@ -414,28 +414,8 @@ impl Bgp {
         out
     }
 
-    async fn metallb(
-        &mut self,
-        namespace: &str,
-        peer_mode: baton_core::BgpPeerMode,
-        nodes: &[NodeBgp],
-    ) -> Result<(), BgpError> {
-        // The control-plane FIPs (from the shared IP list): never in a pool. Without the list
-        // nothing is changed (failing closed: no pool for an address that may be one).
-        let ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
-            step: "listing Floating IPs".into(),
-            source: Box::new(source),
-        })?;
-        let all: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
-        let control_plane = control_plane_addresses(self.ctx.config.fip_tag.as_ref(), &ips, &all);
-        let services = self.lb_services(&control_plane);
-        let desired = desired_metallb_objects(
-            &services,
-            nodes,
-            peer_mode,
-            &self.ctx.config.prefix,
-            self.ctx.config.bgp_node_selector.as_ref(),
-        );
+    /// Every IPAddressPool, BGPAdvertisement and BGPPeer in MetalLB's namespace.
+    async fn existing_metallb_objects(&self, namespace: &str) -> Result<Vec<Existing>, BgpError> {
         let mut existing = Vec::new();
         for kind in Kind::ALL {
             let api: Api<DynamicObject> =
@@ -464,6 +444,32 @@ impl Bgp {
                 });
             }
         }
+        Ok(existing)
+    }
+
+    async fn metallb(
+        &mut self,
+        namespace: &str,
+        peer_mode: baton_core::BgpPeerMode,
+        nodes: &[NodeBgp],
+    ) -> Result<(), BgpError> {
+        // The control-plane FIPs (from the shared IP list): never in a pool. Without the list
+        // nothing is changed (failing closed: no pool for an address that may be one).
+        let ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
+            step: "listing Floating IPs".into(),
+            source: Box::new(source),
+        })?;
+        let all: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
+        let control_plane = control_plane_addresses(self.ctx.config.fip_tag.as_ref(), &ips, &all);
+        let services = self.lb_services(&control_plane);
+        let desired = desired_metallb_objects(
+            &services,
+            nodes,
+            peer_mode,
+            &self.ctx.config.prefix,
+            self.ctx.config.bgp_node_selector.as_ref(),
+        );
+        let existing = self.existing_metallb_objects(namespace).await?;
         for action in metallb_actions(&desired, &existing) {
             match action {
                 Action::Apply(obj) => {
@@ -497,6 +503,18 @@ impl Bgp {
                         Err(e) if e.status() == Some(404) => {}
                         Err(e) => return Err(e.into()),
                     }
+                }
+                Action::Label(kind, name, labels) => {
+                    self.ctx.leader.ensure("labelling a MetalLB object")?;
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
+                    let patch = json!({"metadata": {"labels": labels}});
+                    timed(
+                        format!("labelling {} {namespace}/{name}", kind.kind()),
+                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                    )
+                    .await?;
+                    info!(kind = kind.kind(), %name, %namespace, "cloud-provider-cherry's MetalLB object adopted (labelled; its spec already means baton's)");
                 }
                 Action::Conflict(kind, name) => {
                     if self.reported.insert(format!("conflict/{kind:?}/{name}")) {

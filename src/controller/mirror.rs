@@ -6,7 +6,9 @@
 //! `ipMode: Proxy`, so a probe through the FIP really crosses the network instead of being
 //! short-circuited by kube-proxy), whose ports come from `default/kubernetes`, and whose endpoints
 //! mirror exactly those of `default/kubernetes` — selected by the owning Service's label, not by
-//! namespace. MetalLB is told not to touch it; baton's own load-balancer code skips it.
+//! namespace. MetalLB is told not to touch it (its `loadBalancerClass` is baton's
+//! [`CONTROL_PLANE_CLASS`], so no implementation handles it; and the address-pool annotation);
+//! baton's own load-balancer code skips it.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,7 +26,8 @@ use kube::{Api, Resource as _, ResourceExt as _};
 use super::FIELD_MANAGER;
 use super::kit::{KubeCallError, timed};
 pub use crate::names::{
-    CCM_MIRROR_SERVICE, CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,
+    CCM_MIRROR_SERVICE, CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION,
+    SERVICE_NAME_LABEL,
 };
 /// Who manages an EndpointSlice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
@@ -119,8 +122,18 @@ pub fn api_server_port(kubernetes: &Service) -> Option<i32> {
     }
 }
 
-/// The desired mirror Service (spec only; the status is applied separately).
-pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Service, MirrorError> {
+/// Whether the mirror Service is applied with `spec.loadBalancerClass` [`CONTROL_PLANE_CLASS`]:
+/// when it does not exist yet, or already has that class. The field is immutable, so a mirror
+/// made without it (by an older baton) keeps none.
+pub fn with_class(existing: Option<&Service>) -> bool {
+    existing.is_none_or(|svc| {
+        svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) == Some(CONTROL_PLANE_CLASS)
+    })
+}
+
+/// The desired mirror Service (spec only; the status is applied separately); with `class`, its
+/// `loadBalancerClass` is [`CONTROL_PLANE_CLASS`] (see [`with_class`]).
+pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service, class: bool) -> Result<Service, MirrorError> {
     let target = api_server_port(kubernetes).ok_or(MirrorError::NoPort)?;
     let port = if spec.fip_port == 0 {
         target
@@ -145,6 +158,7 @@ pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Servic
         },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
+            load_balancer_class: class.then(|| CONTROL_PLANE_CLASS.to_owned()),
             load_balancer_ip: Some(spec.fip.to_string()),
             ports: Some(vec![ServicePort {
                 name: Some("https".into()),
@@ -300,7 +314,11 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
     let services: Api<Service> = Api::namespaced(client.clone(), &spec.namespace);
     let step = |kind: &str, name: &str| format!("applying {kind} {}/{name}", spec.namespace);
     let applied = if spec.manage_spec {
-        let svc = desired_service(spec, &kubernetes)?;
+        let existing = services
+            .get_opt(&spec.name)
+            .await
+            .map_err(MirrorError::ReadSource)?;
+        let svc = desired_service(spec, &kubernetes, with_class(existing.as_ref()))?;
         timed(
             step("Service", &spec.name),
             services.patch(&spec.name, &pp, &Patch::Apply(&svc)),
