@@ -339,6 +339,16 @@ fn guide_a_with_a_separate_bootstrap_host() {
                 fip.address
             );
         }
+        // The API Services: control-plane endpoints no load-balancer implementation handles.
+        let api_svc =
+            Api::<k8s_openapi::api::core::v1::Service>::namespaced(cp.client(1).unwrap(), "kube-system")
+                .get("api")
+                .await
+                .unwrap();
+        assert_eq!(
+            api_svc.spec.unwrap().load_balancer_class.as_deref(),
+            Some("baton.dev/control-plane")
+        );
         // Step 4: tear the bootstrap host down; the API answers through the FIP.
         cp.stop_apiserver(0).await.unwrap();
         let fip_addr = SocketAddr::new(api_fip.address, 6443);

@@ -27,7 +27,7 @@ use super::FIELD_MANAGER;
 use super::kit::{KubeCallError, timed};
 pub use crate::names::{
     CCM_MIRROR_SERVICE, CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION,
-    SERVICE_NAME_LABEL,
+    SERVICE_NAME_LABEL, with_class,
 };
 /// Who manages an EndpointSlice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
@@ -120,15 +120,6 @@ pub fn api_server_port(kubernetes: &Service) -> Option<i32> {
         Some(IntOrString::Int(p)) => Some(*p),
         _ => Some(port.port),
     }
-}
-
-/// Whether the mirror Service is applied with `spec.loadBalancerClass` [`CONTROL_PLANE_CLASS`]:
-/// when it does not exist yet, or already has that class. The field is immutable, so a mirror
-/// made without it (by an older baton) keeps none.
-pub fn with_class(existing: Option<&Service>) -> bool {
-    existing.is_none_or(|svc| {
-        svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) == Some(CONTROL_PLANE_CLASS)
-    })
 }
 
 /// The desired mirror Service (spec only; the status is applied separately); with `class`, its
