@@ -252,6 +252,15 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
 
         // Native peers: one per node and route server; the user's worker-1-1 stays theirs.
         wait_ours(&admin, Kind::BgpPeer, &["worker-0-0", "worker-0-1", "worker-1-0"]).await;
+        // Events on what baton acted on: the Node it annotated, the MetalLB object it applied,
+        // and a Warning on the user's object whose name it needed.
+        eventually(WAIT, "Events on the node and the MetalLB objects", || async {
+            (events(&admin, "default", "worker-0", "BGPAnnotated").await > 0
+                && events(&admin, NS, "worker-0-0", "Applied").await > 0
+                && events(&admin, NS, "worker-1-1", "NotOwned").await > 0)
+                .then_some(())
+        })
+        .await;
         assert_eq!(
             spec_of(&admin, Kind::BgpPeer, "worker-0-1").await,
             json!({

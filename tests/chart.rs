@@ -540,6 +540,8 @@ fn alerts_and_dashboard_use_only_metrics_baton_exports() {
         "BatonNoController",
         "BatonCloudErrors",
         "BatonReconcileErrors",
+        "BatonNoLeader",
+        "BatonServicesPending",
     ] {
         assert!(alerts.contains(&want), "{want} missing: {alerts:?}");
     }
@@ -567,6 +569,14 @@ fn alerts_and_dashboard_use_only_metrics_baton_exports() {
         std::time::Duration::from_millis(3),
     );
     baton::kube::client::ApiObserver::request_failed(&metrics, "timeout");
+    baton_cloud::CallObserver::attempt(
+        &metrics,
+        baton_cloud::Op::ListIps,
+        baton_cloud::Priority::Normal,
+        baton_cloud::Attempt::Status(200),
+        std::time::Duration::ZERO,
+    );
+    metrics.set_queue_depth("services", 0);
     let exported = metrics.encode();
     let mut used = metric_names(&serde_json::to_string(&rule["spec"]).unwrap());
     used.extend(metric_names(&json.to_string()));

@@ -33,7 +33,7 @@ use std::time::Duration;
 use baton_cloud::CloudError;
 use baton_cloud::model::{Server, ServerId};
 use baton_core::{LoadBalancerMode, ProviderId};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
@@ -374,6 +374,9 @@ impl Bgp {
             )
             .await?;
             debug!(node = %name, peers = bgp.peers.len(), "node BGP annotations written");
+            let message = format!("{} BGP session annotations written", patch.len());
+            let (ok, action) = (EventType::Normal, "ConfigureBGP");
+            self.ctx.event(node, ok, "BGPAnnotated", action, message).await;
         }
         Ok(Some(bgp))
     }
@@ -472,27 +475,7 @@ impl Bgp {
         let existing = self.existing_metallb_objects(namespace).await?;
         for action in metallb_actions(&desired, &existing) {
             match action {
-                Action::Apply(obj) => {
-                    self.ctx.leader.ensure("applying a MetalLB object")?;
-                    let api: Api<DynamicObject> =
-                        Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(obj.kind));
-                    let body = json!({
-                        "apiVersion": format!("{METALLB_GROUP}/{}", obj.kind.version()),
-                        "kind": obj.kind.kind(),
-                        "metadata": {"name": obj.name, "namespace": namespace, "labels": obj.labels},
-                        "spec": obj.spec,
-                    });
-                    timed(
-                        format!("applying {} {namespace}/{}", obj.kind.kind(), obj.name),
-                        api.patch(
-                            &obj.name,
-                            &PatchParams::apply(FIELD_MANAGER).force(),
-                            &Patch::Apply(&body),
-                        ),
-                    )
-                    .await?;
-                    info!(kind = obj.kind.kind(), name = %obj.name, %namespace, "MetalLB object applied");
-                }
+                Action::Apply(obj) => self.apply_metallb(namespace, &obj).await?,
                 Action::Delete(kind, name) => {
                     self.ctx.leader.ensure("deleting a MetalLB object")?;
                     let api: Api<DynamicObject> =
@@ -514,10 +497,21 @@ impl Bgp {
                         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
                     )
                     .await?;
-                    info!(kind = kind.kind(), %name, %namespace, "cloud-provider-cherry's MetalLB object adopted (labelled; its spec already means baton's)");
+                    info!(kind = kind.kind(), %name, %namespace, "MetalLB object adopted (labelled; its spec already means baton's)");
+                    let note = format!(
+                        "{} {name} adopted by baton: its spec already means what baton wants, so only baton's label was added (a rewritten BGPPeer would reset its BGP session)",
+                        kind.kind()
+                    );
+                    self.metallb_event(kind, namespace, &name, EventType::Normal, "Adopted", note)
+                        .await;
                 }
                 Action::Conflict(kind, name) => {
                     if self.reported.insert(format!("conflict/{kind:?}/{name}")) {
+                        let note = format!(
+                            "baton needs this name but the object lacks label {MANAGED_BY_LABEL}={MANAGED_BY}; it is left alone"
+                        );
+                        self.metallb_event(kind, namespace, &name, EventType::Warning, "NotOwned", note)
+                            .await;
                         warn!(
                             kind = kind.kind(),
                             %name,
@@ -531,6 +525,54 @@ impl Bgp {
             }
         }
         Ok(())
+    }
+
+    /// Applies one of baton's MetalLB objects (server-side apply) and says so on it.
+    async fn apply_metallb(&self, namespace: &str, obj: &MetalLbObject) -> Result<(), BgpError> {
+        self.ctx.leader.ensure("applying a MetalLB object")?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(obj.kind));
+        let body = json!({
+            "apiVersion": format!("{METALLB_GROUP}/{}", obj.kind.version()),
+            "kind": obj.kind.kind(),
+            "metadata": {"name": obj.name, "namespace": namespace, "labels": obj.labels},
+            "spec": obj.spec,
+        });
+        timed(
+            format!("applying {} {namespace}/{}", obj.kind.kind(), obj.name),
+            api.patch(
+                &obj.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            ),
+        )
+        .await?;
+        info!(kind = obj.kind.kind(), name = %obj.name, %namespace, "MetalLB object applied");
+        let note = format!("{} {} applied by baton", obj.kind.kind(), obj.name);
+        self.metallb_event(obj.kind, namespace, &obj.name, EventType::Normal, "Applied", note)
+            .await;
+        Ok(())
+    }
+
+    async fn metallb_event(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let reference = ObjectReference {
+            api_version: Some(format!("{METALLB_GROUP}/{}", kind.version())),
+            kind: Some(kind.kind().to_owned()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            ..ObjectReference::default()
+        };
+        self.ctx
+            .event_on(&reference, None, type_, reason, "ConfigureMetalLB", note)
+            .await;
     }
 }
 

@@ -209,7 +209,21 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let reference: ObjectReference = obj.object_ref(&());
+        self.event_on(&obj.object_ref(&()), related, type_, reason, action, note)
+            .await;
+    }
+
+    /// Publishes an Event on the object `reference` names (one baton knows by name only, or of a
+    /// kind without Rust type: a MetalLB object).
+    pub async fn event_on(
+        &self,
+        reference: &ObjectReference,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.to_owned(),
@@ -217,7 +231,7 @@ impl Context {
             action: action.to_owned(),
             secondary: related,
         };
-        if let Err(error) = self.recorder.publish(&ev, &reference).await {
+        if let Err(error) = self.recorder.publish(&ev, reference).await {
             tracing::warn!(%error, reason, "publishing an Event failed");
         }
     }

@@ -27,7 +27,7 @@ use baton_cloud::model::{IpAddress, IpType, Server, ServerId};
 use baton_core::failover::{Candidate, Decision, Observation, Reason, decide};
 use baton_core::health::Health;
 use futures::FutureExt as _;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
@@ -201,6 +201,8 @@ async fn run_on(
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cloud_view = CloudView::default();
+    // The IP list whose Service FIPs `baton_fips_owned` last counted.
+    let mut counted = std::sync::Weak::<Vec<IpAddress>>::new();
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
     // The resourceVersion each finalizer write was last made for (no repeat before the watch
@@ -259,6 +261,14 @@ async fn run_on(
             finalize(&ctx, &services, &ips, &mirror_name, &mut finalized).await;
         }
         let endpoints = discover(&ctx, &services, &ips, &api_servers);
+        if leading {
+            metrics.set_fips_owned("control_plane", endpoints.len());
+            // Counted once per list read, not once per tick.
+            if !std::sync::Weak::ptr_eq(&counted, &Arc::downgrade(&ips)) {
+                counted = Arc::downgrade(&ips);
+                metrics.set_fips_owned("service", service_fips(&ips, &ctx.cluster_id));
+            }
+        }
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
@@ -672,8 +682,28 @@ impl Step<'_> {
                 .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
         let backing_off = state.retry_at.is_some_and(|t| Instant::now() < t);
         if outdated && !backing_off && ctx.leader.is_leader() {
+            let changed = state.last_applied.as_ref() != Some(&inputs);
+            let reference = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Service".into()),
+                namespace: Some(ep.service.namespace.clone()),
+                name: Some(ep.service.name.clone()),
+                ..ObjectReference::default()
+            };
             match mirror::reconcile(&ctx.client, &ep.service).await {
                 Ok(()) => {
+                    if changed {
+                        let servers: Vec<String> = inputs.1.iter().map(ToString::to_string).collect();
+                        ctx.event_on(
+                            &reference,
+                            None,
+                            EventType::Normal,
+                            "EndpointsUpdated",
+                            "UpdateEndpoints",
+                            format!("ingress {}, endpoints {}", ep.fip.address, servers.join(", ")),
+                        )
+                        .await;
+                    }
                     state.last_applied = Some(inputs);
                     state.last_applied_at = Some(Instant::now());
                     state.retry_at = None;
@@ -687,6 +717,17 @@ impl Step<'_> {
                     }
                 }
                 Err(error) => {
+                    if state.retry_at.is_none() {
+                        ctx.event_on(
+                            &reference,
+                            None,
+                            EventType::Warning,
+                            "EndpointsUpdateFailed",
+                            "UpdateEndpoints",
+                            error.to_string(),
+                        )
+                        .await;
+                    }
                     state.retry_at = Some(Instant::now() + Duration::from_secs(5));
                     tracing::warn!(%error, service = %ep.service.name, "updating the endpoint Service failed");
                 }
@@ -1198,6 +1239,18 @@ fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Servic
 
 /// The control-plane endpoints: the `fipTag` FIP with the mirror Service, and every annotated
 /// Service whose `loadBalancerIP` is a FIP of the project.
+/// How many of `ips` are Service FIPs of this cluster (the tags the Service controller puts on).
+fn service_fips(ips: &[IpAddress], cluster_id: &str) -> usize {
+    use baton_cloud::tags::{CLUSTER_KEY, USAGE_KEY, USAGE_VALUE};
+    ips.iter()
+        .filter(|ip| {
+            ip.ip_type == IpType::FloatingIp
+                && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
+                && ip.tags.get(CLUSTER_KEY).map(String::as_str) == Some(cluster_id)
+        })
+        .count()
+}
+
 fn discover(
     ctx: &Context,
     services: &[Arc<Service>],

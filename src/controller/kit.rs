@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
@@ -214,9 +214,77 @@ impl Retries {
     }
 }
 
+/// The objects one controller has been told to reconcile (a change seen, a retry due, a new
+/// leader's reconcile-all) and has not reconciled since: `baton_queue_depth{controller}`.
+#[derive(Debug)]
+pub struct Queue {
+    controller: &'static str,
+    keys: Mutex<std::collections::HashSet<String>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Queue {
+    pub fn new(controller: &'static str, metrics: Arc<Metrics>) -> Self {
+        metrics.set_queue_depth(controller, 0);
+        Self {
+            controller,
+            keys: Mutex::new(std::collections::HashSet::new()),
+            metrics,
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut std::collections::HashSet<String>) -> bool) {
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if f(&mut keys) {
+            self.metrics.set_queue_depth(self.controller, keys.len());
+        }
+    }
+
+    /// `key` waits for a reconcile.
+    pub fn add(&self, key: String) {
+        self.update(|keys| keys.insert(key));
+    }
+
+    /// A reconcile of `key` starts.
+    pub fn started(&self, key: &str) {
+        self.update(|keys| keys.remove(key));
+    }
+
+    /// How many objects wait.
+    pub fn depth(&self) -> usize {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_counts_each_waiting_object_once_until_its_reconcile_starts() {
+        let metrics = Arc::new(Metrics::default());
+        let queue = Queue::new("services", Arc::clone(&metrics));
+        let depth = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .find(|l| l.starts_with("baton_queue_depth{controller=\"services\"}"))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
+        assert_eq!(depth(&metrics).as_deref(), Some("0"), "exported from the start");
+        queue.add("a/x".into());
+        queue.add("a/y".into());
+        queue.add("a/x".into());
+        assert_eq!((queue.depth(), depth(&metrics).as_deref()), (2, Some("2")));
+        queue.started("a/x");
+        queue.started("a/unknown");
+        assert_eq!((queue.depth(), depth(&metrics).as_deref()), (1, Some("1")));
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_and_jitter_stays_within_half_and_full() {

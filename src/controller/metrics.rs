@@ -40,6 +40,22 @@ struct TaskLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CloudLabel {
+    route: &'static str,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PriorityLabel {
+    priority: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FipKindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabel {
     target: String,
     result: String,
@@ -62,6 +78,12 @@ pub struct Metrics {
     reconciles: Family<ControllerLabel, Counter>,
     reconcile_errors: Family<ErrorLabel, Counter>,
     watch_events: Family<KindLabel, Counter>,
+    queue_depth: Family<ControllerLabel, Gauge>,
+    services_pending: Gauge,
+    fips_owned: Family<FipKindLabel, Gauge>,
+    leader: Gauge,
+    cloud_requests: Family<CloudLabel, Counter>,
+    cloud_wait: Family<PriorityLabel, Histogram>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -74,6 +96,10 @@ fn probe_histogram() -> Histogram {
     Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5])
 }
 
+fn wait_histogram() -> Histogram {
+    Histogram::new([0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+}
+
 /// Registers `metric` under `name` and hands it back.
 fn register<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
 where
@@ -84,6 +110,7 @@ where
 }
 
 impl Default for Metrics {
+    #[allow(clippy::too_many_lines)] // one registration per metric, a flat table
     fn default() -> Self {
         let mut registry = Registry::with_prefix("baton");
         let r = &mut registry;
@@ -172,17 +199,90 @@ impl Default for Metrics {
                 "Objects received from the shared watches (listed or changed), by kind",
                 Family::default(),
             ),
+            queue_depth: register(
+                r,
+                "queue_depth",
+                "Objects waiting for a reconcile (changed, or due for a retry), by controller",
+                Family::default(),
+            ),
+            services_pending: register(
+                r,
+                "services_pending",
+                "LoadBalancer Services baton manages that have no ingress yet",
+                Gauge::default(),
+            ),
+            fips_owned: register(
+                r,
+                "fips_owned",
+                "Floating IPs of this cluster in the project, by kind (service, control_plane); the leader's count",
+                Family::default(),
+            ),
+            leader: register(
+                r,
+                "leader",
+                "1 while this replica holds the leader Lease, else 0",
+                Gauge::default(),
+            ),
+            cloud_requests: register(
+                r,
+                "cloud_requests",
+                "Requests sent to the cloud API (first tries and retries), by route and HTTP status or transport failure",
+                Family::default(),
+            ),
+            cloud_wait: register(
+                r,
+                "cloud_rate_limit_wait_seconds",
+                "Time a cloud request waited for the client's rate limit before it was sent, by priority",
+                Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            ),
             registry: Mutex::new(Registry::default()),
         };
         *metrics
             .registry
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
+        metrics.export_known_series();
         metrics
     }
 }
 
 impl Metrics {
+    /// Creates at zero every series whose label values are known in advance, so each metric is
+    /// on `/metrics` from the start (an empty family is not exported) and `rate()` and
+    /// `absent()` work before the first occurrence.
+    fn export_known_series(&self) {
+        for reason in baton_core::failover::Reason::ALL {
+            let label = ReasonLabel {
+                reason: reason.as_str().to_owned(),
+            };
+            drop(self.failovers.get_or_create(&label));
+            drop(self.stuck.get_or_create(&label));
+        }
+        for reason in crate::kube::client::FAILURE_REASONS {
+            drop(self.api_failed.get_or_create(&ReasonLabel {
+                reason: (*reason).to_owned(),
+            }));
+        }
+        for controller in ["services", "nodes", "bgp"] {
+            drop(self.reconciles.get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            }));
+        }
+        for kind in ["Service", "Node", "EndpointSlice"] {
+            drop(self.watch_events.get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            }));
+        }
+        for kind in ["control_plane", "service"] {
+            drop(self.fips_owned.get_or_create(&FipKindLabel { kind }));
+        }
+        for priority in [baton_cloud::Priority::Urgent, baton_cloud::Priority::Normal] {
+            drop(self.cloud_wait.get_or_create(&PriorityLabel {
+                priority: priority.as_str(),
+            }));
+        }
+    }
+
     /// Records a completed move.
     pub fn failover(&self, reason: &str, recovered: Duration) {
         self.failovers
@@ -264,6 +364,33 @@ impl Metrics {
             .set(i64::from(up));
     }
 
+    /// Sets `baton_queue_depth{controller}`.
+    pub fn set_queue_depth(&self, controller: &str, depth: usize) {
+        self.queue_depth
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `baton_services_pending`.
+    pub fn set_services_pending(&self, pending: usize) {
+        self.services_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `baton_fips_owned{kind}`.
+    pub fn set_fips_owned(&self, kind: &'static str, count: usize) {
+        self.fips_owned
+            .get_or_create(&FipKindLabel { kind })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `baton_leader`.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -292,5 +419,31 @@ impl crate::kube::client::ApiObserver for Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+}
+
+impl baton_cloud::CallObserver for Metrics {
+    fn attempt(
+        &self,
+        op: baton_cloud::Op,
+        priority: baton_cloud::Priority,
+        outcome: baton_cloud::Attempt,
+        queued: Duration,
+    ) {
+        let status = match outcome {
+            baton_cloud::Attempt::Status(code) => code.to_string(),
+            baton_cloud::Attempt::Transport(kind) => kind.to_owned(),
+        };
+        self.cloud_requests
+            .get_or_create(&CloudLabel {
+                route: op.route(),
+                status,
+            })
+            .inc();
+        self.cloud_wait
+            .get_or_create(&PriorityLabel {
+                priority: priority.as_str(),
+            })
+            .observe(queued.as_secs_f64());
     }
 }

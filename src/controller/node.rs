@@ -33,7 +33,7 @@ use serde_json::json;
 use tracing::{debug, info, instrument};
 
 use super::Context;
-use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
+use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
 use super::watches::{Cache, StreamErrors, Watches};
 
 mod plan;
@@ -95,6 +95,8 @@ pub struct NodeContext {
     /// What every reconciler shares.
     pub base: Arc<Context>,
     retries: Retries,
+    /// Nodes waiting for a reconcile (`baton_queue_depth`).
+    queue: Queue,
 }
 
 impl std::fmt::Debug for NodeContext {
@@ -109,6 +111,7 @@ impl NodeContext {
     /// Wraps the shared context.
     pub fn new(base: Arc<Context>) -> Self {
         Self {
+            queue: Queue::new("nodes", Arc::clone(&base.metrics)),
             base,
             retries: Retries::new("nodes"),
         }
@@ -155,10 +158,18 @@ async fn run(
 ) {
     let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
     let errors = Arc::new(StreamErrors::new("node controller"));
+    let queued = Arc::clone(&node_ctx);
+    let trigger = trigger.inspect(move |node| queued.queue.add(node.name_any()));
+    let (queued, all) = (Arc::clone(&node_ctx), store.clone());
+    let elected = ctx.leader.elected().inspect(move |()| {
+        for node in all.state() {
+            queued.queue.add(node.name_any());
+        }
+    });
     Controller::for_shared_stream(trigger, store.store())
         .with_config(controller::Config::default().concurrency(8))
         // Followers do nothing; a new leader initialises every Node at once.
-        .reconcile_all_on(ctx.leader.elected())
+        .reconcile_all_on(elected)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, node_ctx)
         .for_each(|result| {
@@ -184,7 +195,11 @@ async fn run(
 /// exponentially per Node.
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(node: Arc<Node>, error: &NodeError, ctx: Arc<NodeContext>) -> Action {
-    ctx.retries.policy(&node.name_any(), error, &ctx.base.metrics)
+    let action = ctx.retries.policy(&node.name_any(), error, &ctx.base.metrics);
+    if action != Action::await_change() {
+        ctx.queue.add(node.name_any());
+    }
+    action
 }
 
 impl ReconcileError for NodeError {
@@ -207,6 +222,7 @@ impl ReconcileError for NodeError {
 /// Reconciles one Node: initialisation while it carries the uninitialized taint, lifecycle after.
 #[instrument(skip(node, ctx), fields(node = %node.name_any()))]
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action, NodeError> {
+    ctx.queue.started(&node.name_any());
     // Only the leader reads the cloud and writes Nodes; it reconciles every Node when it wins.
     if !ctx.base.leader.is_leader() {
         return Ok(Action::await_change());

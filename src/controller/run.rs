@@ -8,6 +8,7 @@ use std::time::Duration;
 use baton_cloud::{CherryClient, Cloud, Priority};
 use baton_core::health::Thresholds;
 use clap::Args;
+use k8s_openapi::api::core::v1::ObjectReference;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -170,7 +171,13 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // The cloud's request log then tells which replica sent each call.
     cloud_config.user_agent = format!("{} controller/{identity}", cloud_config.user_agent);
     let lease_cfg = lease_config(&args, &config, &identity)?;
+    let lease_ref = (
+        lease_cfg.namespace.clone(),
+        lease_cfg.name.clone(),
+        identity.clone(),
+    );
     let cherry = CherryClient::new(cloud_config)?;
+    cherry.observe(Arc::clone(&metrics) as _);
 
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %identity, "baton controller starting");
     let leader = if args.no_leader_election {
@@ -222,6 +229,9 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(600),
     };
+    if !args.no_leader_election {
+        sup.spawn("leader-events", leader_events(ctx.clone(), lease_ref));
+    }
     let mut result_rx = spawn_controllers(&sup, ctx, opts, &shutdown);
     let result = tokio::select! {
         () = shutdown.cancelled() => Ok(()),
@@ -239,6 +249,31 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // Lets the lease task release the Lease and the controllers finish.
     sup.join(Duration::from_secs(5)).await;
     result.map_err(Into::into)
+}
+
+/// An Event on the Lease each time this replica becomes leader (the convention of
+/// Kubernetes' own controllers: `kubectl describe lease` tells who led when).
+async fn leader_events(ctx: Context, (namespace, name, identity): (String, String, String)) {
+    use futures::StreamExt as _;
+    let lease = ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        namespace: Some(namespace),
+        name: Some(name),
+        ..ObjectReference::default()
+    };
+    let mut elected = std::pin::pin!(ctx.leader.elected());
+    while elected.next().await.is_some() {
+        ctx.event_on(
+            &lease,
+            None,
+            kube::runtime::events::EventType::Normal,
+            "LeaderElection",
+            "Lead",
+            format!("{identity} became leader"),
+        )
+        .await;
+    }
 }
 
 /// The leader Lease's settings, checked (docs/controller.md: why the order matters).
@@ -364,14 +399,17 @@ fn admin_router(
     use axum::http::StatusCode;
     use axum::routing::get;
     let metrics_reach = reach.clone();
+    let metrics_leader = leader.clone();
     axum::Router::new()
         .route(
             "/metrics",
             get(move || {
                 let metrics = Arc::clone(&metrics);
                 let reach = metrics_reach.clone();
+                let leader = metrics_leader.is_leader();
                 async move {
                     metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
+                    metrics.set_leader(leader);
                     metrics.encode()
                 }
             }),

@@ -55,7 +55,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
-use super::kit::{self, KubeCallError, NotLeader, ReconcileError, Retries};
+use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
 use super::watches::{Cache, StreamErrors, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
@@ -186,6 +186,8 @@ pub struct ServiceContext {
     /// What every reconciler shares.
     pub base: Arc<Context>,
     retries: Retries,
+    /// Services waiting for a reconcile (`baton_queue_depth`).
+    queue: Queue,
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
     store: Cache<Service>,
@@ -207,6 +209,7 @@ impl ServiceContext {
             mirror::service_name(&base.config.prefix),
         );
         Self {
+            queue: Queue::new("services", Arc::clone(&base.metrics)),
             base,
             retries: Retries::new("services"),
             mirror,
@@ -268,11 +271,19 @@ async fn run(
     }
     let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone()));
     let errors = Arc::new(StreamErrors::new("Service controller"));
+    let queued = Arc::clone(&svc_ctx);
+    let trigger = trigger.inspect(move |svc| queued.queue.add(key_of(svc)));
+    let (queued, all) = (Arc::clone(&svc_ctx), store.clone());
+    let elected = ctx.leader.elected().inspect(move |()| {
+        for svc in all.state() {
+            queued.queue.add(key_of(&svc));
+        }
+    });
     let run = Controller::for_shared_stream(trigger, store.store())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         // Followers do nothing; the moment this replica wins the Lease it reconciles every
         // Service (work that arrived while there was no leader does not wait for a resync).
-        .reconcile_all_on(ctx.leader.elected())
+        .reconcile_all_on(elected)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| {
@@ -305,10 +316,40 @@ async fn run(
             tokio::time::sleep(RESYNC).await;
         }
     };
+    // Every replica counts from its own store: the gauge does not depend on who leads.
+    let pending = async {
+        if store.wait_until_ready().await.is_err() {
+            return futures::future::pending().await;
+        }
+        loop {
+            let mirror = svc_ctx.mirror();
+            let all: Vec<ServiceFacts> = store.state().iter().map(|s| facts_of(s)).collect();
+            // The control-plane addresses the Services show (the mirror's and every endpoint
+            // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
+            // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
+            let control_plane = control_plane_addresses(None, &[], &all);
+            let extra = svc_ctx.mode().map(ip_annotation);
+            let n = all
+                .iter()
+                .filter(|f| is_pending(f, mirror, &control_plane, extra))
+                .count();
+            svc_ctx.base.metrics.set_services_pending(n);
+            tokio::time::sleep(PENDING_EVERY).await;
+        }
+    };
     tokio::select! {
         () = run => {}
         () = sweeper => {}
+        () = pending => {}
     }
+}
+
+/// How often `baton_services_pending` is counted.
+const PENDING_EVERY: Duration = Duration::from_secs(5);
+
+/// `namespace/name`: the key of a Service in the queue, the retry counts and logs.
+fn key_of(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
 /// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
@@ -380,6 +421,7 @@ fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
 /// managed has its FIP released and the finalizer removed here.
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
+    ctx.queue.started(&key_of(&svc));
     // Only the leader acts (cloud, finalizers, status, Events); it reconciles everything when it
     // wins the Lease (`reconcile_all_on` in `run_services`).
     if !ctx.base.leader.is_leader() {
@@ -509,8 +551,12 @@ async fn run_finalizer(svc: &Arc<Service>, ctx: &Arc<ServiceContext>) -> Result<
 /// exponentially per Service.
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime's Controller::run calls
 pub fn error_policy(svc: Arc<Service>, error: &ServiceError, ctx: Arc<ServiceContext>) -> Action {
-    let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
-    ctx.retries.policy(&key, error, &ctx.base.metrics)
+    let key = key_of(&svc);
+    let action = ctx.retries.policy(&key, error, &ctx.base.metrics);
+    if action != Action::await_change() {
+        ctx.queue.add(key);
+    }
+    action
 }
 
 async fn warn_event(ctx: &ServiceContext, svc: &Service, reason: &str, err: &ServiceError) {

@@ -70,6 +70,9 @@ pub enum FailoverError {
     },
 }
 
+/// Every `reason` [`ApiObserver::request_failed`] is told.
+pub const FAILURE_REASONS: &[&str] = &["connect", "timeout", "abandoned", "transport"];
+
 /// Told about every failed attempt (the metrics implement it).
 pub trait ApiObserver: Send + Sync {
     /// One attempt on one API server failed; `reason` is `connect`, `timeout`, `abandoned` or

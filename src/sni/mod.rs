@@ -23,6 +23,7 @@ pub mod hello;
 pub mod kube;
 pub mod metrics;
 pub mod proxy_protocol;
+pub mod pump;
 pub mod router;
 pub mod routes;
 

@@ -7,7 +7,8 @@
 //!                                                            destination → host, else hello::parse
 //!        ─► RouteTable::for_host (the snapshot current now; later reloads do not touch this
 //!           connection) ─► BackendSet::order ─► connect (connect_timeout each; next on failure)
-//!        ─► write the bytes read (minus a PROXY header) ─► copy_bidirectional until either side ends
+//!        ─► write the bytes read (minus a PROXY header) ─► pump::both_ways until both sides end
+//!           (a buffer only while bytes flow)
 //! ```
 
 use std::net::SocketAddr;
@@ -25,6 +26,7 @@ use tracing::{debug, warn};
 use super::hello::{self, Hello, HelloError};
 use super::metrics::Metrics;
 use super::proxy_protocol::{self, Proxied, ProxyError};
+use super::pump;
 use super::routes::{BackendSet, Health, RouteTable};
 
 /// A TLS fatal alert `unrecognized_name` (112), sent before closing on an unknown name.
@@ -183,7 +185,7 @@ impl Router {
         }
         let replayed = u64::try_from(buf.len() - skip).unwrap_or(0);
         drop(buf);
-        match tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+        match pump::both_ways(&mut client, &mut backend).await {
             Ok((to_backend, to_client)) => {
                 self.metrics.bytes(&set.name, replayed + to_backend, to_client);
             }

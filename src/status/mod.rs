@@ -36,7 +36,7 @@ use kube::{Api, ResourceExt as _};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
-use crate::controller::service::{Scope, control_plane_addresses, facts_of, ip_annotation, scope_excluding};
+use crate::controller::service::{control_plane_addresses, facts_of, ip_annotation, is_pending};
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
 use crate::probe::{ProbeSettings, probe_once};
 
@@ -500,10 +500,7 @@ fn pending_services(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<Pe
     let mut out = Vec::new();
     for svc in &k.services {
         let facts = facts_of(svc);
-        if scope_excluding(&facts, ("kube-system", &mirror), &control_plane, extra) != Scope::Managed
-            || facts.deleting
-            || !facts.ingress_ips.is_empty()
-        {
+        if !is_pending(&facts, ("kube-system", &mirror), &control_plane, extra) {
             continue;
         }
         let warning = events_of(k, &facts.namespace, &facts.name)

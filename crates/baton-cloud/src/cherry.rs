@@ -104,6 +104,23 @@ impl ClientConfig {
     }
 }
 
+/// How one attempt sent to the API ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The API answered with this HTTP status.
+    Status(u16),
+    /// No answer: `timeout`, `connect` or `transport`.
+    Transport(&'static str),
+}
+
+/// Told of every attempt a [`CherryClient`] sends (first tries and retries): the operation,
+/// how it ended and how long it waited for the rate limit first. For metrics; must not block.
+pub trait CallObserver: Send + Sync {
+    /// One attempt of `op`, sent in `priority`, ended with `outcome` after `queued` in the
+    /// rate gate.
+    fn attempt(&self, op: Op, priority: Priority, outcome: Attempt, queued: Duration);
+}
+
 /// The Cherry Servers API client. Cheap to clone; clones share the rate limit and the IP cache.
 #[derive(Clone)]
 pub struct CherryClient {
@@ -126,6 +143,8 @@ struct Inner {
     backoff_cap: Duration,
     /// Whole-attempt timeout; a fenced write's is cut to the time its fence has left.
     request_timeout: Duration,
+    /// Told of every attempt sent (metrics); set once by [`CherryClient::observe`].
+    observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// One create protocol at a time per tag set, so two callers asking for the same FIP at
     /// once cannot both miss the look-up and both create.
     creating: std::sync::Mutex<HashMap<Tags, Arc<tokio::sync::Mutex<()>>>>,
@@ -200,6 +219,7 @@ impl CherryClient {
                 backoff_cap,
                 request_timeout,
                 creating: std::sync::Mutex::new(HashMap::new()),
+                observer: std::sync::OnceLock::new(),
             }),
             priority: Priority::Normal,
             fence: None,
@@ -264,6 +284,18 @@ impl CherryClient {
         ready >= deadline
     }
 
+    /// Reports every attempt this client (and every handle to it) sends to `observer`. The
+    /// first observer set stays; later calls return `false`.
+    pub fn observe(&self, observer: Arc<dyn CallObserver>) -> bool {
+        self.inner.observer.set(observer).is_ok()
+    }
+
+    fn observed(&self, op: Op, outcome: Attempt, queued: Duration) {
+        if let Some(observer) = self.inner.observer.get() {
+            observer.attempt(op, self.priority, outcome, queued);
+        }
+    }
+
     /// The configured project.
     pub fn project_id(&self) -> ProjectId {
         self.inner.project
@@ -308,6 +340,7 @@ impl CherryClient {
         body: Option<&[u8]>,
     ) -> Result<Bytes, CloudError> {
         let fence = self.fence_for(op);
+        let queued_at = tokio::time::Instant::now();
         let timeout = match fence {
             None => {
                 self.inner.gate.acquire(self.priority).await;
@@ -337,6 +370,7 @@ impl CherryClient {
             }
         };
         let started = tokio::time::Instant::now();
+        let queued = started.saturating_duration_since(queued_at);
         let mut req = self
             .inner
             .http
@@ -365,8 +399,18 @@ impl CherryClient {
                 source: source.without_url(),
             }
         };
-        let resp = req.send().await.map_err(transport)?;
+        let resp = match req.send().await {
+            Ok(resp) => resp,
+            Err(source) => {
+                let err = transport(source);
+                if let CloudError::Transport { kind, .. } = &err {
+                    self.observed(op, Attempt::Transport(kind), queued);
+                }
+                return Err(err);
+            }
+        };
         let status = resp.status();
+        self.observed(op, Attempt::Status(status.as_u16()), queued);
         let retry_after = resp
             .headers()
             .get(header::RETRY_AFTER)

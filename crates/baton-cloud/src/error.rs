@@ -52,6 +52,24 @@ impl Op {
         }
     }
 
+    /// The HTTP route of the operation, with its path parameters left as `{id}` (a metric label
+    /// of bounded cardinality).
+    pub fn route(self) -> &'static str {
+        match self {
+            Self::GetProject => "GET /v1/projects/{id}",
+            Self::EnableProjectBgp => "PUT /v1/projects/{id}",
+            Self::GetServer => "GET /v1/servers/{id}",
+            Self::ListServers => "GET /v1/projects/{id}/servers",
+            Self::UpdateServerBgp => "PUT /v1/servers/{id}",
+            Self::ListIps => "GET /v1/projects/{id}/ips",
+            Self::GetIp => "GET /v1/ips/{id}",
+            Self::CreateIp => "POST /v1/projects/{id}/ips",
+            Self::RetargetIp | Self::UnassignIp => "PUT /v1/ips/{id}",
+            Self::DeleteIp => "DELETE /v1/ips/{id}",
+            Self::ListRegions => "GET /v1/regions",
+        }
+    }
+
     /// Whether repeating the call has the same effect as making it once (GET, PUT, DELETE).
     /// Only these are retried automatically; creation gets its own tag-based protocol.
     pub fn is_idempotent(self) -> bool {

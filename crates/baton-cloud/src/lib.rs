@@ -25,7 +25,7 @@ pub mod tags;
 mod cache;
 mod limiter;
 
-pub use cherry::{CherryClient, ClientConfig};
+pub use cherry::{Attempt, CallObserver, CherryClient, ClientConfig};
 pub use cloud::Cloud;
 pub use error::{CloudError, Op};
 pub use fence::Fence;

@@ -29,6 +29,16 @@ pub enum Priority {
     Normal,
 }
 
+impl Priority {
+    /// `urgent` or `normal` (a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Urgent => "urgent",
+            Self::Normal => "normal",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct State {
     next_slot: Instant,

@@ -46,6 +46,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (metrics export each from the start).
+    pub const ALL: [Self; 5] = [
+        Self::Unassigned,
+        Self::HolderDown,
+        Self::HolderGone,
+        Self::FipUnreachable,
+        Self::HolderDraining,
+    ];
+
     /// A stable label for metrics and Event reasons.
     pub fn as_str(self) -> &'static str {
         match self {

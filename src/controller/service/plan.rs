@@ -247,6 +247,21 @@ pub fn clears_ccm_finalizer(svc: &ServiceFacts, has_ccm_finalizer: bool, mirror:
         && !matches!(scope(svc, mirror), Scope::Ignored(Ignored::OtherClass(_)))
 }
 
+/// Whether `svc` is a Service baton manages that still waits for its address (no ingress, not
+/// being deleted): `baton_services_pending`, and the pending list of `baton status`. A Service
+/// asking for one of the `control_plane` addresses is never given one by baton: not pending
+/// (`extra`: the configured implementation's IP annotation, see [`scope_excluding`]).
+pub fn is_pending(
+    svc: &ServiceFacts,
+    mirror: (&str, &str),
+    control_plane: &BTreeSet<IpAddr>,
+    extra: Option<&str>,
+) -> bool {
+    scope_excluding(svc, mirror, control_plane, extra) == Scope::Managed
+        && !svc.deleting
+        && svc.ingress_ips.is_empty()
+}
+
 /// The Service annotation baton writes the FIP's address to, per implementation (reference §6).
 pub fn ip_annotation(mode: &LoadBalancerMode) -> &str {
     match mode {

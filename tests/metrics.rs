@@ -1,0 +1,200 @@
+//! What an operator scrapes and reads: every metric docs/operations.md names is on `/metrics` of
+//! the real `baton controller` binary, the new gauges and the cloud counters carry the values the
+//! scenario implies, and the Events docs/operations.md promises on the Lease and the endpoint
+//! Service are recorded. Real API server and KCM, the simulator over HTTP, in a lab.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // scenario tests read top to bottom
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_sim::{Faults, Topology};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use common::{eventually, ingress, lb_service, namespace};
+use k8s_openapi::api::core::v1::{Event, Service};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use tokio::process::Command;
+
+const ADMIN: &str = "127.0.0.1:9590";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The metric names docs/operations.md lists in its "Metrics" section.
+fn documented_metrics() -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    let section = doc
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("docs/operations.md has a Metrics section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut names: Vec<String> = section
+        .lines()
+        .filter(|l| l.starts_with("| `baton_"))
+        .map(|l| l.trim_start_matches("| `").split('`').next().unwrap().to_owned())
+        .collect();
+    names.dedup();
+    names
+}
+
+async fn scrape() -> Option<String> {
+    let client = baton_testbed::http_client(None).unwrap();
+    let r = client
+        .get(format!("http://{ADMIN}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    r.text().await.ok()
+}
+
+/// The value of the first sample whose line starts with `prefix`.
+fn value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+async fn event(client: &kube::Client, ns: &str, name: &str, reason: &str) -> Event {
+    eventually(WAIT, &format!("Event {reason} on {ns}/{name}"), || async {
+        Api::<Event>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+    })
+    .await
+}
+
+#[test]
+fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
+    lab::run(|| async {
+        let names = documented_metrics();
+        assert!(
+            names.len() >= 20,
+            "the Metrics section lists the metrics: {names:?}"
+        );
+
+        let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
+        let client = cp.client_as(0, ADMIN_TOKEN).unwrap();
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), 600_101).await;
+        namespace(&client, "apps").await;
+        let services: Api<Service> = Api::namespaced(client.clone(), "apps");
+        let pp = PostParams::default();
+        // One Service that gets a FIP, one that cannot (its requested address is not an IP):
+        // pending, with a Warning, and not retried until it changes.
+        services
+            .create(&pp, &lb_service("apps", "web", &[]))
+            .await
+            .unwrap();
+        services
+            .create(
+                &pp,
+                &lb_service(
+                    "apps",
+                    "broken",
+                    &[("metallb.universe.tf/loadBalancerIPs", "not-an-ip")],
+                ),
+            )
+            .await
+            .unwrap();
+
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(logs.path().join("controller.log")).unwrap();
+        let env = common::env_for(
+            &sim,
+            &[
+                ("CHERRY_REGION_NAME", "LT-Siauliai"),
+                ("CHERRY_FIP_TAG", "cluster=lab-cp"),
+                ("BATON_API_RATE_LIMIT", "20"),
+            ],
+        );
+        let _controller = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .arg("controller")
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--identity", "replica-a", "--admin-listen", ADMIN])
+            .envs(&env)
+            .env("BATON_LOG", "info,baton=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+
+        let web = eventually(WAIT, "ingress of apps/web", || async {
+            services
+                .get_opt("web")
+                .await
+                .unwrap()
+                .filter(|s| ingress(s).is_some())
+        })
+        .await;
+        let web_ip = ingress(&web).unwrap();
+
+        // The gauges settle: leader, one control-plane FIP and one Service FIP owned, one
+        // Service pending (the broken one), nothing queued.
+        let text = eventually(WAIT, "the gauges to settle", || async {
+            let text = scrape().await?;
+            let settled = value(&text, "baton_leader ") == Some(1.0)
+                && value(&text, "baton_fips_owned{kind=\"control_plane\"}") == Some(1.0)
+                && value(&text, "baton_fips_owned{kind=\"service\"}") == Some(1.0)
+                && value(&text, "baton_services_pending ") == Some(1.0)
+                && value(&text, "baton_queue_depth{controller=\"services\"}") == Some(0.0);
+            settled.then_some(text)
+        })
+        .await;
+
+        for name in &names {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("# TYPE {name} "))),
+                "{name} is named in docs/operations.md but not served on /metrics"
+            );
+        }
+        // The cloud calls, by route and status: the IP list read, the FIP created.
+        let list = value(
+            &text,
+            "baton_cloud_requests_total{route=\"GET /v1/projects/{id}/ips\",status=\"200\"}",
+        );
+        assert!(list.unwrap_or(0.0) >= 1.0, "IP list reads counted:\n{text}");
+        let created = value(
+            &text,
+            "baton_cloud_requests_total{route=\"POST /v1/projects/{id}/ips\",status=\"201\"}",
+        );
+        assert_eq!(created, Some(1.0), "one FIP created, counted once:\n{text}");
+        // Every request went through the rate limit; the normal lane's waits are recorded.
+        let waits = value(
+            &text,
+            "baton_cloud_rate_limit_wait_seconds_count{priority=\"normal\"}",
+        );
+        assert!(waits.unwrap_or(0.0) >= 2.0, "rate-limit waits recorded:\n{text}");
+        let failed = value(
+            &text,
+            "baton_reconcile_errors_total{controller=\"services\",category=\"invalid_annotation\"}",
+        );
+        assert!(
+            failed.unwrap_or(0.0) >= 1.0,
+            "the broken Service's error counted:\n{text}"
+        );
+
+        // Events: who became leader, on the Lease; the endpoint Service's ingress and endpoints.
+        let lease_event = event(&client, "kube-system", "baton-controller", "LeaderElection").await;
+        assert_eq!(lease_event.message.as_deref(), Some("replica-a became leader"));
+        let updated = event(
+            &client,
+            "kube-system",
+            "baton-kubernetes-external",
+            "EndpointsUpdated",
+        )
+        .await;
+        let note = updated.message.unwrap_or_default();
+        assert!(note.contains(&fip.address.to_string()), "{note}");
+        assert!(web_ip != fip.address.to_string(), "the Service got its own FIP");
+    });
+}
