@@ -14,3 +14,21 @@ pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
 pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
 /// The label EndpointSlices use to name their Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// cloud-provider-cherry's mirror Service (`kube-system`), left behind on a switch to baton.
+pub const CCM_MIRROR_SERVICE: &str = "cloud-provider-cherry-kubernetes-external";
+/// The `spec.loadBalancerClass` of the control-plane endpoint Services baton creates (the mirror
+/// Service, the bootstrap's API Services): no load-balancer
+/// implementation handles a class it does not own (MetalLB and kube-vip handle Services without a
+/// class, or with theirs), so MetalLB's speaker never announces the control-plane FIP through it,
+/// whatever pools exist (CPEM #258). Set only when baton creates the Service: the field is
+/// immutable.
+pub const CONTROL_PLANE_CLASS: &str = "baton.dev/control-plane";
+
+/// Whether a control-plane endpoint Service baton writes is applied with
+/// `spec.loadBalancerClass` [`CONTROL_PLANE_CLASS`]: when it does not exist yet, or already has
+/// that class. The field is immutable, so one made without it (by an older baton) keeps none.
+pub fn with_class(existing: Option<&k8s_openapi::api::core::v1::Service>) -> bool {
+    existing.is_none_or(|svc| {
+        svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) == Some(CONTROL_PLANE_CLASS)
+    })
+}

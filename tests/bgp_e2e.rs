@@ -16,7 +16,7 @@ use baton_sim::{Faults, Topology};
 use baton_testbed::control_plane::Proc;
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::{eventually, ingress, lb_service, namespace};
-use k8s_openapi::api::core::v1::{Container, Node, NodeSpec, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -30,50 +30,6 @@ const ROUTER_ASN: u32 = 16_125;
 const NODE_ASN: u32 = 65_000;
 const NODE_IP: &str = "198.51.100.21";
 const GOBGP_API: &str = "127.0.0.1:50051";
-
-fn gobgpd_config() -> String {
-    format!(
-        r#"[global.config]
-  as = {ROUTER_ASN}
-  router-id = "{ROUTER}"
-  local-address-list = ["{ROUTER}"]
-
-[[neighbors]]
-  [neighbors.config]
-    neighbor-address = "{NODE_IP}"
-    peer-as = {NODE_ASN}
-  [neighbors.transport.config]
-    passive-mode = true
-    local-address = "{ROUTER}"
-"#
-    )
-}
-
-/// The router's IPv4 RIB: prefix → next hops of its paths.
-async fn router_rib() -> BTreeMap<String, Vec<String>> {
-    let (host, port) = GOBGP_API.split_once(':').unwrap();
-    let out = Command::new("gobgp")
-        .args(["-u", host, "-p", port, "global", "rib", "-a", "ipv4", "-j"])
-        .output()
-        .await
-        .expect("running gobgp (Debian package gobgpd)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
-        return BTreeMap::new();
-    };
-    let mut rib = BTreeMap::new();
-    for (prefix, paths) in json.as_object().into_iter().flatten() {
-        let hops = paths
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|p| p["attrs"].as_array().cloned().unwrap_or_default())
-            .filter_map(|a| a["nexthop"].as_str().map(str::to_owned))
-            .collect();
-        rib.insert(prefix.clone(), hops);
-    }
-    rib
-}
 
 fn node(name: &str, server: u64) -> Node {
     Node {
@@ -129,26 +85,6 @@ fn endpoint_slice() -> EndpointSlice {
     }
 }
 
-fn speaker_pod() -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some("speaker-worker-0".into()),
-            namespace: Some("metallb-system".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some("worker-0".into()),
-            containers: vec![Container {
-                name: "speaker".into(),
-                image: Some("quay.io/metallb/speaker:v0.14.9".into()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        status: None,
-    }
-}
-
 fn tail(path: &std::path::Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
@@ -157,7 +93,8 @@ fn tail(path: &std::path::Path, n: usize) -> String {
 
 #[test]
 fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
-    let speaker_bin = metallb::dir().join("bin/speaker");
+    // The speaker must be built (scripts/metallb-env): fail before starting anything if not.
+    metallb::dir();
     lab::run(move || async move {
         baton_testbed::init_tracing();
         let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
@@ -179,7 +116,11 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
 
         // The router: gobgpd on the route server's address, passive, eBGP with the node's ASN.
         let conf = logs.path().join("gobgpd.toml");
-        std::fs::write(&conf, gobgpd_config()).unwrap();
+        std::fs::write(
+            &conf,
+            metallb::gobgpd_config(ROUTER, ROUTER_ASN, &[(NODE_IP, NODE_ASN)]),
+        )
+        .unwrap();
         let router = Proc::spawn(
             "gobgpd",
             logs.path(),
@@ -225,30 +166,13 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
         // --ml-labels), metrics on loopback. It reads its own Pod at start (the owner of its
         // layer-2 status objects): the Pod object exists, as under a DaemonSet; nothing runs it.
         Api::<Pod>::namespaced(admin.clone(), "metallb-system")
-            .create(&pp, &speaker_pod())
+            .create(&pp, &metallb::speaker_pod("metallb-system", "worker-0"))
             .await
             .unwrap();
         let speaker = Proc::spawn(
             "speaker",
             logs.path(),
-            Command::new(&speaker_bin)
-                .arg("--kubeconfig")
-                .arg(&kubeconfig)
-                .args([
-                    "--node-name",
-                    "worker-0",
-                    "--pod-name",
-                    "speaker-worker-0",
-                    "--namespace",
-                    "metallb-system",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "7472",
-                    "--log-level",
-                    "debug",
-                ])
-                .env("METALLB_BGP_TYPE", "native"),
+            &mut metallb::speaker_command(&kubeconfig, "metallb-system", "worker-0", 7472),
         )
         .unwrap();
 
@@ -271,7 +195,7 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
         let prefix = format!("{fip}/32");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            let rib = router_rib().await;
+            let rib = metallb::router_rib(GOBGP_API).await;
             if rib
                 .get(&prefix)
                 .is_some_and(|hops| hops.iter().any(|h| h == NODE_IP))
@@ -296,7 +220,7 @@ fn metallb_speaker_announces_the_service_fip_to_a_real_router() {
             .await
             .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while router_rib().await.contains_key(&prefix) {
+        while metallb::router_rib(GOBGP_API).await.contains_key(&prefix) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "{prefix} was not withdrawn\n--- speaker ---\n{}",

@@ -1,7 +1,7 @@
 //! The Service FIP controller against a real API server (+ kube-controller-manager) and the
-//! simulator: create → ingress; delete → FIP released, then the Service goes; bring-your-own IP,
-//! opt-out, control-plane endpoints and other types untouched; a lost record is found again by
-//! tags; region errors surface as Events while other Services proceed.
+//! simulator: create → ingress; delete → FIP released, then the Service goes; bring-your-own IP
+//! gets its ingress (as the Cherry CCM sets it) and nothing else; opt-out, control-plane
+//! endpoints and other types untouched; a lost record is found again by tags; region errors surface as Events while other Services proceed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
@@ -80,7 +80,7 @@ fn service_fip_lifecycle() {
         let api: Api<Service> = Api::namespaced(client.clone(), "apps");
         let pp = PostParams::default();
 
-        // Untouched: bring-your-own IP (spec and annotation), opt-out, ClusterIP, control-plane.
+        // Bring-your-own IP (spec and annotation); untouched: opt-out, ClusterIP, control-plane.
         let mut byo = lb_service("apps", "byo", &[]);
         byo.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.200".into());
         api.create(&pp, &byo).await.unwrap();
@@ -130,9 +130,25 @@ fn service_fip_lifecycle() {
         assert!(fips[0].target().is_none(), "a Service FIP is never targeted");
         wait_event(&client, "apps", "web", "FloatingIPReserved").await;
 
+        // Bring-your-own IP: no FIP, no finalizer, no record; the ingress shows the address,
+        // as the Cherry CCM sets it.
+        for (name, want) in [("byo", "192.0.2.200"), ("byo-ann", "192.0.2.201")] {
+            let s = wait_ingress(&api, name).await;
+            assert_eq!(ingress(&s).as_deref(), Some(want), "{name}");
+            assert!(
+                s.finalizers().is_empty(),
+                "{name} has finalizers {:?}",
+                s.finalizers()
+            );
+            assert!(
+                !s.annotations().contains_key(FIP_ID_ANNOTATION),
+                "{name} was annotated"
+            );
+        }
+
         // The untouched ones are as they were, a moment after the managed one converged.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for name in ["byo", "byo-ann", "opted-out", "plain", "api", "api-int"] {
+        for name in ["opted-out", "plain", "api", "api-int"] {
             let s = get(&api, name).await.unwrap();
             assert!(
                 s.finalizers().is_empty(),
@@ -206,6 +222,12 @@ fn service_fip_lifecycle() {
         })
         .await;
         assert_eq!(switched.annotations()[METALLB_IPS_ANNOTATION], "192.0.2.77");
+        eventually(WAIT, "the ingress shows the Service's own IP", || async {
+            get(&api, "switch")
+                .await
+                .filter(|s| ingress(s).as_deref() == Some("192.0.2.77"))
+        })
+        .await;
 
         // A Service that stops being a LoadBalancer gives its FIP back and loses the finalizer.
         api.create(&pp, &lb_service("apps", "shrink", &[])).await.unwrap();

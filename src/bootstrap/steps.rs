@@ -28,7 +28,8 @@ use super::config::{BootstrapConfig, Endpoint, FipSource, ManifestObject, reserv
 use super::error::BootstrapError;
 use super::state::FipRecord;
 use crate::names::{
-    CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,
+    CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION,
+    SERVICE_NAME_LABEL, with_class,
 };
 
 /// Label on the API Services naming their endpoint.
@@ -205,7 +206,9 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// The API Service of an endpoint: type LoadBalancer, `loadBalancerIP` = the FIP, annotated as a
 /// control-plane endpoint (the in-cluster manager routes its FIP and mirrors `default/kubernetes`
 /// into it), no selector, MetalLB told to stay away.
-pub fn desired_service(ep: &Endpoint, fip: IpAddr) -> Service {
+/// With `class`, its `loadBalancerClass` is [`CONTROL_PLANE_CLASS`]: no load-balancer
+/// implementation handles it ([`with_class`] decides, the field being immutable).
+pub fn desired_service(ep: &Endpoint, fip: IpAddr, class: bool) -> Service {
     let annotations: BTreeMap<String, String> = [
         (CONTROL_PLANE_ENDPOINT_ANNOTATION, "true"),
         METALLB_DISABLE_ANNOTATION,
@@ -230,6 +233,7 @@ pub fn desired_service(ep: &Endpoint, fip: IpAddr) -> Service {
         },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
+            load_balancer_class: class.then(|| CONTROL_PLANE_CLASS.to_owned()),
             load_balancer_ip: Some(fip.to_string()),
             ports: Some(
                 ep.service
@@ -286,7 +290,11 @@ pub async fn apply_services(
     for (ep, fip) in eps {
         ensure_namespace(client, &ep.service.namespace).await?;
         let api: Api<Service> = Api::namespaced(client.clone(), &ep.service.namespace);
-        let svc = desired_service(ep, fip.address);
+        let existing = api
+            .get_opt(&ep.service.name)
+            .await
+            .map_err(kube_err(format!("reading Service {}", ep.service)))?;
+        let svc = desired_service(ep, fip.address, with_class(existing.as_ref()));
         api.patch(&ep.service.name, &pp(), &Patch::Apply(&svc))
             .await
             .map_err(kube_err(format!("applying Service {}", ep.service)))?;

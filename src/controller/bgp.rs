@@ -16,13 +16,17 @@
 //! kube-vip and empty need nothing more than the node annotations and the Service IP annotation
 //! (written by the Service controller, which also enforces the prefix budget on the Service).
 //! Everything baton writes to MetalLB carries `app.kubernetes.io/managed-by: baton`; an object
-//! without that label is never modified or deleted, even when its name is one baton wants.
+//! without that label is never modified or deleted, even when its name is one baton wants —
+//! except cloud-provider-cherry's (`cloud-provider: equinix-metal`), which baton adopts on a
+//! switch from the CCM: the same names are taken over in place, the rest (its
+//! `equinix-metal-bgp-adv`, a pool for the control-plane FIP) deleted once baton's own apply.
 
 mod plan;
 
 pub use plan::*;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +44,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::kit::{KubeCallError, NotLeader, timed};
-use super::service::{ServiceFacts, budget, facts_of, requested_ip};
+use super::service::{
+    Scope, ServiceFacts, budget, control_plane_addresses, facts_of, ip_annotation, requested_ip,
+    scope_excluding,
+};
 use super::watches::{Cache, Watches, any_changed};
 use super::{Context, FIELD_MANAGER, mirror};
 
@@ -376,17 +383,27 @@ impl Bgp {
 
     /// The Services MetalLB announces: managed, not being deleted, within the prefix budget,
     /// with an IP (baton's FIP or the user's own). Each Service's facts are read once.
-    fn lb_services(&self) -> Vec<LbService> {
+    fn lb_services(&self, control_plane: &BTreeSet<IpAddr>) -> Vec<LbService> {
         let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let mirror_name = mirror::service_name(&self.ctx.config.prefix);
         let admission = budget::admitted(
             &facts,
             ("kube-system", &mirror_name),
+            control_plane,
             self.ctx.config.bgp_prefix_limit,
         );
         let mut out: Vec<LbService> = facts
             .into_iter()
             .filter(|f| admission.admitted.contains(&f.key()))
+            // Never a control-plane FIP, whatever the Service's name (CPEM #258).
+            .filter(|f| {
+                scope_excluding(
+                    f,
+                    ("kube-system", &mirror_name),
+                    control_plane,
+                    Some(ip_annotation(&self.mode)),
+                ) == Scope::Managed
+            })
             .filter_map(|f| {
                 let ip = requested_ip(&f, &self.mode).ok()??;
                 Some(LbService {
@@ -400,20 +417,8 @@ impl Bgp {
         out
     }
 
-    async fn metallb(
-        &mut self,
-        namespace: &str,
-        peer_mode: baton_core::BgpPeerMode,
-        nodes: &[NodeBgp],
-    ) -> Result<(), BgpError> {
-        let services = self.lb_services();
-        let desired = desired_metallb_objects(
-            &services,
-            nodes,
-            peer_mode,
-            &self.ctx.config.prefix,
-            self.ctx.config.bgp_node_selector.as_ref(),
-        );
+    /// Every IPAddressPool, BGPAdvertisement and BGPPeer in MetalLB's namespace.
+    async fn existing_metallb_objects(&self, namespace: &str) -> Result<Vec<Existing>, BgpError> {
         let mut existing = Vec::new();
         for kind in Kind::ALL {
             let api: Api<DynamicObject> =
@@ -436,12 +441,38 @@ impl Bgp {
                 existing.push(Existing {
                     kind,
                     name: obj.name_any(),
-                    ours: labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY),
+                    ours: adoptable(&labels),
                     labels,
                     spec: obj.data.get("spec").cloned().unwrap_or_default(),
                 });
             }
         }
+        Ok(existing)
+    }
+
+    async fn metallb(
+        &mut self,
+        namespace: &str,
+        peer_mode: baton_core::BgpPeerMode,
+        nodes: &[NodeBgp],
+    ) -> Result<(), BgpError> {
+        // The control-plane FIPs (from the shared IP list): never in a pool. Without the list
+        // nothing is changed (failing closed: no pool for an address that may be one).
+        let ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
+            step: "listing Floating IPs".into(),
+            source: Box::new(source),
+        })?;
+        let all: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
+        let control_plane = control_plane_addresses(self.ctx.config.fip_tag.as_ref(), &ips, &all);
+        let services = self.lb_services(&control_plane);
+        let desired = desired_metallb_objects(
+            &services,
+            nodes,
+            peer_mode,
+            &self.ctx.config.prefix,
+            self.ctx.config.bgp_node_selector.as_ref(),
+        );
+        let existing = self.existing_metallb_objects(namespace).await?;
         for action in metallb_actions(&desired, &existing) {
             match action {
                 Action::Apply(obj) => self.apply_metallb(namespace, &obj).await?,
@@ -456,6 +487,24 @@ impl Bgp {
                         Err(e) => return Err(e.into()),
                     }
                 }
+                Action::Label(kind, name, labels) => {
+                    self.ctx.leader.ensure("labelling a MetalLB object")?;
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
+                    let patch = json!({"metadata": {"labels": labels}});
+                    timed(
+                        format!("labelling {} {namespace}/{name}", kind.kind()),
+                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                    )
+                    .await?;
+                    info!(kind = kind.kind(), %name, %namespace, "MetalLB object adopted (labelled; its spec already means baton's)");
+                    let note = format!(
+                        "{} {name} adopted by baton: its spec already means what baton wants, so only baton's label was added (a rewritten BGPPeer would reset its BGP session)",
+                        kind.kind()
+                    );
+                    self.metallb_event(kind, namespace, &name, EventType::Normal, "Adopted", note)
+                        .await;
+                }
                 Action::Conflict(kind, name) => {
                     if self.reported.insert(format!("conflict/{kind:?}/{name}")) {
                         let note = format!(
@@ -467,7 +516,9 @@ impl Bgp {
                             kind = kind.kind(),
                             %name,
                             %namespace,
-                            "an object of this name exists without label {MANAGED_BY_LABEL}={MANAGED_BY}; it is not baton's and is left alone"
+                            "an object of this name exists without label {MANAGED_BY_LABEL}={MANAGED_BY} (or cloud-provider-cherry's {}={}); it is not baton's and is left alone",
+                            CCM_LABEL.0,
+                            CCM_LABEL.1
                         );
                     }
                 }

@@ -87,6 +87,9 @@ struct EndpointState {
     route_checked: bool,
     /// Since when the FIP has been unreachable while its holder answers directly.
     unreachable_since: Option<Instant>,
+    /// Whether cloud-provider-cherry's leftover mirror Service was looked for (once, after
+    /// baton's own mirror of the `fipTag` FIP is in place).
+    ccm_leftover_checked: bool,
 }
 
 /// How long the FIP must fail while its holder answers directly before that is a reason to act.
@@ -202,6 +205,10 @@ async fn run_on(
     let mut counted = std::sync::Weak::<Vec<IpAddress>>::new();
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
+    // The resourceVersion each finalizer write was last made for (no repeat before the watch
+    // shows its result).
+    let mut finalized: BTreeMap<String, String> = BTreeMap::new();
+    let mut unknown_fips = UnknownFips::default();
 
     let mut again = false;
     loop {
@@ -242,6 +249,17 @@ async fn run_on(
         let Some(ips) = ips else {
             continue;
         };
+        // An endpoint Service naming a FIP the cached list does not show yet (reserved a moment
+        // ago): read the list again now, then after 5 s, doubling up to 10 minutes while it stays
+        // unknown (an address that is no FIP of the project must not cost a list every second).
+        if leading && unknown_fips.due(&unknown_endpoint_ips(&services, &ips)) {
+            ctx.cloud.invalidate_ips();
+            again = true;
+            continue;
+        }
+        if leading {
+            finalize(&ctx, &services, &ips, &mirror_name, &mut finalized).await;
+        }
         let endpoints = discover(&ctx, &services, &ips, &api_servers);
         if leading {
             metrics.set_fips_owned("control_plane", endpoints.len());
@@ -689,6 +707,14 @@ impl Step<'_> {
                     state.last_applied = Some(inputs);
                     state.last_applied_at = Some(Instant::now());
                     state.retry_at = None;
+                    if ep.service.manage_spec && !state.ccm_leftover_checked {
+                        match mirror::remove_ccm_leftover(&ctx.client, &ep.service).await {
+                            Ok(_) => state.ccm_leftover_checked = true,
+                            Err(error) => {
+                                tracing::warn!(%error, "removing cloud-provider-cherry's leftover mirror Service failed");
+                            }
+                        }
+                    }
                 }
                 Err(error) => {
                     if state.retry_at.is_none() {
@@ -935,6 +961,259 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
     })
 }
 
+/// The `loadBalancerIP`s of live annotated endpoint Services that are no FIP in `ips`.
+fn unknown_endpoint_ips(services: &[Arc<Service>], ips: &[IpAddress]) -> BTreeSet<IpAddr> {
+    services
+        .iter()
+        .filter(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.annotations()
+                    .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+        })
+        .filter_map(|s| lb_ip(s))
+        .filter(|ip| {
+            !ips.iter()
+                .any(|f| f.address == *ip && f.ip_type == IpType::FloatingIp)
+        })
+        .collect()
+}
+
+/// When to read the IP list again for endpoint addresses it does not show: at once when the set
+/// of unknown addresses changes, then after [`Self::FIRST_WAIT`], doubling up to [`Self::MAX_WAIT`].
+#[derive(Debug)]
+struct UnknownFips {
+    last: BTreeSet<IpAddr>,
+    at: Option<Instant>,
+    wait: Duration,
+}
+
+impl Default for UnknownFips {
+    fn default() -> Self {
+        Self {
+            last: BTreeSet::new(),
+            at: None,
+            wait: Self::FIRST_WAIT,
+        }
+    }
+}
+
+impl UnknownFips {
+    const FIRST_WAIT: Duration = Duration::from_secs(5);
+    const MAX_WAIT: Duration = Duration::from_secs(600);
+
+    /// Whether the list should be read again now, given the addresses it does not show.
+    fn due(&mut self, unknown: &BTreeSet<IpAddr>) -> bool {
+        if unknown.is_empty() {
+            *self = Self::default();
+            return false;
+        }
+        let now = Instant::now();
+        if !unknown.is_subset(&self.last) {
+            self.last.clone_from(unknown);
+            self.at = Some(now);
+            self.wait = Self::FIRST_WAIT;
+            return true;
+        }
+        self.last.clone_from(unknown);
+        match self.at {
+            Some(at) if now.duration_since(at) < self.wait => false,
+            _ => {
+                self.at = Some(now);
+                self.wait = (self.wait * 2).min(Self::MAX_WAIT);
+                true
+            }
+        }
+    }
+}
+
+/// The finalizer that keeps an annotated control-plane endpoint Service until its FIP is
+/// unassigned (DESIGN.md: deleting the Service stops routing the FIP, never deletes it).
+pub const ENDPOINT_FINALIZER: &str = "baton.dev/control-plane-fip";
+
+/// A finalizer write for a control-plane endpoint Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FinalizerStep {
+    /// Add the finalizer (a live endpoint whose `loadBalancerIP` is a FIP of the project).
+    Add {
+        namespace: String,
+        name: String,
+        version: String,
+    },
+    /// The Service is being deleted: unassign its FIP (`Some(id)`: still routed, no other
+    /// endpoint uses it, not the `fipTag` FIP), then remove the finalizer.
+    Release {
+        namespace: String,
+        name: String,
+        version: String,
+        unassign: Option<Box<IpAddress>>,
+    },
+}
+
+fn lb_ip(svc: &Service) -> Option<IpAddr> {
+    svc.spec
+        .as_ref()?
+        .load_balancer_ip
+        .as_deref()
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The finalizer writes for the control-plane endpoint Services (annotated, not the mirror):
+/// add it to live ones whose `loadBalancerIP` is a FIP of the project; on deletion unassign the
+/// FIP unless it is the `fipTag` FIP or another live endpoint Service (the mirror included) uses
+/// it. The FIP itself is never deleted: it belongs to whoever reserved it.
+fn finalizer_plan(
+    services: &[Arc<Service>],
+    ips: &[IpAddress],
+    fip_tag: Option<&baton_core::FipTag>,
+    mirror_name: &str,
+) -> Vec<FinalizerStep> {
+    let is_mirror =
+        |s: &Service| s.namespace().as_deref() == Some("kube-system") && s.name_any() == mirror_name;
+    let annotated = |s: &Service| {
+        s.annotations()
+            .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
+            .is_some_and(|v| v == "true")
+    };
+    let fip_of = |ip: IpAddr| {
+        ips.iter()
+            .find(|f| f.address == ip && f.ip_type == IpType::FloatingIp)
+    };
+    let mut out = Vec::new();
+    for svc in services {
+        let has = svc.finalizers().iter().any(|f| f == ENDPOINT_FINALIZER);
+        let deleting = svc.metadata.deletion_timestamp.is_some();
+        let namespace = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        let version = svc.resource_version().unwrap_or_default();
+        if is_mirror(svc) || (!annotated(svc) && !has) {
+            continue;
+        }
+        if !deleting {
+            if !has && lb_ip(svc).and_then(fip_of).is_some() {
+                out.push(FinalizerStep::Add {
+                    namespace,
+                    name,
+                    version,
+                });
+            }
+            continue;
+        }
+        if !has {
+            continue;
+        }
+        let unassign = lb_ip(svc).and_then(fip_of).filter(|fip| {
+            let tagged =
+                fip_tag.is_some_and(|t| t.matches(fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
+            let shared = services.iter().any(|o| {
+                !Arc::ptr_eq(o, svc)
+                    && o.metadata.deletion_timestamp.is_none()
+                    && (annotated(o) || is_mirror(o))
+                    && lb_ip(o) == Some(fip.address)
+            });
+            fip.target().is_some() && !tagged && !shared
+        });
+        out.push(FinalizerStep::Release {
+            namespace,
+            name,
+            version,
+            unassign: unassign.cloned().map(Box::new),
+        });
+    }
+    out
+}
+
+/// Carries out [`finalizer_plan`] (leader only). Failures are logged and tried again on a later
+/// iteration; the FIP is unassigned before the finalizer goes, so a crash in between repeats a
+/// harmless unassign.
+async fn finalize(
+    ctx: &Context,
+    services: &[Arc<Service>],
+    ips: &[IpAddress],
+    mirror_name: &str,
+    done: &mut BTreeMap<String, String>,
+) {
+    let plan = finalizer_plan(services, ips, ctx.config.fip_tag.as_ref(), mirror_name);
+    done.retain(|key, _| {
+        plan.iter().any(|step| match step {
+            FinalizerStep::Add { namespace, name, .. } | FinalizerStep::Release { namespace, name, .. } => {
+                *key == format!("{namespace}/{name}")
+            }
+        })
+    });
+    for step in plan {
+        let (FinalizerStep::Add {
+            namespace,
+            name,
+            version,
+        }
+        | FinalizerStep::Release {
+            namespace,
+            name,
+            version,
+            ..
+        }) = &step;
+        let key = format!("{namespace}/{name}");
+        if done.get(&key) == Some(version) || !ctx.leader.is_leader() {
+            continue;
+        }
+        let api: kube::Api<Service> = kube::Api::namespaced(ctx.client.clone(), namespace);
+        let Some(svc) = services
+            .iter()
+            .find(|s| s.namespace().as_deref() == Some(namespace.as_str()) && s.name_any() == *name)
+        else {
+            continue;
+        };
+        let mut finalizers: Vec<String> = svc.finalizers().to_vec();
+        if let FinalizerStep::Release {
+            unassign: Some(fip), ..
+        } = &step
+        {
+            match ctx.cloud.unassign_ip(&fip.id).await {
+                Ok(_) => {
+                    tracing::info!(service = %key, fip = %fip.address, "control-plane endpoint Service deleted: its Floating IP is unassigned (kept reserved)");
+                    ctx.event(
+                        &**svc,
+                        EventType::Normal,
+                        "FloatingIPUnassigned",
+                        "ReleaseControlPlaneEndpoint",
+                        format!(
+                            "the Service is being deleted: Floating IP {} ({}) no longer routed to a server; the reservation is kept",
+                            fip.address, fip.id
+                        ),
+                    )
+                    .await;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(error) => {
+                    tracing::warn!(%error, service = %key, fip = %fip.address, "unassigning the Floating IP of a deleted control-plane endpoint failed");
+                    continue;
+                }
+            }
+        }
+        match &step {
+            FinalizerStep::Add { .. } => finalizers.push(ENDPOINT_FINALIZER.to_owned()),
+            FinalizerStep::Release { .. } => finalizers.retain(|f| f != ENDPOINT_FINALIZER),
+        }
+        // resourceVersion makes the patch conditional on the list it was computed from.
+        let patch = serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": version}});
+        let pp = kube::api::PatchParams::default();
+        match super::kit::timed(
+            format!("updating the finalizers of Service {key}"),
+            api.patch(name, &pp, &kube::api::Patch::Merge(&patch)),
+        )
+        .await
+        {
+            Ok(_) => {
+                done.insert(key, version.clone());
+            }
+            Err(error) => {
+                tracing::debug!(%error, service = %key, "finalizer write failed; tried again later");
+            }
+        }
+    }
+}
+
 /// The Services that can be control-plane endpoints: the mirror Service and every Service
 /// annotated as one.
 fn endpoint_services(services: &[Arc<Service>], mirror_name: &str) -> Vec<Arc<Service>> {
@@ -1012,7 +1291,12 @@ fn discover(
             .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
             .is_some_and(|v| v == "true");
         let ns = svc.namespace().unwrap_or_default();
-        if !annotated || (ns == "kube-system" && svc.name_any() == mirror_name) {
+        // A Service being deleted is no endpoint any more: its FIP is unassigned, never moved
+        // again ([`finalizer_plan`]).
+        if !annotated
+            || (ns == "kube-system" && svc.name_any() == mirror_name)
+            || svc.metadata.deletion_timestamp.is_some()
+        {
             continue;
         }
         let Some(spec) = svc.spec.as_ref() else { continue };
@@ -1049,6 +1333,160 @@ fn discover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fip_at(address: &str, target: Option<u64>, tags: &[(&str, &str)]) -> IpAddress {
+        serde_json::from_value(serde_json::json!({
+            "id": format!("id-{address}"),
+            "address": address,
+            "type": "floating-ip",
+            "targeted_to": target.map(|t| serde_json::json!({"id": t})),
+            "tags": tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
+        }))
+        .unwrap()
+    }
+
+    fn endpoint_svc(
+        ns: &str,
+        name: &str,
+        lb_ip: &str,
+        finalizer: bool,
+        deleting: bool,
+        annotated: bool,
+    ) -> Arc<Service> {
+        let mut meta = serde_json::json!({
+            "name": name, "namespace": ns, "resourceVersion": "7",
+            "annotations": if annotated { serde_json::json!({CONTROL_PLANE_ENDPOINT_ANNOTATION: "true"}) } else { serde_json::json!({}) },
+        });
+        if finalizer {
+            meta["finalizers"] = serde_json::json!([ENDPOINT_FINALIZER]);
+        }
+        if deleting {
+            meta["deletionTimestamp"] = serde_json::json!("2026-01-01T00:00:00Z");
+        }
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": meta,
+                "spec": {"type": "LoadBalancer", "loadBalancerIP": lb_ip},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn unassigned(plan: &[FinalizerStep]) -> Vec<(String, Option<String>)> {
+        plan.iter()
+            .filter_map(|s| match s {
+                FinalizerStep::Release { name, unassign, .. } => {
+                    Some((name.clone(), unassign.as_ref().map(|f| f.address.to_string())))
+                }
+                FinalizerStep::Add { .. } => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoint_address_the_list_does_not_show_rereads_it_at_once_then_ever_more_rarely() {
+        let mut u = UnknownFips::default();
+        let none = BTreeSet::new();
+        let one: BTreeSet<IpAddr> = BTreeSet::from(["203.0.113.9".parse().unwrap()]);
+        let two: BTreeSet<IpAddr> =
+            BTreeSet::from(["203.0.113.9".parse().unwrap(), "203.0.113.10".parse().unwrap()]);
+        assert!(!u.due(&none));
+        assert!(u.due(&one), "a new unknown address: at once");
+        assert!(!u.due(&one));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(u.due(&one), "then after 5 s");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!u.due(&one), "then after 10 s");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(u.due(&one));
+        assert!(u.due(&two), "another new address: at once again");
+        assert!(!u.due(&one), "one of the known ones going is no reason");
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_secs(600)).await;
+            assert!(u.due(&one));
+        }
+        assert_eq!(u.wait, UnknownFips::MAX_WAIT);
+        assert!(!u.due(&none));
+        assert!(u.due(&one), "known again, then unknown: at once");
+    }
+
+    #[test]
+    fn unknown_endpoint_ips_are_live_annotated_services_addresses_missing_from_the_list() {
+        let ips = vec![fip_at("203.0.113.1", Some(1), &[])];
+        let services = vec![
+            endpoint_svc("default", "api", "203.0.113.1", false, false, true),
+            endpoint_svc("default", "new", "203.0.113.2", false, false, true),
+            endpoint_svc("default", "going", "203.0.113.3", true, true, true),
+            endpoint_svc("default", "plain", "203.0.113.4", false, false, false),
+        ];
+        assert_eq!(
+            unknown_endpoint_ips(&services, &ips),
+            BTreeSet::from(["203.0.113.2".parse().unwrap()])
+        );
+    }
+
+    #[test]
+    fn a_deleted_control_plane_endpoint_unassigns_its_fip_and_never_anothers() {
+        let tag: baton_core::FipTag = "cluster=my-cp".parse().unwrap();
+        let ips = vec![
+            fip_at("203.0.113.1", Some(1), &[]),
+            fip_at("203.0.113.2", Some(1), &[]),
+            fip_at("203.0.113.3", Some(1), &[("cluster", "my-cp")]),
+            fip_at("203.0.113.4", None, &[]),
+        ];
+        let services = vec![
+            // Live, no finalizer yet, its IP a FIP of the project: gets one.
+            endpoint_svc("default", "api", "203.0.113.1", false, false, true),
+            // Live, IP not a FIP of the project: none.
+            endpoint_svc("default", "elsewhere", "192.0.2.9", false, false, true),
+            // Deleted: its FIP is unassigned.
+            endpoint_svc("default", "gone", "203.0.113.2", true, true, true),
+            // Deleted, but api still uses 203.0.113.1: kept routed.
+            endpoint_svc("default", "api-int", "203.0.113.1", true, true, true),
+            // Deleted, the fipTag FIP: kept routed (the mirror serves it).
+            endpoint_svc("default", "tagged", "203.0.113.3", true, true, true),
+            // Deleted, its FIP already unassigned: only the finalizer goes.
+            endpoint_svc("default", "idle", "203.0.113.4", true, true, true),
+            // The mirror Service never gets the finalizer.
+            endpoint_svc(
+                "kube-system",
+                "baton-kubernetes-external",
+                "203.0.113.3",
+                false,
+                false,
+                true,
+            ),
+            // Deleted without baton's finalizer: nothing to do.
+            endpoint_svc("default", "foreign", "203.0.113.2", false, true, true),
+        ];
+        let plan = finalizer_plan(&services, &ips, Some(&tag), "baton-kubernetes-external");
+        assert_eq!(
+            plan.iter()
+                .filter(|s| matches!(s, FinalizerStep::Add { .. }))
+                .count(),
+            1
+        );
+        assert!(plan.contains(&FinalizerStep::Add {
+            namespace: "default".into(),
+            name: "api".into(),
+            version: "7".into()
+        }));
+        assert_eq!(
+            unassigned(&plan),
+            vec![
+                ("gone".into(), Some("203.0.113.2".into())),
+                ("api-int".into(), None),
+                ("tagged".into(), None),
+                ("idle".into(), None),
+            ]
+        );
+        // Without the fipTag, the tagged FIP is an ordinary endpoint's.
+        let plan = finalizer_plan(&services, &ips, None, "baton-kubernetes-external");
+        assert!(
+            unassigned(&plan).contains(&("tagged".into(), None)),
+            "the mirror still uses it"
+        );
+    }
 
     fn ip(id: &str, target: Option<u64>) -> IpAddress {
         serde_json::from_value(serde_json::json!({

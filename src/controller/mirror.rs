@@ -6,7 +6,9 @@
 //! `ipMode: Proxy`, so a probe through the FIP really crosses the network instead of being
 //! short-circuited by kube-proxy), whose ports come from `default/kubernetes`, and whose endpoints
 //! mirror exactly those of `default/kubernetes` — selected by the owning Service's label, not by
-//! namespace. MetalLB is told not to touch it; baton's own load-balancer code skips it.
+//! namespace. MetalLB is told not to touch it (its `loadBalancerClass` is baton's
+//! [`CONTROL_PLANE_CLASS`], so no implementation handles it; and the address-pool annotation);
+//! baton's own load-balancer code skips it.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -23,7 +25,10 @@ use kube::{Api, Resource as _, ResourceExt as _};
 
 use super::FIELD_MANAGER;
 use super::kit::{KubeCallError, timed};
-pub use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL};
+pub use crate::names::{
+    CCM_MIRROR_SERVICE, CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, METALLB_DISABLE_ANNOTATION,
+    SERVICE_NAME_LABEL, with_class,
+};
 /// Who manages an EndpointSlice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// baton's value of [`MANAGED_BY_LABEL`].
@@ -40,6 +45,13 @@ pub enum MirrorError {
     NoPort,
     #[error(transparent)]
     Apply(#[from] KubeCallError),
+    #[error("deleting cloud-provider-cherry's leftover {kind} kube-system/{name}: {source}")]
+    DeleteLeftover {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("deleting stale EndpointSlice {name}: {source}")]
     DeleteStale {
         name: String,
@@ -110,8 +122,9 @@ pub fn api_server_port(kubernetes: &Service) -> Option<i32> {
     }
 }
 
-/// The desired mirror Service (spec only; the status is applied separately).
-pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Service, MirrorError> {
+/// The desired mirror Service (spec only; the status is applied separately); with `class`, its
+/// `loadBalancerClass` is [`CONTROL_PLANE_CLASS`] (see [`with_class`]).
+pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service, class: bool) -> Result<Service, MirrorError> {
     let target = api_server_port(kubernetes).ok_or(MirrorError::NoPort)?;
     let port = if spec.fip_port == 0 {
         target
@@ -136,6 +149,7 @@ pub fn desired_service(spec: &MirrorSpec, kubernetes: &Service) -> Result<Servic
         },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
+            load_balancer_class: class.then(|| CONTROL_PLANE_CLASS.to_owned()),
             load_balancer_ip: Some(spec.fip.to_string()),
             ports: Some(vec![ServicePort {
                 name: Some("https".into()),
@@ -291,7 +305,11 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
     let services: Api<Service> = Api::namespaced(client.clone(), &spec.namespace);
     let step = |kind: &str, name: &str| format!("applying {kind} {}/{name}", spec.namespace);
     let applied = if spec.manage_spec {
-        let svc = desired_service(spec, &kubernetes)?;
+        let existing = services
+            .get_opt(&spec.name)
+            .await
+            .map_err(MirrorError::ReadSource)?;
+        let svc = desired_service(spec, &kubernetes, with_class(existing.as_ref()))?;
         timed(
             step("Service", &spec.name),
             services.patch(&spec.name, &pp, &Patch::Apply(&svc)),
@@ -348,6 +366,91 @@ pub async fn reconcile(client: &kube::Client, spec: &MirrorSpec) -> Result<(), M
     .await?;
     tracing::debug!(service = %spec.name, slices = desired.len(), "mirror applied");
     Ok(())
+}
+
+/// Whether `svc` is cloud-provider-cherry's leftover mirror Service for the control-plane FIP
+/// `fip`, replaced by baton's own mirror `own` (`kube-system/<prefix>-kubernetes-external`): the
+/// CCM's name in `kube-system`, asking for (or showing) that FIP, and not baton's own — the
+/// prefix `cloud-provider-cherry` makes the two names one, and then it is adopted in place.
+pub fn is_ccm_leftover(svc: &Service, fip: IpAddr, own: &str) -> bool {
+    if svc.namespace().as_deref() != Some("kube-system")
+        || svc.name_any() != CCM_MIRROR_SERVICE
+        || own == CCM_MIRROR_SERVICE
+    {
+        return false;
+    }
+    let asks = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.as_deref())
+        .and_then(|ip| ip.trim().parse::<IpAddr>().ok())
+        == Some(fip);
+    let shows = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|ing| {
+            ing.iter()
+                .any(|i| i.ip.as_deref() == Some(fip.to_string().as_str()))
+        });
+    asks || shows
+}
+
+/// Deletes cloud-provider-cherry's leftover mirror Service of the control-plane FIP (with its
+/// Endpoints and EndpointSlices) once baton's own mirror serves that FIP. The FIP is the cloud's:
+/// deleting a Service that names it moves no address. Returns whether anything was deleted.
+pub async fn remove_ccm_leftover(client: &kube::Client, spec: &MirrorSpec) -> Result<bool, MirrorError> {
+    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+    let Some(svc) = services
+        .get_opt(CCM_MIRROR_SERVICE)
+        .await
+        .map_err(MirrorError::ReadSource)?
+    else {
+        return Ok(false);
+    };
+    if !is_ccm_leftover(&svc, spec.fip, &spec.name) {
+        return Ok(false);
+    }
+    let gone = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 404);
+    let dp = kube::api::DeleteParams::default();
+    let delete_err = |kind: &'static str| {
+        move |source| MirrorError::DeleteLeftover {
+            kind,
+            name: CCM_MIRROR_SERVICE.to_owned(),
+            source,
+        }
+    };
+    if let Err(e) = services.delete(CCM_MIRROR_SERVICE, &dp).await
+        && !gone(&e)
+    {
+        return Err(delete_err("Service")(e));
+    }
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "kube-system");
+    if let Err(e) = endpoints.delete(CCM_MIRROR_SERVICE, &dp).await
+        && !gone(&e)
+    {
+        return Err(delete_err("Endpoints")(e));
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "kube-system");
+    let leftover_slices = slices
+        .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={CCM_MIRROR_SERVICE}")))
+        .await
+        .map_err(MirrorError::ReadSource)?;
+    for slice in leftover_slices.items {
+        if let Err(e) = slices.delete(&slice.name_any(), &dp).await
+            && !gone(&e)
+        {
+            return Err(delete_err("EndpointSlice")(e));
+        }
+    }
+    tracing::info!(
+        service = CCM_MIRROR_SERVICE,
+        fip = %spec.fip,
+        replaced_by = %spec.name,
+        "removed cloud-provider-cherry's leftover mirror Service (the FIP stays where it is)"
+    );
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -32,7 +32,8 @@ mod plan;
 
 pub use plan::*;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -233,7 +234,13 @@ impl ServiceContext {
             return false;
         }
         let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
-        budget::admitted(&all, self.mirror(), limit).refuses(&facts.key())
+        // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
+        // for the cloud anyway).
+        let control_plane = match self.base.cloud.ips().await {
+            Ok(ips) => control_plane_addresses(self.base.config.fip_tag.as_ref(), &ips, &all),
+            Err(_) => BTreeSet::new(),
+        };
+        budget::admitted(&all, self.mirror(), &control_plane, limit).refuses(&facts.key())
     }
 }
 
@@ -326,10 +333,15 @@ async fn run(
             }
             seen = Some(version);
             let mirror = svc_ctx.mirror();
-            let n = store
-                .state()
+            let all: Vec<ServiceFacts> = store.state().iter().map(|s| facts_of(s)).collect();
+            // The control-plane addresses the Services show (the mirror's and every endpoint
+            // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
+            // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
+            let control_plane = control_plane_addresses(None, &[], &all);
+            let extra = svc_ctx.mode().map(ip_annotation);
+            let n = all
                 .iter()
-                .filter(|s| is_pending(&facts_of(s), mirror))
+                .filter(|f| is_pending(f, mirror, &control_plane, extra))
                 .count();
             svc_ctx.base.metrics.set_services_pending(n);
             tokio::time::sleep(PENDING_EVERY).await;
@@ -432,8 +444,59 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         resource_version = svc.resource_version().unwrap_or_default(),
         "reconcile"
     );
-    let result = match (scope(&facts, ctx.mirror()), ctx.mode()) {
-        (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => Ok(Action::await_change()),
+    // cloud-provider-cherry's service controller left its cleanup finalizer: once baton's own
+    // cleanup is done (and, for a Service baton would manage, the FIPs carrying its tags are
+    // released, as the CCM's cleanup did), remove it so the deletion finishes.
+    let has_ccm_finalizer = svc.finalizers().iter().any(|f| f == CCM_CLEANUP_FINALIZER);
+    if clears_ccm_finalizer(&facts, has_ccm_finalizer, ctx.mirror()) {
+        if scope(&facts, ctx.mirror()) == Scope::Managed {
+            cleanup(&svc, &ctx).await?;
+        }
+        let finalizers: Vec<&String> = svc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != CCM_CLEANUP_FINALIZER)
+            .collect();
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": svc.resource_version()}});
+        merge_patch(
+            &ctx,
+            &facts,
+            "removing cloud-provider-cherry's cleanup finalizer",
+            &patch,
+        )
+        .await?;
+        info!("removed the cleanup finalizer cloud-provider-cherry left (its cleanup is baton's now)");
+        return Ok(Action::await_change());
+    }
+    // A Service asking for a control-plane FIP's address is a control-plane endpoint whatever
+    // its name (CPEM #258); judged only while it lives, so a deletion always finishes.
+    let control_plane = if facts.deleting {
+        BTreeSet::new()
+    } else {
+        control_plane_for(&ctx, &facts).await?
+    };
+    let extra = ctx.mode().map(ip_annotation);
+    let result = match (
+        scope_excluding(&facts, ctx.mirror(), &control_plane, extra),
+        ctx.mode(),
+    ) {
+        (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => {
+            if scope(&facts, ctx.mirror()) == Scope::Managed {
+                debug!("asks for a control-plane Floating IP; never handed to the load balancer");
+                ctx.base
+                    .event(
+                        &*svc,
+                        EventType::Normal,
+                        "ControlPlaneAddress",
+                        "HandOffToLoadBalancer",
+                        "this Service asks for a control-plane Floating IP: it is never handed to the load balancer"
+                            .to_owned(),
+                    )
+                    .await;
+            }
+            Ok(Action::await_change())
+        }
         (Scope::Managed, Some(mode)) => {
             match requested_ip(&facts, mode) {
                 Err(source) if !facts.deleting => {
@@ -444,9 +507,20 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
                     warn_event(&ctx, &svc, "InvalidAnnotation", &err).await;
                     return Err(err);
                 }
-                // Bring-your-own IP, never managed by baton: left alone, no finalizer.
-                Ok(Some(ip)) if !facts.has_finalizer && !facts.deleting && Record::read(&facts).is_none() => {
-                    debug!(%ip, "bring-your-own IP; left alone");
+                // Bring-your-own IP, never managed by baton: no finalizer, no FIP; its ingress
+                // shows the address, as the Cherry CCM sets it.
+                // A FIP carrying the Service's tags (cloud-provider-cherry's, whose address the
+                // CCM wrote into the IP annotation, or baton's with a lost record) is adopted by
+                // the finalizer path instead.
+                Ok(Some(ip))
+                    if !facts.has_finalizer
+                        && !facts.deleting
+                        && Record::read(&facts).is_none()
+                        && find_ours(&ctx, &facts, None).await?.is_empty() =>
+                {
+                    debug!(%ip, "bring-your-own IP");
+                    set_ingress(&ctx, &facts, ip).await?;
+                    ctx.retries.succeeded(&facts.key());
                     return Ok(Action::await_change());
                 }
                 _ => {}
@@ -637,6 +711,7 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
             forget(ctx, &facts, false).await?;
+            set_ingress(ctx, &facts, ip).await?;
         }
         Decision::ReleaseForByoIp { requested, ours } => {
             if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id)
@@ -655,7 +730,8 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
                     )
                     .await;
             }
-            forget(ctx, &facts, true).await?;
+            forget(ctx, &facts, false).await?;
+            set_ingress(ctx, &facts, requested).await?;
         }
     }
     if !handoff && requested.is_none() {
@@ -800,27 +876,72 @@ async fn publish(
         merge_patch(ctx, facts, "annotating the Service", &patch).await?;
     }
     if changes.status {
-        ctx.base.leader.ensure("setting the Service's ingress")?;
-        let status = json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": facts.name, "namespace": facts.namespace},
-            "status": {"loadBalancer": {"ingress": [{"ip": fip.address.to_string()}]}},
-        });
-        kit::timed(
-            "setting the Service's ingress",
-            api.patch_status(
-                &facts.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&status),
-            ),
-        )
-        .await
-        .map_err(|source| ServiceError::kube(facts, source))?;
+        apply_ingress(&api, ctx, facts, fip.address).await?;
     }
     if !changes.annotations.is_empty() || changes.status {
         debug!(address = %fip.address, "Service shows its Floating IP");
     }
     Ok(())
+}
+
+/// `status.loadBalancer.ingress` = `[ip]` by server-side apply (manager "baton").
+async fn apply_ingress(
+    api: &Api<Service>,
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    ip: IpAddr,
+) -> Result<(), ServiceError> {
+    ctx.base.leader.ensure("setting the Service's ingress")?;
+    let status = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": facts.name, "namespace": facts.namespace},
+        "status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}},
+    });
+    kit::timed(
+        "setting the Service's ingress",
+        api.patch_status(
+            &facts.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&status),
+        ),
+    )
+    .await
+    .map_err(|source| ServiceError::kube(facts, source))?;
+    Ok(())
+}
+
+/// A bring-your-own IP's ingress: the address the Service asks for, as the Cherry CCM reports
+/// it (written only when it differs).
+async fn set_ingress(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<(), ServiceError> {
+    if facts.ingress_ips == [ip.to_string()] {
+        return Ok(());
+    }
+    let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+    apply_ingress(&api, ctx, facts, ip).await?;
+    info!(%ip, "bring-your-own IP: ingress set");
+    Ok(())
+}
+
+/// The control-plane FIPs' addresses ([`control_plane_addresses`]) when the Service asks for
+/// any address at all; otherwise none, without a cloud read. The IP list is the shared cache.
+async fn control_plane_for(
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+) -> Result<BTreeSet<IpAddr>, ServiceError> {
+    if asked_addresses(facts, ctx.mode().map(ip_annotation)).is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
+        svc: facts.key(),
+        step: "listing Floating IPs",
+        source: Box::new(source),
+    })?;
+    let services: Vec<ServiceFacts> = ctx.store.state().iter().map(|s| facts_of(s)).collect();
+    Ok(control_plane_addresses(
+        ctx.base.config.fip_tag.as_ref(),
+        &ips,
+        &services,
+    ))
 }
 
 fn annotation_nulls(

@@ -36,7 +36,7 @@ use kube::{Api, ResourceExt as _};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
-use crate::controller::service::{facts_of, is_pending};
+use crate::controller::service::{control_plane_addresses, facts_of, ip_annotation, is_pending};
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
 use crate::probe::{ProbeSettings, probe_once};
 
@@ -155,7 +155,7 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
             report.kubernetes.reachable = true;
             report.leader = k.leader.clone();
             report.endpoints = endpoints(&k, &config, &cloud_ips, &servers, &probe).await;
-            report.pending_services = pending_services(&k, &config);
+            report.pending_services = pending_services(&k, &config, &cloud_ips);
             report.bgp = bgp(&k, &config);
             report.uninitialized_nodes = uninitialized(&k.nodes);
         }
@@ -490,13 +490,17 @@ async fn endpoint(
     }
 }
 
-fn pending_services(k: &KubeFacts, config: &Config) -> Vec<PendingService> {
+fn pending_services(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<PendingService> {
     let mirror = service_name(&config.prefix);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    // A Service asking for a control-plane FIP is never given an ingress by baton: not pending.
+    let all: Vec<_> = k.services.iter().map(facts_of).collect();
+    let control_plane = control_plane_addresses(config.fip_tag.as_ref(), ips, &all);
+    let extra = config.load_balancer.as_ref().map(ip_annotation);
     let mut out = Vec::new();
     for svc in &k.services {
         let facts = facts_of(svc);
-        if !is_pending(&facts, ("kube-system", &mirror)) {
+        if !is_pending(&facts, ("kube-system", &mirror), &control_plane, extra) {
             continue;
         }
         let warning = events_of(k, &facts.namespace, &facts.name)

@@ -182,3 +182,50 @@ fn the_json_names_are_camel_case() {
     assert_eq!(v["endpoints"][0]["holder"]["hostname"], "cp-0");
     assert!(v["pendingServices"].is_array() && v["uninitializedNodes"].is_array());
 }
+
+#[test]
+fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
+    use std::collections::BTreeMap;
+    let env: BTreeMap<String, String> = [
+        ("CHERRY_API_KEY", "k"),
+        ("CHERRY_PROJECT_ID", "1"),
+        ("CHERRY_FIP_TAG", "cluster=my-cp"),
+        ("CHERRY_LOAD_BALANCER", "metallb:///"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let config = crate::config::Config::resolve(&crate::config::ConfigArgs::default(), &env).unwrap();
+    let svc = |name: &str, ip: Option<&str>| -> k8s_openapi::api::core::v1::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "apps"},
+            "spec": {"type": "LoadBalancer", "loadBalancerIP": ip},
+        }))
+        .unwrap()
+    };
+    let facts = super::KubeFacts {
+        leader: None,
+        services: vec![svc("leftover", Some("203.0.113.1")), svc("web", None)],
+        nodes: Vec::new(),
+        api_servers: Vec::new(),
+        events: Vec::new(),
+    };
+    let ips: Vec<baton_cloud::model::IpAddress> = vec![
+        serde_json::from_value(serde_json::json!({
+            "id": "a", "address": "203.0.113.1", "type": "floating-ip", "tags": {"cluster": "my-cp"},
+        }))
+        .unwrap(),
+    ];
+    let names = |ips: &[baton_cloud::model::IpAddress]| -> Vec<String> {
+        super::pending_services(&facts, &config, ips)
+            .into_iter()
+            .map(|p| p.service)
+            .collect()
+    };
+    assert_eq!(names(&ips), ["apps/web"]);
+    assert_eq!(
+        names(&[]),
+        ["apps/leftover", "apps/web"],
+        "unknown to the cloud: a bring-your-own IP"
+    );
+}

@@ -2,7 +2,9 @@
 //! configuration pointing at it, Services, and waits.
 #![allow(dead_code, unreachable_pub)] // each test binary uses a subset
 
+pub mod helm;
 pub mod leases;
+pub mod pod;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

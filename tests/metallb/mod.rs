@@ -110,3 +110,85 @@ pub async fn create(
         .await
         .unwrap_or_else(|e| panic!("creating {} {name}: {e}", kind.kind()))
 }
+
+/// A gobgpd configuration: a passive router on `router` (ASN `router_asn`) accepting eBGP from
+/// each `(neighbor address, ASN)`.
+pub fn gobgpd_config(router: &str, router_asn: u32, neighbors: &[(&str, u32)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "[global.config]\n  as = {router_asn}\n  router-id = \"{router}\"\n  local-address-list = [\"{router}\"]\n"
+    );
+    for (address, asn) in neighbors {
+        let _ = write!(
+            out,
+            "\n[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{address}\"\n    peer-as = {asn}\n  [neighbors.transport.config]\n    passive-mode = true\n    local-address = \"{router}\"\n"
+        );
+    }
+    out
+}
+
+/// A gobgpd router's IPv4 RIB (through its API at `api`, `host:port`): prefix → next hops.
+pub async fn router_rib(api: &str) -> BTreeMap<String, Vec<String>> {
+    let (host, port) = api.split_once(':').unwrap();
+    let out = tokio::process::Command::new("gobgp")
+        .args(["-u", host, "-p", port, "global", "rib", "-a", "ipv4", "-j"])
+        .output()
+        .await
+        .expect("running gobgp (Debian package gobgpd)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return BTreeMap::new();
+    };
+    let mut rib = BTreeMap::new();
+    for (prefix, paths) in json.as_object().into_iter().flatten() {
+        let hops = paths
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["attrs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a["nexthop"].as_str().map(str::to_owned))
+            .collect();
+        rib.insert(prefix.clone(), hops);
+    }
+    rib
+}
+
+/// The speaker's Pod object for `node` (the speaker reads its own Pod at start; nothing runs it).
+pub fn speaker_pod(ns: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("speaker-{node}"), "namespace": ns},
+        "spec": {"nodeName": node, "containers": [{"name": "speaker", "image": format!("quay.io/metallb/speaker:v{VERSION}")}]},
+    }))
+    .unwrap()
+}
+
+/// MetalLB's speaker for `node` as a process against the API server of `kubeconfig` (native BGP,
+/// memberlist off, metrics on `127.0.0.1:<metrics_port>`); its Pod object must exist.
+pub fn speaker_command(
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    node: &str,
+    metrics_port: u16,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(dir().join("bin/speaker"));
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "--node-name",
+            node,
+            "--pod-name",
+            &format!("speaker-{node}"),
+            "--namespace",
+            ns,
+        ])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &metrics_port.to_string(),
+            "--log-level",
+            "debug",
+        ])
+        .env("METALLB_BGP_TYPE", "native");
+    cmd
+}

@@ -27,7 +27,7 @@ fn fip() -> IpAddr {
 }
 
 fn with_ingress(ip: &str) -> Service {
-    let mut svc = desired_service(&endpoint(), fip());
+    let mut svc = desired_service(&endpoint(), fip(), true);
     svc.status = Some(ServiceStatus {
         load_balancer: Some(LoadBalancerStatus {
             ingress: Some(vec![LoadBalancerIngress {
@@ -58,10 +58,21 @@ fn slice(ready: Option<bool>) -> EndpointSlice {
 
 #[test]
 fn the_service_is_a_control_plane_endpoint_without_selector() {
-    let svc = desired_service(&endpoint(), fip());
+    let svc = desired_service(&endpoint(), fip(), true);
     let spec = svc.spec.as_ref().unwrap();
     assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
     assert_eq!(spec.load_balancer_ip.as_deref(), Some("203.0.113.1"));
+    assert_eq!(
+        spec.load_balancer_class.as_deref(),
+        Some("baton.dev/control-plane"),
+        "no load-balancer implementation handles it"
+    );
+    let old = desired_service(&endpoint(), fip(), false);
+    assert_eq!(
+        old.spec.unwrap().load_balancer_class,
+        None,
+        "never added to an existing one"
+    );
     assert!(
         spec.selector.is_none(),
         "endpoints mirror default/kubernetes; no selector"
@@ -88,7 +99,7 @@ fn readiness_needs_ingress_a_ready_endpoint_and_a_serving_fip() {
     use Readiness::*;
     let ip = fip();
     assert_eq!(service_readiness(None, &[], ip, true), Missing);
-    let bare = desired_service(&endpoint(), ip);
+    let bare = desired_service(&endpoint(), ip, true);
     assert_eq!(
         service_readiness(Some(&bare), &[slice(Some(true))], ip, true),
         NoIngress

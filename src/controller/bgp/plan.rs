@@ -28,6 +28,19 @@ use crate::config::Annotations;
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
 pub const MANAGED_BY: &str = "baton";
+/// The label cloud-provider-cherry (and CPEM before it) puts on every MetalLB object it writes.
+/// baton adopts such objects on a switch from the CCM ([`adoptable`]).
+pub const CCM_LABEL: (&str, &str) = ("cloud-provider", "equinix-metal");
+
+/// Whether baton may modify or delete a MetalLB object with these labels: its own, or one
+/// cloud-provider-cherry left (baton replaces the CCM; its pools of the same name are taken
+/// over in place, its advertisement and pools baton does not want are deleted after baton's own
+/// objects are applied).
+pub fn adoptable(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+        || labels.get(CCM_LABEL.0).map(String::as_str) == Some(CCM_LABEL.1)
+}
+
 /// On an IPAddressPool: the namespace of the Service it serves.
 pub const SERVICE_NAMESPACE_LABEL: &str = "baton.dev/service-namespace";
 /// On an IPAddressPool: the name of the Service it serves.
@@ -421,7 +434,7 @@ pub struct Existing {
     pub kind: Kind,
     /// Its name.
     pub name: String,
-    /// Whether it carries baton's label.
+    /// Whether baton may change it: its label, or cloud-provider-cherry's ([`adoptable`]).
     pub ours: bool,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
@@ -438,6 +451,36 @@ pub enum Action {
     Delete(Kind, String),
     /// An object of that name exists and is not baton's: left alone, reported.
     Conflict(Kind, String),
+    /// An object whose spec already means what baton wants (cloud-provider-cherry's, say) but
+    /// lacks baton's labels: only the labels are added (a merge patch), its spec is not touched —
+    /// a changed BGPPeer spec makes MetalLB's speaker close and reopen the session, withdrawing
+    /// every route for a moment.
+    Label(Kind, String, BTreeMap<String, String>),
+}
+
+/// The selector cloud-provider-cherry appends to a BGPPeer's `nodeSelectors` per Service using it
+/// (`nomatch.cherryservers.com/service-namespace`, `…/service-name`): it matches no node.
+const CCM_NOMATCH_PREFIX: &str = "nomatch.cherryservers.com/";
+
+/// `spec` without the CCM's never-matching node selectors (they select no node, so a peer means
+/// the same without them).
+fn without_nomatch(kind: Kind, spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    if kind == Kind::BgpPeer
+        && let Some(selectors) = spec.get_mut("nodeSelectors").and_then(Value::as_array_mut)
+    {
+        selectors.retain(|sel| {
+            let never = sel
+                .get("matchLabels")
+                .and_then(Value::as_object)
+                .is_some_and(|m| !m.is_empty() && m.keys().all(|k| k.starts_with(CCM_NOMATCH_PREFIX)))
+                && sel
+                    .get("matchExpressions")
+                    .is_none_or(|e| e.as_array().is_none_or(Vec::is_empty));
+            !never
+        });
+    }
+    spec
 }
 
 /// Whether `want` is a subset of `have` (objects read back carry defaults and other fields).
@@ -465,8 +508,12 @@ pub fn metallb_actions(desired: &[MetalLbObject], existing: &[Existing]) -> Vec<
         wanted.insert((d.kind, d.name.as_str()));
         match found.get(&(d.kind, d.name.as_str())) {
             Some(e) if !e.ours => actions.push(Action::Conflict(d.kind, d.name.clone())),
-            Some(e)
-                if contains(&e.spec, &d.spec) && d.labels.iter().all(|(k, v)| e.labels.get(k) == Some(v)) => {
+            // The spec means what baton wants (a CCM peer's never-matching selectors aside): at
+            // most the labels are added, the spec is never rewritten for nothing.
+            Some(e) if contains(&without_nomatch(d.kind, &e.spec), &d.spec) => {
+                if !d.labels.iter().all(|(k, v)| e.labels.get(k) == Some(v)) {
+                    actions.push(Action::Label(d.kind, d.name.clone(), d.labels.clone()));
+                }
             }
             _ => actions.push(Action::Apply(d.clone())),
         }

@@ -341,3 +341,197 @@ fn actions_apply_delete_and_never_touch_user_objects() {
         ]
     );
 }
+
+#[rstest]
+#[case::batons(&[("app.kubernetes.io/managed-by", "baton")], true)]
+#[case::the_ccms(&[("cloud-provider", "equinix-metal"), ("service-web", "namespace-apps")], true)]
+#[case::a_users(&[("app", "mine")], false)]
+#[case::another_managers(&[("app.kubernetes.io/managed-by", "helm")], false)]
+#[case::other_provider(&[("cloud-provider", "other")], false)]
+fn adoptable_objects(#[case] labels: &[(&str, &str)], #[case] want: bool) {
+    assert_eq!(adoptable(&map(labels)), want);
+}
+
+/// What cloud-provider-cherry left in MetalLB's namespace, as it writes it: its pools (one is the
+/// control-plane FIP's, CPEM #258), `equinix-metal-bgp-adv`, native peers with never-matching
+/// selectors. baton takes over the pools and peers it wants under the same names, and deletes
+/// the rest after its own objects are applied.
+#[test]
+fn the_ccms_objects_are_adopted_or_removed_after_batons_are_applied() {
+    let ccm = |kind, name: &str, extra: &[(&str, &str)], spec| {
+        let mut labels = map(&[("cloud-provider", "equinix-metal")]);
+        labels.extend(map(extra));
+        Existing {
+            kind,
+            name: name.into(),
+            ours: adoptable(&labels),
+            labels,
+            spec,
+        }
+    };
+    let services = vec![svc("apps", "web", "203.0.113.5")];
+    let nodes = vec![node("n1", "198.51.100.1", &["10.0.0.1"])];
+    let desired = desired_metallb_objects(&services, &nodes, BgpPeerMode::Native, "baton", None);
+    let found = vec![
+        ccm(
+            Kind::IpAddressPool,
+            "apps.web",
+            &[("service-web", "namespace-apps")],
+            json!({"addresses": ["203.0.113.5/32"], "autoAssign": false, "avoidBuggyIPs": false}),
+        ),
+        ccm(
+            Kind::IpAddressPool,
+            "kube-system.cloud-provider-cherry-kubernetes-external",
+            &[(
+                "service-cloud-provider-cherry-kubernetes-external",
+                "namespace-kube-system",
+            )],
+            json!({"addresses": ["203.0.113.1/32"], "autoAssign": false}),
+        ),
+        ccm(
+            Kind::BgpAdvertisement,
+            "equinix-metal-bgp-adv",
+            &[],
+            json!({"ipAddressPools": ["apps.web", "kube-system.cloud-provider-cherry-kubernetes-external"]}),
+        ),
+        ccm(
+            Kind::BgpPeer,
+            "n1-0",
+            &[],
+            json!({"myASN": 65000, "peerASN": 16125, "peerAddress": "10.0.0.1", "password": "",
+                   "sourceAddress": "198.51.100.1", "peerPort": 179, "holdTime": "30s",
+                   "nodeSelectors": [{"matchLabels": {"kubernetes.io/hostname": "n1"}},
+                                     {"matchLabels": {"nomatch.cherryservers.com/service-name": "web"}}]}),
+        ),
+        // A user's object: never touched.
+        existing(Kind::BgpAdvertisement, "users-adv", false, json!({})),
+    ];
+    let actions = metallb_actions(&desired, &found);
+    let applied: Vec<(Kind, &str)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Apply(o) => Some((o.kind, o.name.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(applied, vec![(Kind::BgpAdvertisement, "baton-bgp-adv")]);
+    // The pool and the peer are the CCM's and mean what baton wants (the peer's extra selector
+    // never matches): only labelled, their specs untouched (no BGP session reset).
+    let labelled: Vec<(Kind, &str)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Label(k, n, labels) => {
+                assert_eq!(labels.get(MANAGED_BY_LABEL).map(String::as_str), Some(MANAGED_BY));
+                Some((*k, n.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        labelled,
+        vec![(Kind::IpAddressPool, "apps.web"), (Kind::BgpPeer, "n1-0")]
+    );
+    let deleted: Vec<(Kind, &str)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete(k, n) => Some((*k, n.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![
+            (
+                Kind::IpAddressPool,
+                "kube-system.cloud-provider-cherry-kubernetes-external"
+            ),
+            (Kind::BgpAdvertisement, "equinix-metal-bgp-adv"),
+        ]
+    );
+    // Deletes come after every apply: the addresses stay advertised throughout.
+    let first_delete = actions
+        .iter()
+        .position(|a| matches!(a, Action::Delete(..)))
+        .unwrap();
+    assert!(
+        actions[first_delete..]
+            .iter()
+            .all(|a| matches!(a, Action::Delete(..)))
+    );
+    assert!(!actions.iter().any(|a| matches!(a, Action::Conflict(..))));
+}
+
+#[test]
+fn a_ccm_object_that_means_something_else_is_applied_and_a_real_selector_counts() {
+    let desired = desired_metallb_objects(
+        &[svc("apps", "web", "203.0.113.5")],
+        &[node("n1", "198.51.100.1", &["10.0.0.1"])],
+        BgpPeerMode::Native,
+        "baton",
+        None,
+    );
+    let ccm_labels = map(&[("cloud-provider", "equinix-metal")]);
+    let peer = |selectors: serde_json::Value, asn: u32| Existing {
+        kind: Kind::BgpPeer,
+        name: "n1-0".into(),
+        ours: true,
+        labels: ccm_labels.clone(),
+        spec: json!({"myASN": asn, "peerASN": 16125, "peerAddress": "10.0.0.1", "sourceAddress": "198.51.100.1",
+                     "peerPort": 179, "holdTime": "30s", "nodeSelectors": selectors}),
+    };
+    let peer_action = |e: Existing| {
+        metallb_actions(&desired, &[e]).into_iter().find(|a| {
+            matches!(a, Action::Apply(o) if o.kind == Kind::BgpPeer)
+                || matches!(a, Action::Label(Kind::BgpPeer, ..))
+        })
+    };
+    let own = json!({"matchLabels": {"kubernetes.io/hostname": "n1"}});
+    let nomatch = json!({"matchLabels": {"nomatch.cherryservers.com/service-name": "web"}});
+    assert!(matches!(
+        peer_action(peer(json!([own, nomatch]), 65_000)),
+        Some(Action::Label(..))
+    ));
+    // Another ASN: baton's spec is applied.
+    assert!(matches!(
+        peer_action(peer(json!([own, nomatch]), 65_001)),
+        Some(Action::Apply(_))
+    ));
+    // A selector that matches other nodes too is not the CCM's never-matching one.
+    let other = json!({"matchLabels": {"kubernetes.io/hostname": "n2"}});
+    assert!(matches!(
+        peer_action(peer(json!([own, other]), 65_000)),
+        Some(Action::Apply(_))
+    ));
+}
+
+#[test]
+fn an_adopted_peer_keeps_its_spec_on_later_passes() {
+    let desired = desired_metallb_objects(
+        &[svc("apps", "web", "203.0.113.5")],
+        &[node("n1", "198.51.100.1", &["10.0.0.1"])],
+        BgpPeerMode::Native,
+        "baton",
+        None,
+    );
+    // After the first pass: the CCM's peer carries both labels and still its CCM selectors.
+    let mut labels = owned();
+    labels.insert("cloud-provider".into(), "equinix-metal".into());
+    let peer = Existing {
+        kind: Kind::BgpPeer,
+        name: "n1-0".into(),
+        ours: true,
+        labels,
+        spec: json!({"myASN": 65000, "peerASN": 16125, "peerAddress": "10.0.0.1", "sourceAddress": "198.51.100.1",
+                     "peerPort": 179, "holdTime": "30s", "password": "",
+                     "nodeSelectors": [{"matchLabels": {"kubernetes.io/hostname": "n1"}},
+                                       {"matchLabels": {"nomatch.cherryservers.com/service-name": "web"}}]}),
+    };
+    let actions = metallb_actions(&desired, &[peer]);
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Apply(o) if o.kind == Kind::BgpPeer)
+                || matches!(a, Action::Label(Kind::BgpPeer, ..))),
+        "{actions:?}"
+    );
+}

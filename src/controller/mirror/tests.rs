@@ -25,7 +25,7 @@ fn spec(fip_port: u16) -> MirrorSpec {
 
 #[test]
 fn service_takes_the_fip_and_the_api_servers_port() {
-    let svc = desired_service(&spec(0), &kubernetes_service(443, 6443)).unwrap();
+    let svc = desired_service(&spec(0), &kubernetes_service(443, 6443), true).unwrap();
     assert_eq!(svc.metadata.name.as_deref(), Some("baton-kubernetes-external"));
     assert_eq!(svc.metadata.namespace.as_deref(), Some("kube-system"));
     let s = svc.spec.unwrap();
@@ -44,7 +44,7 @@ fn service_takes_the_fip_and_the_api_servers_port() {
 
 #[test]
 fn api_server_port_setting_overrides_the_fip_port_only() {
-    let s = desired_service(&spec(443), &kubernetes_service(443, 6443))
+    let s = desired_service(&spec(443), &kubernetes_service(443, 6443), true)
         .unwrap()
         .spec
         .unwrap();
@@ -113,7 +113,7 @@ fn every_label_and_annotation_we_write_is_valid() {
     use baton_core::names::{is_label_value, is_qualified_key};
     let s = spec(0);
     let objects = [
-        desired_service(&s, &kubernetes_service(443, 6443))
+        desired_service(&s, &kubernetes_service(443, 6443), true)
             .unwrap()
             .metadata,
         desired_slices(&s, &owner(), &[EndpointSlice::default()])[0]
@@ -129,4 +129,70 @@ fn every_label_and_annotation_we_write_is_valid() {
             assert!(is_qualified_key(k), "annotation {k}");
         }
     }
+}
+
+fn leftover(ns: &str, name: &str, lb_ip: Option<&str>, ingress: Option<&str>) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "LoadBalancer", "loadBalancerIP": lb_ip},
+        "status": {"loadBalancer": {"ingress": ingress.map(|ip| vec![serde_json::json!({"ip": ip, "ipMode": "Proxy"})])}},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_ccms_mirror_of_the_same_fip_is_a_leftover_and_nothing_else_is() {
+    let fip: IpAddr = "203.0.113.5".parse().unwrap();
+    let own = "baton-kubernetes-external";
+    let ccm = CCM_MIRROR_SERVICE;
+    assert!(is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(is_ccm_leftover(
+        &leftover("kube-system", ccm, None, Some("203.0.113.5")),
+        fip,
+        own
+    ));
+    // Another FIP (a user's Service of that name for something else), another namespace,
+    // another name, or baton's own mirror under the CCM's name (prefix cloud-provider-cherry).
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.6"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("default", ccm, Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", "other", Some("203.0.113.5"), None),
+        fip,
+        own
+    ));
+    assert!(!is_ccm_leftover(
+        &leftover("kube-system", ccm, Some("203.0.113.5"), None),
+        fip,
+        ccm
+    ));
+}
+
+#[test]
+fn the_class_is_set_on_a_new_mirror_and_kept_never_added_to_an_old_one() {
+    let k = kubernetes_service(443, 6443);
+    let with = desired_service(&spec(0), &k, true).unwrap();
+    assert_eq!(
+        with.spec.as_ref().unwrap().load_balancer_class.as_deref(),
+        Some(CONTROL_PLANE_CLASS)
+    );
+    let without = desired_service(&spec(0), &k, false).unwrap();
+    assert_eq!(without.spec.as_ref().unwrap().load_balancer_class, None);
+    assert!(with_class(None), "a new mirror gets it");
+    assert!(with_class(Some(&with)), "one that has it keeps it");
+    assert!(
+        !with_class(Some(&without)),
+        "the field is immutable: an old mirror keeps none"
+    );
 }

@@ -10,8 +10,9 @@
 //! ```
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
-use super::plan::{Scope, ServiceFacts, scope};
+use super::plan::{Scope, ServiceFacts, scope_excluding};
 
 /// A Service that may be announced: its key and creation time (seconds), for the budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,11 +60,17 @@ pub fn admit(mut candidates: Vec<Candidate>, limit: Option<u32>) -> Admission {
 }
 
 /// The budget over every Service's `facts`: the managed LoadBalancer Services not being deleted,
-/// oldest first (see [`admit`]). `mirror` is the mirror Service (`namespace`, `name`).
-pub fn admitted(facts: &[ServiceFacts], mirror: (&str, &str), limit: Option<u32>) -> Admission {
+/// oldest first (see [`admit`]). `mirror` is the mirror Service (`namespace`, `name`); a Service
+/// asking for one of the `control_plane` addresses is never announced, so it takes no slot.
+pub fn admitted(
+    facts: &[ServiceFacts],
+    mirror: (&str, &str),
+    control_plane: &BTreeSet<IpAddr>,
+    limit: Option<u32>,
+) -> Admission {
     let candidates = facts
         .iter()
-        .filter(|f| !f.deleting && scope(f, mirror) == Scope::Managed)
+        .filter(|f| !f.deleting && scope_excluding(f, mirror, control_plane, None) == Scope::Managed)
         .map(|f| Candidate {
             key: f.key(),
             created: f.created,

@@ -12,15 +12,21 @@
 //!
 //! No I/O here: everything is a function of plain values, unit-tested in `tests.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use baton_core::LoadBalancerMode;
+use baton_cloud::model::{IpAddress, IpType};
+use baton_core::{FipTag, LoadBalancerMode};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt as _;
 
 /// The finalizer that keeps a Service until its FIP is released.
 pub const FINALIZER: &str = "baton.dev/service-fip";
+/// The finalizer Kubernetes' own service controller puts on every LoadBalancer Service it runs
+/// for a cloud provider (cloud-provider-cherry's included) and removes after its cleanup. With
+/// the CCM gone nobody removes it, and such a Service could never be deleted: baton does, once
+/// its own cleanup is done ([`clears_ccm_finalizer`]).
+pub const CCM_CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 /// Records the id of the FIP baton reserved for the Service.
 pub const FIP_ID_ANNOTATION: &str = "baton.dev/fip-id";
 /// Records the address of that FIP (tells baton's own IP annotation from a bring-your-own one).
@@ -150,10 +156,110 @@ pub fn scope(svc: &ServiceFacts, mirror: (&str, &str)) -> Scope {
     Scope::Managed
 }
 
+/// The `empty` implementation's default IP annotation (the Cherry CCM's).
+pub const EMPTY_IPS_ANNOTATION: &str = "cherryservers.com/loadBalancerIPs";
+
+/// Every address a Service asks for, whatever the implementation: `spec.loadBalancerIP` and the
+/// IP annotations of MetalLB (both), kube-vip and `empty` (its default and `extra`). Values that do
+/// not parse are skipped (the Service controller reports them).
+pub fn asked_addresses(svc: &ServiceFacts, extra: Option<&str>) -> BTreeSet<IpAddr> {
+    let mut values: Vec<&str> = [
+        METALLB_IPS_ANNOTATION,
+        METALLB_LEGACY_IPS_ANNOTATION,
+        KUBE_VIP_IPS_ANNOTATION,
+        EMPTY_IPS_ANNOTATION,
+    ]
+    .into_iter()
+    .chain(extra)
+    .filter_map(|k| svc.annotation(k))
+    .collect();
+    values.extend(svc.load_balancer_ip.as_deref());
+    values
+        .iter()
+        .flat_map(|v| v.split(','))
+        .filter_map(|p| p.trim().parse().ok())
+        .collect()
+}
+
+/// The control-plane FIPs' addresses: the FIP named by `fipTag`, every FIP routed (targeted) to a
+/// server — workload FIPs are announced by BGP and never targeted — and the `loadBalancerIP` of
+/// every Service annotated as a control-plane endpoint. A Service of any name asking for one of
+/// them is never handed to a load balancer (CPEM #258: MetalLB announcing the control-plane FIP,
+/// e.g. through cloud-provider-cherry's leftover mirror Service).
+pub fn control_plane_addresses(
+    fip_tag: Option<&FipTag>,
+    ips: &[IpAddress],
+    services: &[ServiceFacts],
+) -> BTreeSet<IpAddr> {
+    let mut out: BTreeSet<IpAddr> = ips
+        .iter()
+        .filter(|ip| ip.ip_type == IpType::FloatingIp)
+        .filter(|ip| {
+            ip.target().is_some()
+                || fip_tag.is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+        })
+        .map(|ip| ip.address)
+        .collect();
+    for svc in services {
+        let annotated = svc
+            .annotation(crate::controller::mirror::CONTROL_PLANE_ENDPOINT_ANNOTATION)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        if annotated
+            && let Some(ip) = svc
+                .load_balancer_ip
+                .as_deref()
+                .and_then(|v| v.trim().parse().ok())
+        {
+            out.insert(ip);
+        }
+    }
+    out
+}
+
+/// [`scope`], and a Service that asks for a control-plane FIP's address (see
+/// [`control_plane_addresses`]) is a control-plane endpoint whatever its name: ignored.
+pub fn scope_excluding(
+    svc: &ServiceFacts,
+    mirror: (&str, &str),
+    control_plane: &BTreeSet<IpAddr>,
+    extra_annotation: Option<&str>,
+) -> Scope {
+    match scope(svc, mirror) {
+        Scope::Managed
+            if asked_addresses(svc, extra_annotation)
+                .iter()
+                .any(|ip| control_plane.contains(ip)) =>
+        {
+            Scope::Ignored(Ignored::ControlPlaneEndpoint)
+        }
+        other => other,
+    }
+}
+
+/// Whether baton removes the CCM's [`CCM_CLEANUP_FINALIZER`] from a Service carrying it: only
+/// while the Service is being deleted, after baton's own finalizer is gone, and never for a
+/// Service of another `loadBalancerClass` (another controller's, which Kubernetes' service
+/// controller does not handle either).
+pub fn clears_ccm_finalizer(svc: &ServiceFacts, has_ccm_finalizer: bool, mirror: (&str, &str)) -> bool {
+    has_ccm_finalizer
+        && svc.deleting
+        && !svc.has_finalizer
+        && !matches!(scope(svc, mirror), Scope::Ignored(Ignored::OtherClass(_)))
+}
+
 /// Whether `svc` is a Service baton manages that still waits for its address (no ingress, not
-/// being deleted): `baton_services_pending`, and the pending list of `baton status`.
-pub fn is_pending(svc: &ServiceFacts, mirror: (&str, &str)) -> bool {
-    scope(svc, mirror) == Scope::Managed && !svc.deleting && svc.ingress_ips.is_empty()
+/// being deleted): `baton_services_pending`, and the pending list of `baton status`. A Service
+/// asking for one of the `control_plane` addresses is never given one by baton: not pending
+/// (`extra`: the configured implementation's IP annotation, see [`scope_excluding`]).
+pub fn is_pending(
+    svc: &ServiceFacts,
+    mirror: (&str, &str),
+    control_plane: &BTreeSet<IpAddr>,
+    extra: Option<&str>,
+) -> bool {
+    scope_excluding(svc, mirror, control_plane, extra) == Scope::Managed
+        && !svc.deleting
+        && svc.ingress_ips.is_empty()
 }
 
 /// The Service annotation baton writes the FIP's address to, per implementation (reference §6).

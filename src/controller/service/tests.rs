@@ -373,3 +373,131 @@ fn a_service_refused_by_the_prefix_budget_gets_only_the_record() {
         vec![FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION]
     );
 }
+
+fn cloud_fip(address: &str, target: Option<u64>, tags: &[(&str, &str)]) -> IpAddress {
+    serde_json::from_value(serde_json::json!({
+        "id": format!("id-{address}"),
+        "address": address,
+        "type": "floating-ip",
+        "targeted_to": target.map(|t| serde_json::json!({"id": t})),
+        "tags": tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
+    }))
+    .unwrap()
+}
+
+#[test]
+fn asked_addresses_reads_every_implementations_annotation_and_the_spec() {
+    let mut svc = with(
+        lb("apps", "web"),
+        &[
+            (METALLB_LEGACY_IPS_ANNOTATION, "203.0.113.1, 2001:db8::1"),
+            (KUBE_VIP_IPS_ANNOTATION, "203.0.113.2"),
+            ("example.com/ips", "203.0.113.3"),
+            (METALLB_IPS_ANNOTATION, "not-an-ip"),
+        ],
+    );
+    svc.load_balancer_ip = Some("203.0.113.4".into());
+    let got: Vec<String> = asked_addresses(&svc, Some("example.com/ips"))
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "203.0.113.1",
+            "203.0.113.2",
+            "203.0.113.3",
+            "203.0.113.4",
+            "2001:db8::1"
+        ]
+    );
+    assert!(asked_addresses(&lb("apps", "plain"), None).is_empty());
+}
+
+#[test]
+fn a_service_of_any_name_asking_for_a_control_plane_fip_is_never_managed() {
+    let tag: baton_core::FipTag = "cluster=my-cp".parse().unwrap();
+    let ips = vec![
+        // The fipTag FIP, momentarily unassigned.
+        cloud_fip("203.0.113.1", None, &[("cluster", "my-cp")]),
+        // Routed to a server: a control-plane endpoint's FIP.
+        cloud_fip("203.0.113.2", Some(7), &[]),
+        // A workload FIP (announced by BGP, never targeted).
+        cloud_fip("203.0.113.3", None, &[("usage", "cloud-provider-cherry-auto")]),
+    ];
+    let mut api = with(
+        lb("default", "api"),
+        &[("baton.dev/control-plane-endpoint", "true")],
+    );
+    api.load_balancer_ip = Some("203.0.113.9".into());
+    let cp = control_plane_addresses(Some(&tag), &ips, std::slice::from_ref(&api));
+    let got: Vec<String> = cp.iter().map(ToString::to_string).collect();
+    assert_eq!(got, ["203.0.113.1", "203.0.113.2", "203.0.113.9"]);
+
+    // cloud-provider-cherry's leftover mirror, by spec and by MetalLB annotation.
+    let mut leftover = lb("kube-system", "cloud-provider-cherry-kubernetes-external");
+    leftover.load_balancer_ip = Some("203.0.113.1".into());
+    assert_eq!(
+        scope_excluding(&leftover, MIRROR, &cp, None),
+        Scope::Ignored(Ignored::ControlPlaneEndpoint)
+    );
+    let by_annotation = with(lb("apps", "sneaky"), &[(METALLB_IPS_ANNOTATION, "203.0.113.2")]);
+    assert_eq!(
+        scope_excluding(&by_annotation, MIRROR, &cp, None),
+        Scope::Ignored(Ignored::ControlPlaneEndpoint)
+    );
+    let custom = with(lb("apps", "custom"), &[("example.com/ips", "203.0.113.9")]);
+    assert_eq!(scope_excluding(&custom, MIRROR, &cp, None), Scope::Managed);
+    assert_eq!(
+        scope_excluding(&custom, MIRROR, &cp, Some("example.com/ips")),
+        Scope::Ignored(Ignored::ControlPlaneEndpoint)
+    );
+    // A workload FIP or a user's own address is still the Service's.
+    let workload = with(lb("apps", "web"), &[(METALLB_IPS_ANNOTATION, "203.0.113.3")]);
+    assert_eq!(scope_excluding(&workload, MIRROR, &cp, None), Scope::Managed);
+    // Other reasons to ignore keep their reason.
+    let mut opted = with(lb("apps", "out"), &[(MANAGED_ANNOTATION, "false")]);
+    opted.load_balancer_ip = Some("203.0.113.1".into());
+    assert_eq!(
+        scope_excluding(&opted, MIRROR, &cp, None),
+        Scope::Ignored(Ignored::OptedOut)
+    );
+}
+
+#[test]
+fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own() {
+    let mut going = lb("apps", "web");
+    going.deleting = true;
+    assert!(clears_ccm_finalizer(&going, true, MIRROR));
+    assert!(!clears_ccm_finalizer(&going, false, MIRROR), "not there");
+    let mut live = going.clone();
+    live.deleting = false;
+    assert!(
+        !clears_ccm_finalizer(&live, true, MIRROR),
+        "a live Service keeps it"
+    );
+    let mut ours_first = going.clone();
+    ours_first.has_finalizer = true;
+    assert!(
+        !clears_ccm_finalizer(&ours_first, true, MIRROR),
+        "baton's cleanup first"
+    );
+    let mut other = going.clone();
+    other.class = Some("example.com/other".into());
+    assert!(
+        !clears_ccm_finalizer(&other, true, MIRROR),
+        "another controller's Service"
+    );
+    let mut opted = with(going.clone(), &[(MANAGED_ANNOTATION, "false")]);
+    opted.deleting = true;
+    assert!(
+        clears_ccm_finalizer(&opted, true, MIRROR),
+        "the CCM put it on opted-out Services too"
+    );
+    let mut cluster_ip = going;
+    cluster_ip.type_ = Some("ClusterIP".into());
+    assert!(
+        clears_ccm_finalizer(&cluster_ip, true, MIRROR),
+        "a Service turned ClusterIP after the CCM stopped"
+    );
+}

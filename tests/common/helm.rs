@@ -1,0 +1,64 @@
+//! Helm, as a user runs it: the cached binary `scripts/helm-env` builds from Helm's Go module,
+//! with its own config, cache and data directories (nothing of the user's). tests/chart.rs keeps
+//! its own copy with extra checks (the API key never printed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn helm_bin() -> PathBuf {
+    static HELM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HELM.get_or_init(|| {
+        let out = Command::new(root().join("scripts/helm-env")).output().unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/helm-env failed (scripts/setup runs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("bin/helm")
+    })
+    .clone()
+}
+
+/// Runs helm in the repository root (so `charts/baton` is the chart path a user of a checkout
+/// types).
+pub struct Helm {
+    bin: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Helm {
+    pub fn new() -> Self {
+        Self {
+            bin: helm_bin(),
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        let h = self.home.path();
+        Command::new(&self.bin)
+            .args(args)
+            .current_dir(root())
+            .env("HELM_CACHE_HOME", h.join("cache"))
+            .env("HELM_CONFIG_HOME", h.join("config"))
+            .env("HELM_DATA_HOME", h.join("data"))
+            .output()
+            .unwrap()
+    }
+
+    /// Runs helm and returns stdout; fails the test with helm's stderr.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+}

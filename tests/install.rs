@@ -1,0 +1,452 @@
+//! docs/install.md, followed in the lab: both install guides, with each guide's
+//! `bootstrap.yaml` taken from the document as written (only the lab's file paths, the DNS TTL
+//! and the simulator's URL change), `helm template` and `baton bootstrap` run with the guide's
+//! flags, real kube-apiservers standing in for the installer's control plane and for
+//! `kubeadm init`/`join`, and the Deployment the handoff applied run as two pods
+//! (`common::pod`: the lab has no kubelet).
+//!
+//! - A. a separate bootstrap host: `complete`, DNS ends with the FIPs only, every FIP routed to a
+//!   control-plane Node, the API answers through the FIP after the bootstrap host is stopped.
+//! - B. the kubeadm way: cp-0 is the bootstrap host; after `complete` its address has left DNS
+//!   but it stays a candidate: with the other API servers stopped the FIP is routed to it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // a guide reads top to bottom
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_cloud::Cloud as _;
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpType, ServerId, Tags};
+use baton_sim::{Faults, SimHandle, Topology};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, TokenUser, lab};
+use common::eventually;
+use hickory_net::client::{Client, ClientHandle as _};
+use hickory_net::runtime::TokioRuntimeProvider;
+use hickory_net::udp::UdpClientStream;
+use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+const SA_TOKEN: &str = "baton-sa-token";
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+const NAME: &str = "api.prod.example.com.";
+const WAIT: Duration = Duration::from_secs(120);
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn baton_user() -> TokenUser {
+    TokenUser {
+        token: SA_TOKEN.into(),
+        name: "system:serviceaccount:kube-system:baton".into(),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+        ],
+    }
+}
+
+/// The fenced yaml block of docs/install.md whose first line contains `marker`, unindented.
+fn guide_block(marker: &str) -> String {
+    let text = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("docs/install.md has no block {marker:?}"));
+    let indent = lines[start].len() - lines[start].trim_start().len();
+    let mut out = String::new();
+    for line in &lines[start..] {
+        if line.trim_start().starts_with("```") {
+            break;
+        }
+        out.push_str(line.get(indent..).unwrap_or(""));
+        out.push('\n');
+    }
+    out
+}
+
+/// The lab's differences from a real host, applied to a guide's `bootstrap.yaml`.
+fn for_the_lab(config: &str, cp: &ControlPlane, kubeconfig: &Path, state_dir: &Path) -> String {
+    let replaced = config
+        .replace("/etc/baton/bootstrap.kubeconfig", kubeconfig.to_str().unwrap())
+        .replace(
+            "/etc/kubernetes/pki/ca.crt",
+            cp.dir().join("ca.crt").to_str().unwrap(),
+        )
+        .replace("/var/lib/baton/", &format!("{}/", state_dir.display()))
+        .replace("ttl: 30", "ttl: 2");
+    assert_ne!(replaced, config);
+    replaced
+}
+
+/// `helm template` as the guide runs it; writes `<dir>/baton.yaml`.
+fn render_manifests(dir: &Path, sim: &SimHandle) {
+    assert_eq!(sim.project_id(), 123_456, "the guide's project ID");
+    let helm = common::helm::Helm::new();
+    let out = helm.ok(&[
+        "template",
+        "baton",
+        "charts/baton",
+        "--namespace",
+        "kube-system",
+        "--set",
+        &format!("config.apiKey={}", sim.api_key()),
+        "--set",
+        "config.projectID=123456",
+        "--set",
+        "config.region=LT-Siauliai",
+    ]);
+    std::fs::write(dir.join("baton.yaml"), out).unwrap();
+}
+
+/// `baton bootstrap --config <config> <flags>` with the API key and the simulator's URL in the
+/// environment (as `/etc/baton/bootstrap.env` would give them).
+fn bootstrap(config: &Path, sim: &SimHandle, flags: &[&str], log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["bootstrap", "--config"])
+        .arg(config)
+        .args(flags)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("CHERRY_API_KEY", sim.api_key())
+        .env("CHERRY_BASE_URL", sim.base_url().as_str())
+        .env("BATON_LOG", "info,baton=debug,hickory_server=warn,kube=warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// `--check-config` exits 0.
+async fn check_config(config: &Path, sim: &SimHandle, dir: &Path) {
+    let out = bootstrap(config, sim, &["--check-config"], &dir.join("check.log"))
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "--check-config: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        std::fs::read_to_string(dir.join("check.log")).unwrap_or_default()
+    );
+}
+
+/// Reads the bootstrap's JSON events until `until` matches one (or the process ends).
+async fn read_events(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    until: impl Fn(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut events = Vec::new();
+    let read = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or(serde_json::json!({"raw": line}));
+            let done = until(&v);
+            events.push(v);
+            if done {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(240), read)
+        .await
+        .expect("baton bootstrap did not get there in time");
+    events
+}
+
+fn is_summary(v: &serde_json::Value) -> bool {
+    v["event"] == "summary"
+}
+
+/// The handoff's Deployment, run as pods on the nodes whose API servers are `servers`.
+async fn start_pods(cp: &ControlPlane, sim: &SimHandle, servers: &[usize]) -> Vec<common::pod::Pod> {
+    let admin = cp.client(0).unwrap();
+    eventually(WAIT, "the handoff's Deployment", || async {
+        Api::<Deployment>::namespaced(admin.clone(), "kube-system")
+            .get_opt("baton")
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    let mut pods = Vec::new();
+    for &i in servers {
+        let kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
+        pods.push(
+            common::pod::start(
+                Path::new(env!("CARGO_BIN_EXE_baton")),
+                &cp.client(i).unwrap(),
+                "kube-system",
+                "baton",
+                &format!("baton-{i}"),
+                &kubeconfig,
+                &[
+                    ("CHERRY_BASE_URL", sim.base_url().as_str()),
+                    // Host network, many pods in one lab address space.
+                    ("BATON_ADMIN_LISTEN", "off"),
+                ],
+            )
+            .await,
+        );
+    }
+    pods
+}
+
+fn dns_client(addr: SocketAddr) -> Client<TokioRuntimeProvider> {
+    let stream = UdpClientStream::builder(addr, TokioRuntimeProvider::default())
+        .with_timeout(Some(Duration::from_millis(200)))
+        .build();
+    let (client, bg) = Client::<TokioRuntimeProvider>::from_sender(stream);
+    tokio::spawn(bg);
+    client
+}
+
+async fn resolve(client: &mut Client<TokioRuntimeProvider>, name: &str) -> Option<BTreeSet<IpAddr>> {
+    let resp = client
+        .query(Name::from_ascii(name).unwrap(), DNSClass::IN, RecordType::A)
+        .await
+        .ok()?;
+    Some(
+        resp.answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// Every distinct DNS answer for `NAME` at `addr`, in order, until cancelled.
+fn watch_dns(addr: SocketAddr, stop: CancellationToken) -> tokio::task::JoinHandle<Vec<BTreeSet<IpAddr>>> {
+    tokio::spawn(async move {
+        let mut client = dns_client(addr);
+        let mut seen: Vec<BTreeSet<IpAddr>> = Vec::new();
+        while !stop.is_cancelled() {
+            if let Some(a) = resolve(&mut client, NAME).await
+                && !a.is_empty()
+                && seen.last() != Some(&a)
+            {
+                seen.push(a);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen
+    })
+}
+
+async fn floating_ips(sim: &SimHandle) -> Vec<IpAddress> {
+    common::cloud_ips(sim)
+        .await
+        .into_iter()
+        .filter(|i| i.ip_type == IpType::FloatingIp)
+        .collect()
+}
+
+fn lab_options(servers: &[u8]) -> Options {
+    Options {
+        servers: servers.iter().map(|n| lab::public_ip(*n)).collect(),
+        extra_sans: vec!["api.prod.example.com".into(), "api-int.prod.example.com".into()],
+        users: vec![baton_user()],
+        ..Options::default()
+    }
+}
+
+#[test]
+fn guide_a_with_a_separate_bootstrap_host() {
+    lab::run(|| async {
+        baton_testbed::init_tracing();
+        // The installer's bootstrap control plane (198.51.100.10) and the control-plane
+        // nodes joining it (.11-.13; kubelets register their Nodes).
+        let mut cp = ControlPlane::start(lab_options(&[10, 11, 12, 13])).await.unwrap();
+        cp.register_nodes(CP.len()).await.unwrap();
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        // Step 1: the installer reserved the api FIP, tagged, not routed.
+        let api_fip = common::unlimited_client(&sim)
+            .create_ip(CreateIpRequest {
+                region: "LT-Siauliai".into(),
+                tags: Tags::from([("cluster".to_owned(), "prod-api".to_owned())]),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        render_manifests(dir.path(), &sim);
+        // Step 2: the guide's config.
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let config = dir.path().join("bootstrap.yaml");
+        let text = guide_block("/etc/baton/bootstrap.yaml — A.");
+        std::fs::write(&config, for_the_lab(&text, &cp, &kubeconfig, dir.path())).unwrap();
+        // Step 3: check, then run.
+        check_config(&config, &sim, dir.path()).await;
+        let stop_dns = CancellationToken::new();
+        let dns = watch_dns("192.0.2.10:53".parse().unwrap(), stop_dns.clone());
+        let mut child = bootstrap(
+            &config,
+            &sim,
+            &["--output", "json", "--exit-when-complete"],
+            &dir.path().join("bootstrap.log"),
+        );
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let events = tokio::spawn(async move { read_events(&mut lines, is_summary).await });
+        // The controller's pods start on cp-0 and cp-1 as they join.
+        let pods = start_pods(&cp, &sim, &[1, 2]).await;
+        let events = events.await.unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("exits after complete")
+            .unwrap();
+        stop_dns.cancel();
+        let seen = dns.await.unwrap();
+        let log = std::fs::read_to_string(dir.path().join("bootstrap.log")).unwrap();
+        assert_eq!(status.code(), Some(0), "events: {events:#?}\n{log}");
+        assert_eq!(events.last().unwrap()["result"], "complete", "{events:#?}");
+
+        // DNS: the bootstrap host first, the FIPs only at the end.
+        let fips: BTreeSet<IpAddr> = floating_ips(&sim).await.iter().map(|f| f.address).collect();
+        assert_eq!(
+            fips.len(),
+            2,
+            "api (the installer's) and api-int (reserved): {fips:?}"
+        );
+        assert!(fips.contains(&api_fip.address));
+        let bootstrap_ip = lab::public_ip(10);
+        eprintln!("{NAME} answered, in order: {seen:?}");
+        assert!(seen.first().unwrap().contains(&bootstrap_ip), "{seen:?}");
+        let last = seen.last().unwrap();
+        assert!(!last.contains(&bootstrap_ip), "{seen:?}");
+        assert_eq!(last, &BTreeSet::from([api_fip.address]), "{seen:?}");
+        // Every FIP routed to a control-plane Node, never to the bootstrap host.
+        for fip in floating_ips(&sim).await {
+            let target = fip.target().map(|t| t.0);
+            assert!(
+                target.is_some_and(|t| CP.contains(&t)),
+                "{} targets {target:?}",
+                fip.address
+            );
+        }
+        // The API Services: control-plane endpoints no load-balancer implementation handles.
+        let api_svc =
+            Api::<k8s_openapi::api::core::v1::Service>::namespaced(cp.client(1).unwrap(), "kube-system")
+                .get("api")
+                .await
+                .unwrap();
+        assert_eq!(
+            api_svc.spec.unwrap().load_balancer_class.as_deref(),
+            Some("baton.dev/control-plane")
+        );
+        // Step 4: tear the bootstrap host down; the API answers through the FIP.
+        cp.stop_apiserver(0).await.unwrap();
+        let fip_addr = SocketAddr::new(api_fip.address, 6443);
+        let mut ok = false;
+        for _ in 0..50 {
+            if common::readyz(cp.ca_der(), fip_addr).await {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ok, "/readyz through the FIP after the bootstrap host went");
+        for pod in pods {
+            pod.stop().await;
+        }
+    });
+}
+
+#[test]
+fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
+    lab::run(|| async {
+        baton_testbed::init_tracing();
+        // kubeadm init on cp-0 (198.51.100.11), cp-1 and cp-2 join; kubelets register Nodes.
+        let mut cp = ControlPlane::start(lab_options(&[11, 12, 13])).await.unwrap();
+        cp.register_nodes(CP.len()).await.unwrap();
+        let admin = cp.client(0).unwrap();
+        let sim = Arc::new(common::sim(Faults::none(), Topology::default()).await);
+        let dir = tempfile::tempdir().unwrap();
+        render_manifests(dir.path(), &sim);
+        // baton's copy of admin.conf talks to cp-0's API server directly.
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let config = dir.path().join("bootstrap.yaml");
+        let text = guide_block("/etc/baton/bootstrap.yaml — B.");
+        std::fs::write(&config, for_the_lab(&text, &cp, &kubeconfig, dir.path())).unwrap();
+        check_config(&config, &sim, dir.path()).await;
+        // As the systemd unit runs it: it keeps serving DNS after completion.
+        let mut child = bootstrap(
+            &config,
+            &sim,
+            &["--output", "json"],
+            &dir.path().join("bootstrap.log"),
+        );
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let events = tokio::spawn(async move {
+            let events = read_events(&mut lines, is_summary).await;
+            (events, lines)
+        });
+        let pods = start_pods(&cp, &sim, &[0, 1]).await;
+        let (events, _lines) = events.await.unwrap();
+        let log = std::fs::read_to_string(dir.path().join("bootstrap.log")).unwrap();
+        assert_eq!(events.last().unwrap()["result"], "complete", "{events:#?}\n{log}");
+        assert!(child.try_wait().unwrap().is_none(), "still serving DNS");
+
+        // cp-0's address has left DNS: the FIP only.
+        let fips = floating_ips(&sim).await;
+        assert_eq!(fips.len(), 1, "{fips:?}");
+        let fip = fips[0].clone();
+        let answer = eventually(WAIT, "DNS answers the FIP only", || async {
+            let mut client = dns_client("192.0.2.11:53".parse().unwrap());
+            resolve(&mut client, NAME)
+                .await
+                .filter(|a| a == &BTreeSet::from([fip.address]))
+        })
+        .await;
+        assert!(!answer.contains(&lab::public_ip(11)));
+
+        // cp-0 stays a candidate. Move the FIP away from it (cordon), then take the other API
+        // servers down: the FIP comes back to cp-0 and the API answers through it.
+        let cloud = common::unlimited_client(&sim);
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let cordon = |on: bool| serde_json::json!({"spec": {"unschedulable": on}});
+        nodes
+            .patch("cp-0", &PatchParams::default(), &Patch::Merge(&cordon(true)))
+            .await
+            .unwrap();
+        eventually(WAIT, "the FIP away from the cordoned cp-0", || async {
+            let t = cloud.ip(&fip.id).await.ok()?.target()?;
+            (t != ServerId(CP[0])).then_some(t)
+        })
+        .await;
+        nodes
+            .patch("cp-0", &PatchParams::default(), &Patch::Merge(&cordon(false)))
+            .await
+            .unwrap();
+        cp.stop_apiserver(1).await.unwrap();
+        cp.stop_apiserver(2).await.unwrap();
+        eventually(WAIT, "the FIP routed to cp-0", || async {
+            (cloud.ip(&fip.id).await.ok()?.target()? == ServerId(CP[0])).then_some(())
+        })
+        .await;
+        let fip_addr = SocketAddr::new(fip.address, 6443);
+        eventually(WAIT, "/readyz through the FIP on cp-0", || async {
+            common::readyz(cp.ca_der(), fip_addr).await.then_some(())
+        })
+        .await;
+        for pod in pods {
+            pod.stop().await;
+        }
+        drop(child);
+    });
+}
