@@ -30,9 +30,11 @@ pub fn init_tracing() {
 
 pub mod control_plane;
 pub mod fault;
+pub mod node;
 
 pub use control_plane::{ADMIN_TOKEN, APISERVER_PORT, ControlPlane, Options, TokenUser};
 pub use fault::Fault;
+pub use node::NodeImage;
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
 pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {

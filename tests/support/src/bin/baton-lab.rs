@@ -1,7 +1,8 @@
 //! `baton-lab`: start a real control plane in a fresh lab and run a command inside that lab.
 //!
 //! ```text
-//! baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] -- CMD [ARGS…]
+//! baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager]
+//!           [--kubelets [--image ARCHIVE[=REPOSITORY]]…] -- CMD [ARGS…]
 //! ```
 //!
 //! - `--servers N`: control-plane API servers on 198.51.100.11, .12, … (the simulator's cp-0…).
@@ -10,6 +11,12 @@
 //! - `--nodes N`: registers Nodes cp-0…cp-(N-1) as kubelets started with
 //!   `--cloud-provider=external` do: no provider ID, tainted
 //!   `node.cloudprovider.kubernetes.io/uninitialized` until a cloud controller initialises them.
+//! - `--kubelets`: instead, every control-plane server is a lab node (`baton_testbed::node`):
+//!   its own network namespace on the lab bridge, a real kubelet with containerd + runc,
+//!   kube-controller-manager and kube-scheduler; the kubelets register cp-0… themselves
+//!   (`--cloud-provider=external`: tainted uninitialized). `--image` loads an OCI archive into
+//!   every node's runtime (repository default `docker.io/library/baton`). `BATON_LAB_NODES`
+//!   then lists the nodes as `name=address` pairs.
 //!
 //! CMD runs in the lab's network namespace with `KUBECONFIG` (admin, API server 0),
 //! `BATON_LAB_DIR` (PKI, kubeconfigs, logs), `BATON_LAB_APISERVERS` (comma-separated addresses)
@@ -18,14 +25,15 @@
 
 use std::process::ExitCode;
 
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, NodeImage, Options, lab};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::ListParams;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] -- CMD [ARGS...]"
+        "usage: baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] \
+         [--kubelets [--image ARCHIVE[=REPOSITORY]]...] -- CMD [ARGS...]"
     );
     ExitCode::from(2)
 }
@@ -36,6 +44,8 @@ fn main() -> ExitCode {
     let mut kcm = false;
     let mut bootstrap = false;
     let mut nodes = 0u8;
+    let mut kubelets = false;
+    let mut images = Vec::new();
     let mut cmd = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -45,6 +55,11 @@ fn main() -> ExitCode {
             },
             "--controller-manager" => kcm = true,
             "--bootstrap" => bootstrap = true,
+            "--kubelets" => kubelets = true,
+            "--image" => match args.next() {
+                Some(a) => images.push(NodeImage::parse(&a)),
+                None => return usage(),
+            },
             "--nodes" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) if n <= 9 => nodes = n,
                 _ => return usage(),
@@ -62,6 +77,8 @@ fn main() -> ExitCode {
     lab::run(move || async move {
         let mut opts = Options {
             controller_manager: kcm,
+            kubelets,
+            images,
             ..Options::servers(servers)
         };
         if bootstrap {
@@ -97,7 +114,23 @@ fn main() -> ExitCode {
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
-        if let Err(e) = cp.register_nodes(nodes.into()).await {
+        if kubelets {
+            eprintln!(
+                "baton-lab: lab nodes {} Ready (kubelet + containerd each)",
+                cp.node_names().join(", ")
+            );
+        }
+        let node_list: Vec<String> = cp
+            .node_names()
+            .iter()
+            .filter_map(|n| {
+                cp.apiserver_of_node(n)
+                    .map(|i| format!("{n}={}", cp.addresses()[i]))
+            })
+            .collect();
+        if kubelets {
+            // The kubelets registered their Nodes.
+        } else if let Err(e) = cp.register_nodes(nodes.into()).await {
             eprintln!("baton-lab: registering Nodes failed: {e:#}");
             return ExitCode::FAILURE;
         }
@@ -115,6 +148,7 @@ fn main() -> ExitCode {
             .env("BATON_LAB_DIR", cp.dir())
             .env("BATON_LAB_APISERVERS", addrs.join(","))
             .env("BATON_LAB_CA", &ca)
+            .env("BATON_LAB_NODES", node_list.join(","))
             .env("BATON_LAB", "1")
             .status()
             .await;
