@@ -161,42 +161,10 @@ impl ControlPlane {
         let dir = tempfile::Builder::new().prefix("baton-cp-").tempdir()?;
         let bin = testenv_dir()?.join("bin");
         let mut opts = opts;
-        // Lab nodes: every server but the bootstrap host, named as the simulator names them.
-        let node_servers: Vec<(IpAddr, String)> = if opts.kubelets {
-            opts.servers
-                .iter()
-                .filter(|ip| **ip != lab::public_ip(10))
-                .map(|ip| (*ip, node_name(*ip)))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        for (_, name) in &node_servers {
-            // The kubelet's identity, for the Node authorizer.
-            opts.users.push(TokenUser {
-                token: node_token(name),
-                name: format!("system:node:{name}"),
-                groups: vec!["system:nodes".into()],
-            });
-        }
+        let node_servers = plan_nodes(&mut opts);
         let pki = Pki::generate(&opts)?;
         pki.write(dir.path(), &opts)?;
-        let mut nodes = Vec::new();
-        if opts.kubelets {
-            let hosts: Vec<IpAddr> = opts
-                .servers
-                .iter()
-                .filter(|ip| !node_servers.iter().any(|(n, _)| n == *ip))
-                .flat_map(|ip| node_addrs(*ip, &opts.node_addresses))
-                .collect();
-            node::bridge(&hosts).await?;
-            let lab_id = node::lab_id();
-            for (ip, name) in &node_servers {
-                nodes.push(
-                    Node::create(&lab_id, name, &node_addrs(*ip, &opts.node_addresses), dir.path()).await?,
-                );
-            }
-        }
+        let nodes = create_nodes(&opts, &node_servers, dir.path()).await?;
 
         let (client_port, peer_port) = (free_port()?, free_port()?);
         // With lab nodes, etcd listens on the bridge too, where the nodes' API servers reach it.
@@ -354,6 +322,14 @@ impl ControlPlane {
     /// The lab node names (`cp-0`, …), in API server order; empty without `kubelets`.
     pub fn node_names(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The network namespace (`ip netns` name) of lab node `name`.
+    pub fn node_netns(&self, name: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.netns.clone())
     }
 
     /// The index of the API server on lab node `name`.
@@ -732,6 +708,52 @@ impl Drop for ControlPlane {
         self.nodes.clear();
         self.firewall.remove_blocking();
     }
+}
+
+/// The lab nodes of `opts` (with `kubelets`: every server but the bootstrap host, named as the
+/// simulator names them), adding each kubelet's token user (for the Node authorizer).
+fn plan_nodes(opts: &mut Options) -> Vec<(IpAddr, String)> {
+    if !opts.kubelets {
+        return Vec::new();
+    }
+    let nodes: Vec<(IpAddr, String)> = opts
+        .servers
+        .iter()
+        .filter(|ip| **ip != lab::public_ip(10))
+        .map(|ip| (*ip, node_name(*ip)))
+        .collect();
+    for (_, name) in &nodes {
+        opts.users.push(TokenUser {
+            token: node_token(name),
+            name: format!("system:node:{name}"),
+            groups: vec!["system:nodes".into()],
+        });
+    }
+    nodes
+}
+
+/// Bridges the lab and creates the nodes' namespaces (nothing runs in them yet).
+async fn create_nodes(
+    opts: &Options,
+    node_servers: &[(IpAddr, String)],
+    dir: &Path,
+) -> anyhow::Result<Vec<Node>> {
+    let mut nodes = Vec::new();
+    if !opts.kubelets {
+        return Ok(nodes);
+    }
+    let hosts: Vec<IpAddr> = opts
+        .servers
+        .iter()
+        .filter(|ip| !node_servers.iter().any(|(n, _)| n == *ip))
+        .flat_map(|ip| node_addrs(*ip, &opts.node_addresses))
+        .collect();
+    node::bridge(&hosts).await?;
+    let lab_id = node::lab_id();
+    for (ip, name) in node_servers {
+        nodes.push(Node::create(&lab_id, name, &node_addrs(*ip, &opts.node_addresses), dir).await?);
+    }
+    Ok(nodes)
 }
 
 /// `cp-<n>` for the lab public IP `198.51.100.(11+n)`: the simulator's hostname for it.

@@ -21,6 +21,7 @@
 //! Killing a node ([`Node::kill`]) takes its link down and SIGKILLs every process in its network
 //! namespace (API server, kubelet, containerd, shims, containers): a powered-off machine.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -98,7 +99,7 @@ pub(crate) struct Node {
     /// `cp-<n>`: the simulator's hostname of the server with this address.
     pub(crate) name: String,
     pub(crate) addrs: Vec<IpAddr>,
-    netns: String,
+    pub(crate) netns: String,
     veth: String,
     pub(crate) dir: PathBuf,
     cgroup: String,
@@ -396,10 +397,11 @@ syncFrequency: 5s
     pub(crate) async fn set_partition(&mut self, port: Option<u16>) -> anyhow::Result<()> {
         let mut script = "table inet baton_lab {}\ndelete table inet baton_lab\n".to_owned();
         if let Some(port) = port {
-            script.push_str(&format!(
+            let _ = write!(
+                script,
                 "table inet baton_lab {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    \
                  iifname \"eth0\" tcp dport {port} drop comment \"partition\"\n  }}\n}}\n"
-            ));
+            );
         }
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.netns))
