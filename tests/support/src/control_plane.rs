@@ -332,6 +332,16 @@ impl ControlPlane {
             .map(|n| n.netns.clone())
     }
 
+    /// The process ids of everything running on lab node `name` (its API server, kubelet,
+    /// containerd, shims, the containers of its pods).
+    pub fn node_processes(&self, name: &str) -> Vec<i32> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(Node::pids)
+            .unwrap_or_default()
+    }
+
     /// The index of the API server on lab node `name`.
     pub fn apiserver_of_node(&self, name: &str) -> Option<usize> {
         self.apiservers

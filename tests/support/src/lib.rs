@@ -34,7 +34,7 @@ pub mod node;
 
 pub use control_plane::{ADMIN_TOKEN, APISERVER_PORT, ControlPlane, Options, TokenUser};
 pub use fault::Fault;
-pub use node::NodeImage;
+pub use node::{NodeImage, baton_image};
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
 pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {

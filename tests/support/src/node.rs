@@ -67,6 +67,44 @@ impl NodeImage {
     }
 }
 
+/// baton's image: `BATON_IMAGE` (an archive `scripts/build-image` wrote) if set, else the
+/// archive `scripts/build-image` builds now (once per test process; it builds the static
+/// binary first, minutes when cold).
+pub fn baton_image() -> anyhow::Result<NodeImage> {
+    static IMAGE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let archive = IMAGE
+        .get_or_init(|| {
+            if let Some(a) = std::env::var_os("BATON_IMAGE") {
+                return Ok(PathBuf::from(a));
+            }
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-image");
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .map_err(|e| format!("running {}: {e}", script.display()))?;
+            if !out.status.success() {
+                return Err(format!("{} failed ({})", script.display(), out.status));
+            }
+            // The last two lines: the archive (relative to the repository) and the digest.
+            let text = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = text.lines().collect();
+            let archive = lines
+                .len()
+                .checked_sub(2)
+                .map(|i| lines[i])
+                .ok_or_else(|| format!("{} printed no archive: {text}", script.display()))?;
+            Ok(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(archive))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(archive.is_file(), "no image archive at {}", archive.display());
+    Ok(NodeImage {
+        archive,
+        repository: "docker.io/library/baton".into(),
+    })
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A unique id for one control plane's nodes (netns and cgroup names).
@@ -440,7 +478,7 @@ syncFrequency: 5s
     }
 
     /// The pids of every process in the node's network namespace.
-    fn pids(&self) -> Vec<i32> {
+    pub(crate) fn pids(&self) -> Vec<i32> {
         let Ok(out) = std::process::Command::new("ip")
             .args(["netns", "pids", &self.netns])
             .stderr(Stdio::null())
