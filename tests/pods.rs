@@ -142,7 +142,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let seq = sim.log(0).last().map_or(0, |e| e.seq);
+        let seq = sim.log(0).last().map_or(0, |e| e.seq + 1);
 
         // Power the leader's node off.
         let t0 = tokio::time::Instant::now();
