@@ -12,6 +12,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -556,7 +557,7 @@ fn pod_logs(cp: &ControlPlane) -> String {
             if p.is_dir() {
                 walk(&p, out);
             } else if p.extension().is_some_and(|x| x == "log") {
-                out.push_str(&format!("==> {} <==\n", p.display()));
+                let _ = writeln!(out, "==> {} <==", p.display());
                 out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
             }
         }
@@ -619,8 +620,7 @@ async fn assert_pods_did_the_work(cp: &ControlPlane, client: &kube::Client) {
         let mountinfo = std::fs::read_to_string(format!("/proc/{}/mountinfo", procs[0])).unwrap();
         let root = mountinfo
             .lines()
-            .filter(|l| l.split_whitespace().nth(4) == Some("/"))
-            .last()
+            .rfind(|l| l.split_whitespace().nth(4) == Some("/"))
             .unwrap();
         let opts = root.split_whitespace().nth(5).unwrap();
         assert!(opts.split(',').any(|o| o == "ro"), "{node}: root mounted {opts}");

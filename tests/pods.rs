@@ -6,6 +6,7 @@
 //! The node running the leader pod holds the control-plane FIP; it is powered off (link down,
 //! every process on it killed): the other pod takes the Lease over and moves the FIP.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // a scenario reads best as one story
 
 mod common;
 
