@@ -758,6 +758,7 @@ async fn create_nodes(
         .filter(|ip| !node_servers.iter().any(|(n, _)| n == *ip))
         .flat_map(|ip| node_addrs(*ip, &opts.node_addresses))
         .collect();
+    node::sweep_stale();
     node::bridge(&hosts).await?;
     let lab_id = node::lab_id();
     for (ip, name) in node_servers {

@@ -112,6 +112,35 @@ pub(crate) fn lab_id() -> String {
     format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Powers off what a lab of a process that no longer exists left behind (a test binary killed
+/// with SIGKILL cannot clean up: its kubelets and containerds die by `--pdeathsig`, but shims
+/// and containers, reparented, would live on): every `baton-<pid>-…` network namespace and
+/// `/baton-lab/<pid>-…` cgroup whose pid is gone.
+pub(crate) fn sweep_stale() {
+    let dead = |id: &str| {
+        id.split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let names = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for name in names.lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(rest) = name.strip_prefix("baton-") else {
+            continue;
+        };
+        if !dead(rest) {
+            continue;
+        }
+        let (lab, node) = rest.rsplit_once("-cp-").map_or((rest, ""), |(l, n)| (l, n));
+        let stale = Node::stale(name, &format!("/baton-lab/{lab}/cp-{node}"));
+        drop(stale);
+    }
+}
+
 /// Turns the current lab namespace into the hub of a bridged lab: the public and private ranges
 /// stop being local (the nodes own their addresses), the bridge gets the gateway addresses and
 /// `hosts` (addresses of servers that are no node, e.g. the bootstrap host). FIPs stay local.
@@ -222,6 +251,24 @@ impl Node {
         }
         node.make_cgroups()?;
         Ok(node)
+    }
+
+    /// A handle on a node left behind by a dead process, for `Drop` to clean it up.
+    fn stale(netns: &str, cgroup: &str) -> Self {
+        Self {
+            name: netns.to_owned(),
+            addrs: Vec::new(),
+            netns: netns.to_owned(),
+            veth: String::new(),
+            dir: PathBuf::new(),
+            cgroup: cgroup.to_owned(),
+            holder: None,
+            holder_pid: 0,
+            procs: Vec::new(),
+            link_down: false,
+            partitioned: false,
+            dead: true,
+        }
     }
 
     /// `cmd` wrapped to run inside this node (its network and mount namespaces).
