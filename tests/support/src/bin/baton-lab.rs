@@ -107,62 +107,24 @@ fn main() -> ExitCode {
         if bootstrap {
             opts.servers.insert(0, lab::public_ip(10));
         }
-        let started = tokio::time::Instant::now();
-        let cp = match ControlPlane::start(opts).await {
-            Ok(cp) => cp,
-            Err(e) => {
-                eprintln!("baton-lab: control plane failed to start: {e:#}");
-                return ExitCode::FAILURE;
+        // Signals while the lab starts stop it too: dropping the unfinished start powers off
+        // whatever nodes it had made.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        let (cp, addrs, node_list) = tokio::select! {
+            p = prepare(opts, kubelets, nodes) => match p {
+                Ok(p) => p,
+                Err(code) => return code,
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("baton-lab: interrupted while starting; stopping the lab");
+                return ExitCode::from(130);
+            }
+            _ = term.recv() => {
+                eprintln!("baton-lab: terminated while starting; stopping the lab");
+                return ExitCode::from(143);
             }
         };
-        let addrs: Vec<String> = cp.addresses().iter().map(ToString::to_string).collect();
-        eprintln!(
-            "baton-lab: {} kube-apiserver(s) ready in {:.1}s on {} (files in {})",
-            addrs.len(),
-            started.elapsed().as_secs_f64(),
-            addrs.join(", "),
-            cp.dir().display()
-        );
-        // default/kubernetes fills in as each API server's lease reconciler runs.
-        let slices = Api::<EndpointSlice>::namespaced(cp.client(0).expect("client"), "default");
-        for _ in 0..60 {
-            let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
-            let n = slices
-                .list(&lp)
-                .await
-                .map_or(0, |l| l.items.iter().flat_map(|s| &s.endpoints).count());
-            if n == addrs.len() {
-                eprintln!("baton-lab: default/kubernetes lists all {n} API servers");
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
-        if kubelets {
-            eprintln!(
-                "baton-lab: lab nodes {} Ready (kubelet + containerd each)",
-                cp.node_names().join(", ")
-            );
-        }
-        let node_list: Vec<String> = cp
-            .node_names()
-            .iter()
-            .filter_map(|n| {
-                let i = cp.apiserver_of_node(n)?;
-                Some(format!("{n}={}={}", cp.addresses()[i], cp.node_netns(n)?))
-            })
-            .collect();
-        if !kubelets {
-            if let Err(e) = cp.register_nodes(nodes.into()).await {
-                eprintln!("baton-lab: registering Nodes failed: {e:#}");
-                return ExitCode::FAILURE;
-            }
-            if nodes > 0 {
-                eprintln!(
-                    "baton-lab: registered Nodes cp-0..cp-{} (uninitialized)",
-                    nodes - 1
-                );
-            }
-        }
         let status = run_cmd(&cp, &cmd, &addrs, &node_list).await;
         drop(cp);
         match status {
@@ -173,6 +135,72 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Starts the control plane (and lab nodes), waits for `default/kubernetes`, registers Nodes;
+/// the running control plane, its API server addresses and `BATON_LAB_NODES`' entries.
+async fn prepare(
+    opts: Options,
+    kubelets: bool,
+    nodes: u8,
+) -> Result<(ControlPlane, Vec<String>, Vec<String>), ExitCode> {
+    let started = tokio::time::Instant::now();
+    let cp = match ControlPlane::start(opts).await {
+        Ok(cp) => cp,
+        Err(e) => {
+            eprintln!("baton-lab: control plane failed to start: {e:#}");
+            return Err(ExitCode::FAILURE);
+        }
+    };
+    let addrs: Vec<String> = cp.addresses().iter().map(ToString::to_string).collect();
+    eprintln!(
+        "baton-lab: {} kube-apiserver(s) ready in {:.1}s on {} (files in {})",
+        addrs.len(),
+        started.elapsed().as_secs_f64(),
+        addrs.join(", "),
+        cp.dir().display()
+    );
+    // default/kubernetes fills in as each API server's lease reconciler runs.
+    let slices = Api::<EndpointSlice>::namespaced(cp.client(0).expect("client"), "default");
+    for _ in 0..60 {
+        let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
+        let n = slices
+            .list(&lp)
+            .await
+            .map_or(0, |l| l.items.iter().flat_map(|s| &s.endpoints).count());
+        if n == addrs.len() {
+            eprintln!("baton-lab: default/kubernetes lists all {n} API servers");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    if kubelets {
+        eprintln!(
+            "baton-lab: lab nodes {} Ready (kubelet + containerd each)",
+            cp.node_names().join(", ")
+        );
+    }
+    let node_list: Vec<String> = cp
+        .node_names()
+        .iter()
+        .filter_map(|n| {
+            let i = cp.apiserver_of_node(n)?;
+            Some(format!("{n}={}={}", cp.addresses()[i], cp.node_netns(n)?))
+        })
+        .collect();
+    if !kubelets {
+        if let Err(e) = cp.register_nodes(nodes.into()).await {
+            eprintln!("baton-lab: registering Nodes failed: {e:#}");
+            return Err(ExitCode::FAILURE);
+        }
+        if nodes > 0 {
+            eprintln!(
+                "baton-lab: registered Nodes cp-0..cp-{} (uninitialized)",
+                nodes - 1
+            );
+        }
+    }
+    Ok((cp, addrs, node_list))
 }
 
 /// Runs CMD in the lab with the lab's environment; its exit status.
