@@ -2,14 +2,17 @@
 //! simulator's `bootstrap` server) and three control-plane API servers (198.51.100.11–13, the
 //! simulator's cp-0..2) on one etcd, the Cherry Servers simulator, and the `baton` binary.
 //!
-//! The in-cluster `baton controller` runs as a process next to it and routes the FIPs of the
-//! API Services the bootstrap creates.
+//! In the end-to-end test the control-plane servers are lab nodes with real kubelets
+//! (`Options::kubelets`): the handoff applies the shipped manifests, and the Deployment's two
+//! pods (the image `scripts/build-image` builds) route the FIPs of the API Services the
+//! bootstrap creates. The other scenarios run `baton controller` as a process next to it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a scenario reads best as one story
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -17,13 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::model::{IpAddress, IpType, Tags};
-use baton_sim::{Faults, SimHandle, TopoFip, Topology};
+use baton_sim::{Faults, Sim, SimHandle, TopoFip, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use hickory_net::client::{Client, ClientHandle as _};
 use hickory_net::runtime::TokioRuntimeProvider;
 use hickory_net::udp::UdpClientStream;
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
@@ -47,6 +51,11 @@ fn ip(s: &str) -> IpAddr {
 }
 
 async fn start_sim(infra: &str) -> SimHandle {
+    start_sim_on(infra, "127.0.0.1:0").await
+}
+
+/// The simulator on `listen` (the lab host's bridge address, for pods on lab nodes to reach).
+async fn start_sim_on(infra: &str, listen: &str) -> SimHandle {
     let topology = Topology {
         api_key: API_KEY.into(),
         floating_ips: vec![TopoFip {
@@ -58,7 +67,12 @@ async fn start_sim(infra: &str) -> SimHandle {
         }],
         ..Topology::default()
     };
-    common::sim(Faults::none(), topology).await
+    Sim::builder()
+        .topology(topology)
+        .faults(Faults::none())
+        .bind(listen.parse().unwrap())
+        .await
+        .expect("simulator")
 }
 
 /// `path`, opened for appending (a rerun adds to the same log).
@@ -68,6 +82,24 @@ fn append(path: &Path) -> std::fs::File {
         .append(true)
         .open(path)
         .unwrap()
+}
+
+/// The bootstrap API server and three lab nodes cp-0..2, each with a kubelet (containerd +
+/// runc) holding baton's image, kube-controller-manager and kube-scheduler.
+async fn start_cluster() -> ControlPlane {
+    ControlPlane::start(Options {
+        servers: vec![
+            lab::public_ip(10),
+            lab::public_ip(11),
+            lab::public_ip(12),
+            lab::public_ip(13),
+        ],
+        kubelets: true,
+        images: vec![baton_testbed::baton_image().expect("baton's image (scripts/build-image)")],
+        ..Options::default()
+    })
+    .await
+    .expect("control plane with lab nodes")
 }
 
 async fn start_control_plane() -> ControlPlane {
@@ -324,17 +356,21 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
     lab::run(|| async {
         let _heavy = HEAVY.lock().await;
         let infra = "e2e";
-        let mut cp = start_control_plane().await;
-        let sim = start_sim(infra).await;
+        let started = tokio::time::Instant::now();
+        let mut cp = start_cluster().await;
+        eprintln!(
+            "cluster with lab nodes {:?} Ready in {:.1}s",
+            cp.node_names(),
+            started.elapsed().as_secs_f64()
+        );
+        let sim = start_sim_on(infra, &format!("{}:0", baton_testbed::node::LAB_HOST)).await;
         let sim = Arc::new(sim);
         let s = scenario(&cp, &sim, infra, "e2e-api", 5353);
+        with_shipped_manifests(&s, &sim);
         let log = s.dir.path().join("baton.log");
 
-        cp.register_nodes(CP.len()).await.unwrap();
-        let controller_log = s.dir.path().join("controller.log");
-        let mut controller = baton_controller(&cp, &sim, &controller_log);
-
         let child = baton_bootstrap(&s, &log);
+        let t_bootstrap = tokio::time::Instant::now();
         // Watch what DNS answers for api while the bootstrap runs.
         let watching = CancellationToken::new();
         let watcher = {
@@ -355,14 +391,19 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
             })
         };
         let (events, code) = run_to_end(child, Duration::from_secs(240)).await;
+        let bootstrap_s = t_bootstrap.elapsed().as_secs_f64();
         watching.cancel();
         let seen = watcher.await.unwrap();
         let stderr = std::fs::read_to_string(&log).unwrap();
         assert_eq!(
             code,
             Some(0),
-            "exit code; events:\n{events:#?}\nstderr:\n{stderr}"
+            "exit code; events:\n{events:#?}\nstderr:\n{stderr}\npods:\n{}",
+            pod_logs(&cp)
         );
+        eprintln!("baton bootstrap complete in {bootstrap_s:.1}s (the pods scheduled and started within it)");
+        let client = cp.client(1).unwrap();
+        assert_pods_did_the_work(&cp, &client).await;
         eprintln!("api.baton.test answered, in order (routed at the time): {seen:?}");
         for e in &events {
             eprintln!("{e}");
@@ -429,7 +470,6 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
         assert!(readyz.status().is_success());
 
         // Exactly one FIP per endpoint; the objects exist once.
-        let client = cp.client(1).unwrap();
         assert_no_duplicates(&sim, &client, &s, infra).await;
 
         // Output: step events in order, a complete summary, the status file, the state file.
@@ -470,10 +510,138 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
         assert_eq!(code, Some(0), "{events:#?}");
         assert_no_duplicates(&sim, &client, &s, infra).await;
 
-        controller.kill().await.unwrap();
-        let controller_log = std::fs::read_to_string(&controller_log).unwrap();
-        assert!(!controller_log.contains(API_KEY), "the API key leaked");
+        let logs = pod_logs(&cp);
+        assert!(!logs.contains(API_KEY), "the API key leaked into the pods' logs");
+        assert!(
+            !logs.to_lowercase().contains("forbidden"),
+            "the shipped RBAC is not enough for the pods' service account:\n{logs}"
+        );
     });
+}
+
+/// Adds the shipped in-cluster manifests to the scenario's handoff: `manifests/rbac.yaml`,
+/// `manifests/deployment.yaml` (unchanged) and the Secret of `manifests/secret.yaml` filled in
+/// for `sim`.
+fn with_shipped_manifests(s: &Scenario, sim: &SimHandle) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["rbac.yaml", "deployment.yaml"] {
+        std::fs::copy(repo.join("manifests").join(f), s.dir.path().join(f)).unwrap();
+    }
+    let cloud_sa = json!({
+        "apiKey": API_KEY,
+        "projectID": sim.project_id(),
+        "region": "LT-Siauliai",
+        "base-url": sim.base_url().as_str(),
+        "apiRateLimit": 0,
+    });
+    std::fs::write(
+        s.dir.path().join("secret.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: cherry-cloud-config, namespace: kube-system}}\n\
+             stringData:\n  cloud-sa.json: '{cloud_sa}'\n"
+        ),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(s.config()).unwrap().replace(
+        "handoff: {manifests: [handoff.yaml]}",
+        "handoff: {manifests: [handoff.yaml, rbac.yaml, secret.yaml, deployment.yaml]}",
+    );
+    std::fs::write(s.config(), config).unwrap();
+}
+
+/// Every container log of the lab nodes' pods.
+fn pod_logs(cp: &ControlPlane) -> String {
+    fn walk(dir: &Path, out: &mut String) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                let _ = writeln!(out, "==> {} <==", p.display());
+                out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    let mut out = String::new();
+    for n in cp.node_names() {
+        walk(&cp.dir().join(&n).join("pod-logs"), &mut out);
+    }
+    out
+}
+
+/// The Deployment's two pods run on two control-plane nodes, as uid 65532 on a read-only root
+/// filesystem; one of them holds the Lease; the nodes were initialised (by the pods: nothing
+/// else runs baton here).
+async fn assert_pods_did_the_work(cp: &ControlPlane, client: &kube::Client) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let pods = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=baton"))
+        .await
+        .unwrap()
+        .items;
+    let running: Vec<(String, String)> = pods
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap(),
+                p.spec.as_ref().unwrap().node_name.clone().unwrap(),
+            )
+        })
+        .collect();
+    eprintln!("baton pods: {running:?}");
+    assert_eq!(running.len(), 2, "two baton pods Running: {pods:#?}");
+    let nodes: BTreeSet<&String> = running.iter().map(|(_, n)| n).collect();
+    assert_eq!(nodes.len(), 2, "on two nodes (anti-affinity): {running:?}");
+    let lease = Api::<Lease>::namespaced(client.clone(), "kube-system")
+        .get("baton-controller")
+        .await
+        .unwrap();
+    let holder = lease.spec.unwrap().holder_identity.unwrap();
+    assert!(
+        running.iter().any(|(p, _)| *p == holder),
+        "the Lease is held by a pod: {holder}"
+    );
+    // The container's process, seen from the node: uid 65532, root filesystem read-only.
+    for node in &nodes {
+        let procs: Vec<i32> = cp
+            .node_processes(node)
+            .into_iter()
+            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "baton"))
+            .collect();
+        assert_eq!(procs.len(), 1, "one baton process on {node}");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", procs[0])).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert_eq!(
+            uid.split_whitespace().skip(1).collect::<Vec<_>>(),
+            ["65532"; 4],
+            "{node}: {uid}"
+        );
+        let mountinfo = std::fs::read_to_string(format!("/proc/{}/mountinfo", procs[0])).unwrap();
+        let root = mountinfo
+            .lines()
+            .rfind(|l| l.split_whitespace().nth(4) == Some("/"))
+            .unwrap();
+        let opts = root.split_whitespace().nth(5).unwrap();
+        assert!(opts.split(',').any(|o| o == "ro"), "{node}: root mounted {opts}");
+    }
+    for n in Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let name = n.metadata.name.clone().unwrap();
+        let spec = n.spec.unwrap_or_default();
+        assert!(spec.provider_id.is_some(), "{name} initialised (provider ID)");
+        assert!(
+            !spec
+                .taints
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"),
+            "{name}: the uninitialized taint is removed"
+        );
+    }
 }
 
 /// Where a run is killed.

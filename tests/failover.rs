@@ -13,9 +13,10 @@ use baton_cloud::model::IpAddress;
 use baton_cloud::{CherryClient, Cloud};
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
-use k8s_openapi::api::core::v1::{Event, Service};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Event, Service, ServiceAccount};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -327,27 +328,33 @@ fn cordoning_the_holder_moves_the_fip_away() {
     });
 }
 
-const SA_TOKEN: &str = "baton-sa-token";
-
+/// The shipped RBAC, with the real service account: `manifests/rbac.yaml` creates
+/// `kube-system/baton`, and the controller authenticates with a token the API server issues
+/// for it (TokenRequest, as the kubelet does for the pods' projected token). tests/bootstrap.rs
+/// and tests/pods.rs run the same RBAC in real pods.
 #[test]
 fn the_shipped_rbac_is_enough_for_a_failover() {
     lab::run(|| async {
-        let opts = Options {
-            users: vec![baton_testbed::TokenUser {
-                token: SA_TOKEN.into(),
-                name: "system:serviceaccount:kube-system:baton".into(),
-                groups: vec![
-                    "system:serviceaccounts".into(),
-                    "system:serviceaccounts:kube-system".into(),
-                ],
-            }],
-            ..Options::servers(3)
+        let mut bed = bed_with(0, Options::servers(3)).await;
+        let admin = bed.cp.client(1).unwrap();
+        common::apply_shipped_manifests(&admin, &["rbac.yaml"]).await;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
         };
-        let mut bed = bed_with(0, opts).await;
-        common::apply_shipped_manifests(&bed.cp.client(1).unwrap(), &["rbac.yaml"]).await;
+        let sa_token = Api::<ServiceAccount>::namespaced(admin, "kube-system")
+            .create_token_request("baton", &PostParams::default(), &request)
+            .await
+            .expect("a token for kube-system/baton")
+            .status
+            .expect("TokenRequest status")
+            .token;
         let logs = tempfile::tempdir().unwrap();
         let log = logs.path().join("a.log");
-        let _c = controller_as(&bed, 1, "replica-a", &log, SA_TOKEN);
+        let _c = controller_as(&bed, 1, "replica-a", &log, &sa_token);
         let client = bed.cp.client(1).unwrap();
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             mirror_has_ingress(&client)

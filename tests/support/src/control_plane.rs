@@ -9,12 +9,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node as KubeNode};
 use kube::Api;
 use tokio::process::{Child, Command};
 
 use crate::fault::{Fault, Firewall};
 use crate::lab;
+use crate::node::{self, Node, NodeImage};
 
 /// The port every API server listens on.
 pub const APISERVER_PORT: u16 = 6443;
@@ -48,6 +49,13 @@ pub struct Options {
     pub node_addresses: BTreeMap<IpAddr, Vec<IpAddr>>,
     /// The API servers' `--etcd-prefix` (each control plane has its own etcd as well).
     pub etcd_prefix: String,
+    /// Run every server except the bootstrap host (198.51.100.10) as a lab node
+    /// ([`crate::node`]): its own network namespace on the lab bridge, its API server, a
+    /// kubelet with containerd + runc, kube-controller-manager and kube-scheduler. Nodes
+    /// register themselves (cp-0 = 198.51.100.11, …) and are labelled control-plane.
+    pub kubelets: bool,
+    /// OCI image archives loaded into every node's runtime (with `kubelets`).
+    pub images: Vec<NodeImage>,
 }
 
 impl Default for Options {
@@ -59,6 +67,8 @@ impl Default for Options {
             users: Vec::new(),
             node_addresses: BTreeMap::new(),
             etcd_prefix: "/registry".to_owned(),
+            kubelets: false,
+            images: Vec::new(),
         }
     }
 }
@@ -86,10 +96,14 @@ pub struct ControlPlane {
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
     firewall: Firewall,
+    /// Lab nodes (with [`Options::kubelets`]); dropped first.
+    nodes: Vec<Node>,
 }
 
 struct ApiServer {
     ip: IpAddr,
+    /// The lab node this API server runs on (an index into `nodes`), if any.
+    node: Option<usize>,
     /// Every address of its node: `ip` first.
     node_addrs: Vec<IpAddr>,
     proc: Option<Proc>,
@@ -146,11 +160,20 @@ impl ControlPlane {
     pub async fn start(opts: Options) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("baton-cp-").tempdir()?;
         let bin = testenv_dir()?.join("bin");
+        let mut opts = opts;
+        let node_servers = plan_nodes(&mut opts);
         let pki = Pki::generate(&opts)?;
         pki.write(dir.path(), &opts)?;
+        let nodes = create_nodes(&opts, &node_servers, dir.path()).await?;
 
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        // With lab nodes, etcd listens on the bridge too, where the nodes' API servers reach it.
+        let etcd_host = if opts.kubelets {
+            node::LAB_HOST.to_string()
+        } else {
+            "127.0.0.1".to_owned()
+        };
+        let etcd_url = format!("http://{etcd_host}:{client_port}");
         let mut etcd = Proc::spawn(
             "etcd",
             dir.path(),
@@ -188,6 +211,7 @@ impl ControlPlane {
                 .iter()
                 .map(|&ip| ApiServer {
                     ip,
+                    node: node_servers.iter().position(|(n, _)| *n == ip),
                     node_addrs: node_addrs(ip, &opts.node_addresses),
                     proc: None,
                     hung: false,
@@ -195,6 +219,7 @@ impl ControlPlane {
                 .collect(),
             kcm: None,
             firewall: Firewall::default(),
+            nodes,
             dir,
         };
         for i in 0..cp.apiservers.len() {
@@ -211,10 +236,132 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if opts.controller_manager {
+        if opts.controller_manager && !opts.kubelets {
             cp.kcm = Some(cp.spawn_controller_manager()?);
         }
+        if opts.kubelets {
+            cp.start_nodes(&opts.images).await?;
+        }
         Ok(cp)
+    }
+
+    /// Starts each lab node's runtime, kubelet and controllers, waits until every Node is
+    /// Ready, and labels them control-plane (a kubelet may not set `node-role.kubernetes.io/*`
+    /// labels itself; kubeadm does the same after the node joins).
+    async fn start_nodes(&mut self, images: &[NodeImage]) -> anyhow::Result<()> {
+        let mut all = vec![NodeImage {
+            archive: testenv_dir()?.join("images/pause-3.10.oci.tar"),
+            repository: "docker.io/library/pause".into(),
+        }];
+        all.extend(images.iter().cloned());
+        let bin = self.bin.clone();
+        let ca = self.dir.path().join("ca.crt");
+        for i in 0..self.apiservers.len() {
+            let Some(n) = self.apiservers[i].node else {
+                continue;
+            };
+            let name = self.nodes[n].name.clone();
+            let kubelet_kc =
+                self.write_kubeconfig_named(i, &node_token(&name), &format!("kubelet-{name}"))?;
+            let admin_kc = self.write_kubeconfig_named(i, ADMIN_TOKEN, &format!("admin-{name}"))?;
+            let node = &mut self.nodes[n];
+            node.start_runtime(&all).await?;
+            node.start_kubelet(&bin, &kubelet_kc, &ca)?;
+            node.start_controllers(&bin, &admin_kc, self.dir.path())?;
+        }
+        let nodes: Api<KubeNode> = Api::all(self.client(self.first_node_apiserver())?);
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut ready = 0;
+            for name in &names {
+                if let Some(node) = nodes.get_opt(name).await? {
+                    let is_ready = node
+                        .status
+                        .and_then(|s| s.conditions)
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    if is_ready {
+                        ready += 1;
+                    }
+                }
+            }
+            if ready == names.len() {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "{ready} of {} lab nodes Ready within 120 s (logs in {})",
+                    names.len(),
+                    self.dir.path().display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let label =
+            serde_json::json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
+        for name in &names {
+            nodes
+                .patch(
+                    name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&label),
+                )
+                .await
+                .with_context(|| format!("labelling Node {name} control-plane"))?;
+        }
+        Ok(())
+    }
+
+    /// The index of the first API server that runs on a lab node (else 0).
+    fn first_node_apiserver(&self) -> usize {
+        self.apiservers.iter().position(|a| a.node.is_some()).unwrap_or(0)
+    }
+
+    /// The lab node names (`cp-0`, …), in API server order; empty without `kubelets`.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The network namespace (`ip netns` name) of lab node `name`.
+    pub fn node_netns(&self, name: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.netns.clone())
+    }
+
+    /// The process ids of everything running on lab node `name` (its API server, kubelet,
+    /// containerd, shims, the containers of its pods).
+    pub fn node_processes(&self, name: &str) -> Vec<i32> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(Node::pids)
+            .unwrap_or_default()
+    }
+
+    /// The index of the API server on lab node `name`.
+    pub fn apiserver_of_node(&self, name: &str) -> Option<usize> {
+        self.apiservers
+            .iter()
+            .position(|a| a.node.is_some_and(|n| self.nodes[n].name == name))
+    }
+
+    /// Powers lab node `name` off: its link goes down and every process on it (API server,
+    /// kubelet, containerd, shims, the containers of its pods) is killed.
+    pub async fn kill_node(&mut self, name: &str) -> anyhow::Result<()> {
+        let i = self
+            .apiserver_of_node(name)
+            .with_context(|| format!("no lab node {name}"))?;
+        let n = self.apiservers[i].node.context("lab node")?;
+        self.nodes[n].kill().await?;
+        if let Some(p) = self.apiservers[i].proc.take() {
+            p.terminate(Duration::ZERO).await;
+        }
+        self.apiservers[i].hung = false;
+        Ok(())
     }
 
     /// The API servers' addresses, in start order.
@@ -261,9 +408,9 @@ impl ControlPlane {
     /// `node.cloudprovider.kubernetes.io/uninitialized` until a cloud controller initialises
     /// them. A Node that exists already is left alone.
     pub async fn register_nodes(&self, n: usize) -> anyhow::Result<()> {
-        let nodes: Api<Node> = Api::all(self.client(0)?);
+        let nodes: Api<KubeNode> = Api::all(self.client(0)?);
         for i in 0..n {
-            let node: Node = serde_json::from_value(serde_json::json!({
+            let node: KubeNode = serde_json::from_value(serde_json::json!({
                 "metadata": {"name": format!("cp-{i}"),
                              "labels": {"node-role.kubernetes.io/control-plane": ""}},
                 "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
@@ -295,7 +442,11 @@ impl ControlPlane {
 
     /// Writes a kubeconfig for API server `i` authenticating with `token`; returns its path.
     pub fn write_kubeconfig(&self, i: usize, token: &str) -> anyhow::Result<PathBuf> {
-        let path = self.dir.path().join(format!("kubeconfig-{i}-{}", token.len()));
+        self.write_kubeconfig_named(i, token, &format!("kubeconfig-{i}-{}", token.len()))
+    }
+
+    fn write_kubeconfig_named(&self, i: usize, token: &str, file: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join(file);
         std::fs::write(&path, kubeconfig(&self.url(i), &self.ca_pem, token))?;
         Ok(path)
     }
@@ -369,6 +520,10 @@ impl ControlPlane {
     /// [`node_addresses`](Self::node_addresses) is dropped (nftables, in this lab's namespace),
     /// so connects to it time out; established connections stall. Undone by [`heal`](Self::heal).
     pub async fn blackhole(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(n) = self.apiservers[i].node {
+            // A lab node's traffic crosses the bridge, not this namespace's input hook.
+            return self.nodes[n].set_link(false).await;
+        }
         let addrs = self.apiservers[i].node_addrs.clone();
         self.firewall.set_blackhole(i, &addrs, true).await
     }
@@ -378,6 +533,9 @@ impl ControlPlane {
     /// outgoing traffic (e.g. its baton replica calling the cloud) still work. Undone by
     /// [`heal`](Self::heal).
     pub async fn partition(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(n) = self.apiservers[i].node {
+            return self.nodes[n].set_partition(Some(APISERVER_PORT)).await;
+        }
         let addrs = self.apiservers[i].node_addrs.clone();
         self.firewall.set_partition(i, &addrs, Some(APISERVER_PORT)).await
     }
@@ -385,6 +543,18 @@ impl ControlPlane {
     /// Removes node `i`'s network faults ([`blackhole`](Self::blackhole),
     /// [`partition`](Self::partition)). Connections stalled by them resume.
     pub async fn heal(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(n) = self.apiservers[i].node {
+            let node = &mut self.nodes[n];
+            if !node.dead {
+                if node.is_link_down() {
+                    node.set_link(true).await?;
+                }
+                if node.is_partitioned() {
+                    node.set_partition(None).await?;
+                }
+            }
+            return Ok(());
+        }
         self.firewall.heal(i).await
     }
 
@@ -398,6 +568,14 @@ impl ControlPlane {
             out.push(Fault::Hang);
         }
         out.extend(self.firewall.faults(i));
+        if let Some(n) = self.apiservers[i].node {
+            if self.nodes[n].is_link_down() {
+                out.push(Fault::Blackhole);
+            }
+            if self.nodes[n].is_partitioned() {
+                out.push(Fault::Partition);
+            }
+        }
         out
     }
 
@@ -448,7 +626,15 @@ impl ControlPlane {
         let d = self.dir.path();
         let ip = self.apiservers[i].ip;
         let p = |f: &str| d.join(f).display().to_string();
-        let mut cmd = Command::new(self.bin.join("kube-apiserver"));
+        let node = self.apiservers[i].node.map(|n| &self.nodes[n]);
+        if node.is_some_and(|n| n.dead) {
+            bail!("API server {i}'s node is powered off");
+        }
+        let mut cmd = match node {
+            Some(n) => n.command(&self.bin.join("kube-apiserver")),
+            None => Command::new(self.bin.join("kube-apiserver")),
+        };
+        let with_nodes = !self.nodes.is_empty();
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix={}", self.etcd_prefix),
@@ -459,15 +645,30 @@ impl ControlPlane {
             format!("--tls-private-key-file={}", p("serving.key")),
             format!("--client-ca-file={}", p("ca.crt")),
             format!("--token-auth-file={}", p("tokens.csv")),
-            "--authorization-mode=RBAC".into(),
+            if with_nodes {
+                "--authorization-mode=Node,RBAC"
+            } else {
+                "--authorization-mode=RBAC"
+            }
+            .into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/16".into(), // room for the 1,000-Service benchmark
             "--allow-privileged=true".into(),
-            "--disable-admission-plugins=ServiceAccount".into(),
+            // Without kubelets nothing runs pods, and no controller creates the default
+            // ServiceAccounts; with them, pods get their service account token as in a cluster.
+            if with_nodes {
+                "--disable-admission-plugins="
+            } else {
+                "--disable-admission-plugins=ServiceAccount"
+            }
+            .into(),
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
+            // `kubectl logs` and friends reach a lab node's kubelet by its address (the lab has
+            // no DNS for node names).
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
             format!("--cert-dir={}", p(&format!("certs-{i}"))),
         ]);
         self.apiservers[i].proc = Some(Proc::spawn(&format!("apiserver-{i}"), d, &mut cmd)?);
@@ -507,14 +708,78 @@ impl ControlPlane {
 }
 
 impl Drop for ControlPlane {
-    /// Resumes hung processes (so none is left stopped; the fields' drops then kill them) and
+    /// Resumes hung processes (so none is left stopped; the fields' drops then kill them),
+    /// powers the lab nodes off (every process on them, their cgroups and namespaces) and
     /// removes the network faults.
     fn drop(&mut self) {
         for i in 0..self.apiservers.len() {
             let _ = self.unhang(i);
         }
+        self.nodes.clear();
         self.firewall.remove_blocking();
     }
+}
+
+/// The lab nodes of `opts` (with `kubelets`: every server but the bootstrap host, named as the
+/// simulator names them), adding each kubelet's token user (for the Node authorizer).
+fn plan_nodes(opts: &mut Options) -> Vec<(IpAddr, String)> {
+    if !opts.kubelets {
+        return Vec::new();
+    }
+    let nodes: Vec<(IpAddr, String)> = opts
+        .servers
+        .iter()
+        .filter(|ip| **ip != lab::public_ip(10))
+        .map(|ip| (*ip, node_name(*ip)))
+        .collect();
+    for (_, name) in &nodes {
+        opts.users.push(TokenUser {
+            token: node_token(name),
+            name: format!("system:node:{name}"),
+            groups: vec!["system:nodes".into()],
+        });
+    }
+    nodes
+}
+
+/// Bridges the lab and creates the nodes' namespaces (nothing runs in them yet).
+async fn create_nodes(
+    opts: &Options,
+    node_servers: &[(IpAddr, String)],
+    dir: &Path,
+) -> anyhow::Result<Vec<Node>> {
+    let mut nodes = Vec::new();
+    if !opts.kubelets {
+        return Ok(nodes);
+    }
+    let hosts: Vec<IpAddr> = opts
+        .servers
+        .iter()
+        .filter(|ip| !node_servers.iter().any(|(n, _)| n == *ip))
+        .flat_map(|ip| node_addrs(*ip, &opts.node_addresses))
+        .collect();
+    node::sweep_stale();
+    node::bridge(&hosts).await?;
+    let lab_id = node::lab_id();
+    for (ip, name) in node_servers {
+        nodes.push(Node::create(&lab_id, name, &node_addrs(*ip, &opts.node_addresses), dir).await?);
+    }
+    Ok(nodes)
+}
+
+/// `cp-<n>` for the lab public IP `198.51.100.(11+n)`: the simulator's hostname for it.
+fn node_name(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) if v4.octets()[..3] == [198, 51, 100] && v4.octets()[3] >= 11 => {
+            format!("cp-{}", v4.octets()[3] - 11)
+        }
+        other => format!("node-{}", other.to_string().replace(['.', ':'], "-")),
+    }
+}
+
+/// The bearer token of node `name`'s kubelet.
+fn node_token(name: &str) -> String {
+    format!("baton-lab-kubelet-{name}")
 }
 
 /// `R`, `S`, `T` (stopped), `Z`… of a process, from `/proc/<pid>/stat`; `None` once it is gone.
@@ -598,6 +863,11 @@ impl Proc {
         {
             let _ = self.child.kill().await;
         }
+    }
+
+    /// Sends SIGKILL without waiting (for `Drop`).
+    pub(crate) fn kill_now(&mut self) {
+        let _ = self.child.start_kill();
     }
 
     /// The last `n` lines of the process's log.

@@ -8,6 +8,10 @@
 //!          └─ apiserver 198.51.100.13:6443 ─┘  so default/kubernetes lists all of them
 //! ```
 //!
+//! With `Options::kubelets`, every control-plane server is a lab node instead ([`node`]): its
+//! own network namespace on a lab bridge, its API server, a kubelet with containerd + runc,
+//! kube-controller-manager and kube-scheduler, so Deployments really run as pods.
+//!
 //! Binaries come from `scripts/testenv` (built once from Go modules, cached outside the repo).
 //! Every process is killed when its handle drops, and with `--pdeathsig` when the lab thread
 //! ends, so a panicking test leaves nothing behind.
@@ -30,9 +34,11 @@ pub fn init_tracing() {
 
 pub mod control_plane;
 pub mod fault;
+pub mod node;
 
 pub use control_plane::{ADMIN_TOKEN, APISERVER_PORT, ControlPlane, Options, TokenUser};
 pub use fault::Fault;
+pub use node::{NodeImage, baton_image};
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
 pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {

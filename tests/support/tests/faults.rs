@@ -203,3 +203,65 @@ fn partition_cuts_only_the_api_server_and_drop_removes_every_fault() {
         accepts.abort();
     });
 }
+
+/// The same classes on lab nodes (each in its own network namespace, with a kubelet): the
+/// network faults act on the node's link and on its own firewall, and a node can be powered
+/// off.
+#[test]
+fn lab_nodes_fail_in_every_class() {
+    lab::run(|| async {
+        let mut cp = ControlPlane::start(Options {
+            kubelets: true,
+            ..Options::servers(2)
+        })
+        .await
+        .unwrap();
+        assert_eq!(cp.node_names(), ["cp-0", "cp-1"]);
+        // The kubelet's port on the node's address: another port of the same node.
+        let kubelet = SocketAddr::new(cp.addresses()[0], 10250);
+        assert_eq!(connect(kubelet).await, Connect::Accepted);
+
+        cp.inject(0, Fault::Hang).await.unwrap();
+        assert!(!ready(&cp, 0).await, "hung");
+        cp.recover(0, Fault::Hang).await.unwrap();
+        assert!(ready_again(&cp, 0).await);
+
+        cp.inject(0, Fault::Blackhole).await.unwrap();
+        assert_eq!(cp.faults(0), [Fault::Blackhole]);
+        assert_eq!(connect(api(&cp, 0)).await, Connect::TimedOut);
+        assert_eq!(
+            connect(kubelet).await,
+            Connect::TimedOut,
+            "the whole node is cut off"
+        );
+        assert!(ready(&cp, 1).await, "the other node still answers");
+        cp.recover(0, Fault::Blackhole).await.unwrap();
+        assert!(ready_again(&cp, 0).await);
+
+        cp.inject(0, Fault::Partition).await.unwrap();
+        assert_eq!(cp.faults(0), [Fault::Partition]);
+        assert_eq!(connect(api(&cp, 0)).await, Connect::TimedOut);
+        assert_eq!(
+            connect(kubelet).await,
+            Connect::Accepted,
+            "only the API server port is cut"
+        );
+        cp.recover(0, Fault::Partition).await.unwrap();
+        assert!(ready_again(&cp, 0).await);
+
+        cp.inject(0, Fault::Kill).await.unwrap();
+        assert_eq!(connect(api(&cp, 0)).await, Connect::Refused);
+        cp.recover(0, Fault::Kill).await.unwrap();
+        assert!(ready_again(&cp, 0).await);
+
+        // Powered off: nothing runs on the node any more, nothing answers.
+        cp.kill_node("cp-0").await.unwrap();
+        assert!(
+            cp.node_processes("cp-0").is_empty(),
+            "{:?}",
+            cp.node_processes("cp-0")
+        );
+        assert_eq!(connect(api(&cp, 0)).await, Connect::TimedOut);
+        assert!(ready(&cp, 1).await);
+    });
+}

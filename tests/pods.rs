@@ -1,0 +1,189 @@
+//! The shipped Deployment as real pods: lab nodes cp-0..2 with real kubelets (containerd +
+//! runc), kube-controller-manager and kube-scheduler (`Options::kubelets`), baton's image from
+//! `scripts/build-image` loaded into each node's runtime, the Cherry Servers simulator on the
+//! lab host's bridge address.
+//!
+//! The node running the leader pod holds the control-plane FIP; it is powered off (link down,
+//! every process on it killed): the other pod takes the Lease over and moves the FIP.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+#![allow(clippy::too_many_lines)] // a scenario reads best as one story
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use baton_cloud::Cloud as _;
+use baton_cloud::model::ServerId;
+use baton_sim::{Faults, Sim, Topology};
+use baton_testbed::{ControlPlane, Options, lab};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+/// The simulator's server ids of cp-0, cp-1, cp-2.
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+
+fn server_of(node: &str) -> u64 {
+    CP[node.trim_start_matches("cp-").parse::<usize>().unwrap()]
+}
+
+/// (pod, node) of the baton pods that are Running and Ready.
+async fn ready_pods(client: &kube::Client) -> Vec<(String, String)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let Ok(list) = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=baton"))
+        .await
+    else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .map(|p| {
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+async fn lease_holder(client: &kube::Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-controller")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+#[test]
+fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
+    lab::run(|| async {
+        let started = tokio::time::Instant::now();
+        let mut cp = ControlPlane::start(Options {
+            kubelets: true,
+            images: vec![baton_testbed::baton_image().expect("baton's image (scripts/build-image)")],
+            ..Options::servers(3)
+        })
+        .await
+        .expect("control plane with lab nodes");
+        eprintln!(
+            "lab nodes {:?} Ready in {:.1}s",
+            cp.node_names(),
+            started.elapsed().as_secs_f64()
+        );
+        let sim = Sim::builder()
+            .topology(Topology::default())
+            .faults(Faults::none())
+            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
+            .await
+            .expect("simulator");
+        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
+        let fip_addr = SocketAddr::new(fip.address, 6443);
+
+        // What the handoff applies: the shipped RBAC and Deployment, and the cloud Secret.
+        let admin = cp.client(0).unwrap();
+        let cloud_sa = serde_json::json!({
+            "apiKey": sim.api_key(),
+            "projectID": sim.project_id(),
+            "region": "LT-Siauliai",
+            "fipTag": "cluster=pods-cp",
+            "base-url": sim.base_url().as_str(),
+            "apiRateLimit": 0,
+        });
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
+            "stringData": {"cloud-sa.json": cloud_sa.to_string()},
+        }))
+        .unwrap();
+        common::apply_shipped_manifests(&admin, &["rbac.yaml"]).await;
+        Api::<Secret>::namespaced(admin.clone(), "kube-system")
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let applied = tokio::time::Instant::now();
+        common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
+
+        let pods = common::eventually(Duration::from_secs(120), "two baton pods Ready", || async {
+            let p = ready_pods(&admin).await;
+            (p.len() == 2).then_some(p)
+        })
+        .await;
+        eprintln!(
+            "baton pods Ready {:.1}s after the Deployment was applied: {pods:?}",
+            applied.elapsed().as_secs_f64()
+        );
+        let leader = common::eventually(Duration::from_secs(30), "a pod holding the Lease", || async {
+            lease_holder(&admin)
+                .await
+                .filter(|h| pods.iter().any(|(p, _)| p == h))
+        })
+        .await;
+        let leader_node = pods.iter().find(|(p, _)| *p == leader).unwrap().1.clone();
+        let (other, other_node) = pods.iter().find(|(p, _)| *p != leader).unwrap().clone();
+        eprintln!("leader {leader} on {leader_node}; standby {other} on {other_node}");
+
+        // The FIP on the leader's node (the operator routes it there; the controller keeps a
+        // healthy holder), answering through the FIP.
+        cloud
+            .retarget_ip(&fip.id, ServerId(server_of(&leader_node)))
+            .await
+            .unwrap();
+        common::wait_for("/readyz through the FIP", Duration::from_secs(30), || {
+            common::readyz(cp.ca_der(), fip_addr)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let seq = sim.log(0).last().map_or(0, |e| e.seq + 1);
+
+        // Power the leader's node off.
+        let t0 = tokio::time::Instant::now();
+        cp.kill_node(&leader_node).await.unwrap();
+        let survivor = cp.apiserver_of_node(&other_node).unwrap();
+        let client = cp.client(survivor).unwrap();
+        let target = common::eventually(
+            Duration::from_secs(60),
+            "the FIP routed away from the dead node, answering",
+            || async {
+                let ip = cloud.ip(&fip.id).await.ok()?;
+                let t = ip.target()?.0;
+                (t != server_of(&leader_node) && common::readyz(cp.ca_der(), fip_addr).await).then_some(t)
+            },
+        )
+        .await;
+        let failover_s = t0.elapsed().as_secs_f64();
+        let holder = lease_holder(&client).await;
+        eprintln!(
+            "FIP moved to server {target} and answers {failover_s:.2}s after {leader_node} died; Lease held by {holder:?}"
+        );
+        assert_eq!(holder.as_deref(), Some(other.as_str()), "the other pod took over");
+        // The move was written by the other pod (its identity is in every cloud request's
+        // User-Agent), never by the dead leader.
+        let moves: Vec<_> = sim
+            .log(seq)
+            .into_iter()
+            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/") && e.status < 300)
+            .collect();
+        assert!(!moves.is_empty(), "a retarget after the node died");
+        for m in &moves {
+            assert!(
+                m.user_agent.contains(&other),
+                "the move came from {other}: {}",
+                m.user_agent
+            );
+        }
+        assert!(
+            CP.contains(&target) && target != server_of(&leader_node),
+            "moved to a live control-plane node: {target}"
+        );
+    });
+}
