@@ -146,6 +146,11 @@ impl Backoff {
     }
 }
 
+/// When a reconcile that found this replica no longer leading is tried again (benchmarks found a
+/// Service that never got its FIP: its reconcile failed so, after the new election's
+/// reconcile-all had already run).
+pub const NOT_LEADER_RETRY: Duration = Duration::from_secs(5);
+
 /// One controller's failed attempts per object, and the retry rule of every reconciler
 /// (controller-rs's `error_policy`): the error's category is counted in the metrics.
 #[derive(Debug)]
@@ -184,8 +189,12 @@ impl Retries {
         let controller = self.controller;
         metrics.reconcile_failed(controller, error.category());
         if error.is_not_leader() {
-            debug!(controller, object = %key, "not the leader any more; leaving it to the next one");
-            return None;
+            // Leadership lapsed during this reconcile. A new leader reconciles everything when
+            // it is elected, but this replica may already lead again (a late renewal), its
+            // election's reconcile-all past: look again soon. A follower's reconcile returns at
+            // once, so this costs nothing there.
+            debug!(controller, object = %key, "not the leader during this reconcile; looking again soon");
+            return Some(NOT_LEADER_RETRY);
         }
         if error.is_invalid_spec() {
             info!(controller, object = %key, %error, "waiting for the object or the configuration to change");
@@ -350,7 +359,11 @@ mod tests {
         let retries = Retries::new("test");
         assert_eq!(retries.retry_in("a", &TestError::Invalid, &metrics), None);
         let not_leader = TestError::from(NotLeader { step: "x".into() });
-        assert_eq!(retries.retry_in("a", &not_leader, &metrics), None);
+        assert_eq!(
+            retries.retry_in("a", &not_leader, &metrics),
+            Some(NOT_LEADER_RETRY),
+            "looked at again: this replica may lead again already"
+        );
         assert_eq!(
             retries.retry_in("a", &TestError::RateLimited, &metrics),
             Some(Duration::from_secs(7)),

@@ -191,6 +191,8 @@ pub struct ServiceContext {
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
     store: Cache<Service>,
+    /// The cached IP list, indexed (rebuilt when the list changes).
+    index: std::sync::Mutex<IpIndex>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -214,6 +216,7 @@ impl ServiceContext {
             retries: Retries::new("services"),
             mirror,
             store,
+            index: std::sync::Mutex::new(IpIndex::default()),
         }
     }
 
@@ -612,9 +615,21 @@ async fn find_ours(
         .ips()
         .await
         .map_err(cloud_err("listing Floating IPs"))?;
-    let mut found: Vec<IpAddress> = ips.iter().filter(|ip| is_ours(ip, &tags)).cloned().collect();
+    let (mut found, listed) = {
+        let mut index = ctx
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        index.refresh(&ips);
+        let found: Vec<IpAddress> = index
+            .with_service_tag(&ips, tags.get(SERVICE_KEY).map(String::as_str))
+            .filter(|ip| is_ours(ip, &tags))
+            .cloned()
+            .collect();
+        (found, record.is_none_or(|r| index.ids.contains(&r.id)))
+    };
     if let Some(record) = record
-        && !ips.iter().any(|ip| ip.id.as_str() == record.id)
+        && !listed
     {
         match ctx.base.cloud.ip(&IpId::from(record.id.as_str())).await {
             Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
@@ -624,6 +639,55 @@ async fn find_ours(
         }
     }
     Ok(found)
+}
+
+/// The IP list indexed by the `service` tag and by id, for one version of the cached list: each
+/// reconcile looks its FIP up in it, and a reconcile-all of 10,000 Services must not scan 10,000
+/// IPs each time (quadratic; docs/benchmarks.md, "How cost grows").
+#[derive(Debug, Default)]
+struct IpIndex {
+    /// The list indexed (a `Weak` keeps its allocation, so a new list never has its address).
+    list: std::sync::Weak<Vec<IpAddress>>,
+    /// Positions in the list of the IPs carrying each `service` tag value.
+    by_service: std::collections::HashMap<String, Vec<usize>>,
+    ids: std::collections::HashSet<String>,
+}
+
+impl IpIndex {
+    /// Indexes `ips` unless it is the list already indexed.
+    fn refresh(&mut self, ips: &Arc<Vec<IpAddress>>) {
+        let list = Arc::downgrade(ips);
+        if self.list.ptr_eq(&list) {
+            return;
+        }
+        self.list = list;
+        self.by_service.clear();
+        self.ids.clear();
+        for (i, ip) in ips.iter().enumerate() {
+            self.ids.insert(ip.id.to_string());
+            if let Some(tag) = ip.tags.get(SERVICE_KEY) {
+                self.by_service.entry(tag.clone()).or_default().push(i);
+            }
+        }
+    }
+
+    /// The IPs of `ips` (the list indexed) carrying `service_tag`; every IP without a tag given.
+    fn with_service_tag<'a>(
+        &'a self,
+        ips: &'a [IpAddress],
+        service_tag: Option<&str>,
+    ) -> Box<dyn Iterator<Item = &'a IpAddress> + 'a> {
+        match service_tag {
+            Some(tag) => Box::new(
+                self.by_service
+                    .get(tag)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|&i| ips.get(i)),
+            ),
+            None => Box::new(ips.iter()),
+        }
+    }
 }
 
 fn owned(ip: &IpAddress) -> OwnedFip {

@@ -501,3 +501,57 @@ fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own(
         "a Service turned ClusterIP after the CCM stopped"
     );
 }
+
+fn cloud_ip(id: &str, tags: Tags) -> IpAddress {
+    IpAddress {
+        id: IpId::from(id),
+        address: "203.0.113.1".parse().unwrap(),
+        address_family: 4,
+        cidr: "203.0.113.1/32".into(),
+        gateway: None,
+        ip_type: IpType::FloatingIp,
+        region: None,
+        routed_to: None,
+        assigned_to: None,
+        targeted_to: None,
+        project: None,
+        ptr_record: None,
+        a_record: None,
+        tags,
+        ddos_scrubbing: false,
+        href: String::new(),
+        vlan_id: None,
+    }
+}
+
+#[test]
+fn the_ip_index_finds_a_services_fips_by_tag_and_follows_a_new_list() {
+    let web = service_fip_tags("apps", "web", "uid-1");
+    let db = service_fip_tags("apps", "db", "uid-1");
+    let list = Arc::new(vec![
+        cloud_ip("a", web.clone()),
+        cloud_ip("b", db.clone()),
+        cloud_ip("c", web.clone()),
+        cloud_ip("d", Tags::new()),
+    ]);
+    let mut index = IpIndex::default();
+    index.refresh(&list);
+    let ids = |index: &IpIndex, list: &[IpAddress], tags: &Tags| -> Vec<String> {
+        index
+            .with_service_tag(list, tags.get(SERVICE_KEY).map(String::as_str))
+            .filter(|ip| is_ours(ip, tags))
+            .map(|ip| ip.id.to_string())
+            .collect()
+    };
+    assert_eq!(ids(&index, &list, &web), ["a", "c"]);
+    assert_eq!(ids(&index, &list, &db), ["b"]);
+    assert!(index.ids.contains("d") && !index.ids.contains("e"));
+
+    // A new version of the list (a create patched the cache) is indexed anew.
+    let mut next = (*list).clone();
+    next.push(cloud_ip("e", db.clone()));
+    let next = Arc::new(next);
+    index.refresh(&next);
+    assert_eq!(ids(&index, &next, &db), ["b", "e"]);
+    assert!(index.ids.contains("e"));
+}
