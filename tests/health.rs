@@ -95,12 +95,16 @@ async fn status(path: &str) -> Option<u16> {
     admin(path).await.map(|(s, _)| s)
 }
 
-/// The value of the metric line starting with `prefix` (`name{labels}`).
+/// The sum of the metric lines starting with `prefix` (`name ` for one series, `name{` for
+/// every label value: series of known label values are exported at zero from the start).
 async fn metric(prefix: &str) -> Option<f64> {
     let (_, text) = admin("/metrics").await?;
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 #[test]
