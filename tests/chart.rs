@@ -6,8 +6,9 @@
 // In tests a panic is the failure report; each lab story reads best as one sequence.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
 
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -19,66 +20,28 @@ use kube::discovery::Discovery;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
+use common::helm::Helm;
+
 const API_KEY: &str = "chart-test-api-key-0123456789";
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The cached Helm binary (`scripts/helm-env` prints its directory; it builds Helm once). Asked
-/// once per test process, so tests running in parallel never build it side by side.
-fn helm_bin() -> PathBuf {
-    static HELM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    HELM.get_or_init(find_helm).clone()
-}
+/// Helm as the chart tests run it: every call fails if the API key is printed.
+struct ChartHelm(Helm);
 
-fn find_helm() -> PathBuf {
-    let out = Command::new(root().join("scripts/helm-env")).output().unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/helm-env failed (scripts/setup runs it): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("bin/helm")
-}
-
-/// Runs helm with its own config, cache and data directories (nothing of the user's).
-struct Helm {
-    bin: PathBuf,
-    home: tempfile::TempDir,
-}
-
-impl Helm {
+impl ChartHelm {
     fn new() -> Self {
-        Self {
-            bin: helm_bin(),
-            home: tempfile::tempdir().unwrap(),
-        }
+        Self(Helm::new())
     }
 
-    fn run(&self, args: &[&str]) -> Output {
-        let h = self.home.path();
-        Command::new(&self.bin)
-            .args(args)
-            .current_dir(root())
-            .env("HELM_CACHE_HOME", h.join("cache"))
-            .env("HELM_CONFIG_HOME", h.join("config"))
-            .env("HELM_DATA_HOME", h.join("data"))
-            .output()
-            .unwrap()
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        self.0.run(args)
     }
 
-    /// Runs helm and returns stdout; fails the test with helm's stderr.
     fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "helm {args:?}: {stderr}\n{stdout}");
-        assert!(
-            !stderr.contains(API_KEY) && (args.contains(&"template") || !stdout.contains(API_KEY)),
-            "helm printed the API key"
-        );
-        stdout
+        self.0.ok_keeping(args, Some(API_KEY))
     }
 
     /// `helm template baton charts/baton -n kube-system <args>` as objects.
@@ -127,7 +90,7 @@ fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 
 #[test]
 fn chart_lints_and_renders_what_the_manifests_say() {
-    let helm = Helm::new();
+    let helm = ChartHelm::new();
     let set = [
         "--set",
         &format!("config.apiKey={API_KEY}"),
@@ -217,7 +180,7 @@ fn chart_lints_and_renders_what_the_manifests_say() {
 
 #[test]
 fn values_of_cloud_provider_cherry_and_batons_own() {
-    let helm = Helm::new();
+    let helm = ChartHelm::new();
     // A cloud-provider-cherry values file, as its users have it.
     let dir = tempfile::tempdir().unwrap();
     let values = dir.path().join("ccm-values.yaml");
@@ -351,7 +314,7 @@ async fn dry_run(client: &kube::Client, docs: &[Value]) {
 
 #[test]
 fn chart_installs_upgrades_rolls_back_and_uninstalls_on_a_real_api_server() {
-    let helm = Helm::new();
+    let helm = ChartHelm::new();
     lab::run(|| async move {
         let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
         let client = cp.client(0).unwrap();
@@ -519,7 +482,7 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
 
 #[test]
 fn alerts_and_dashboard_use_only_metrics_baton_exports() {
-    let helm = Helm::new();
+    let helm = ChartHelm::new();
     let docs = helm.template(&[
         "--set",
         &format!("config.apiKey={API_KEY}"),

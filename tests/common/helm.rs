@@ -1,6 +1,5 @@
 //! Helm, as a user runs it: the cached binary `scripts/helm-env` builds from Helm's Go module,
-//! with its own config, cache and data directories (nothing of the user's). tests/chart.rs keeps
-//! its own copy with extra checks (the API key never printed).
+//! with its own config, cache and data directories (nothing of the user's).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,13 +51,22 @@ impl Helm {
 
     /// Runs helm and returns stdout; fails the test with helm's stderr.
     pub fn ok(&self, args: &[&str]) -> String {
+        self.ok_keeping(args, None)
+    }
+
+    /// [`Helm::ok`], and fails if helm printed `secret` (on stderr ever; on stdout unless it
+    /// renders templates, where a Secret's value is expected).
+    pub fn ok_keeping(&self, args: &[&str], secret: Option<&str>) -> String {
         let out = self.run(args);
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "helm {args:?}: {}\n{stdout}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "helm {args:?}: {stderr}\n{stdout}");
+        if let Some(secret) = secret {
+            assert!(
+                !stderr.contains(secret) && (args.contains(&"template") || !stdout.contains(secret)),
+                "helm printed the secret"
+            );
+        }
         stdout
     }
 }
