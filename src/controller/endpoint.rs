@@ -262,12 +262,7 @@ async fn run_on(
         }
         let endpoints = discover(&ctx, &services, &ips, &api_servers);
         if leading {
-            metrics.set_fips_owned("control_plane", endpoints.len());
-            // Counted once per list read, not once per tick.
-            if !std::sync::Weak::ptr_eq(&counted, &Arc::downgrade(&ips)) {
-                counted = Arc::downgrade(&ips);
-                metrics.set_fips_owned("service", service_fips(&ips, &ctx.cluster_id));
-            }
+            count_owned(&ctx, &metrics, endpoints.len(), &ips, &mut counted);
         }
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
         // holder missing from that list (not yet added, or just removed) is probed directly
@@ -1241,20 +1236,29 @@ fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Servic
         .cloned()
 }
 
-/// How many of `ips` are Service FIPs of this cluster (the tags the Service controller puts on).
-fn service_fips(ips: &[IpAddress], cluster_id: &str) -> usize {
-    use baton_cloud::tags::{CLUSTER_KEY, USAGE_KEY, USAGE_VALUE};
-    ips.iter()
-        .filter(|ip| {
-            ip.ip_type == IpType::FloatingIp
-                && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
-                && ip.tags.get(CLUSTER_KEY).map(String::as_str) == Some(cluster_id)
-        })
-        .count()
-}
-
 /// The control-plane endpoints: the `fipTag` FIP with the mirror Service, and every annotated
 /// Service whose `loadBalancerIP` is a FIP of the project.
+/// `baton_fips_owned`: the control-plane endpoints routed, and this cluster's Service FIPs in
+/// `ips` (counted once per list read, not once per tick; `counted` is the list last counted).
+fn count_owned(
+    ctx: &Context,
+    metrics: &Metrics,
+    endpoints: usize,
+    ips: &Arc<Vec<IpAddress>>,
+    counted: &mut std::sync::Weak<Vec<IpAddress>>,
+) {
+    metrics.set_fips_owned("control_plane", endpoints);
+    let list = Arc::downgrade(ips);
+    if !counted.ptr_eq(&list) {
+        *counted = list;
+        let owned = ips
+            .iter()
+            .filter(|ip| super::service::is_cluster_service_fip(ip, &ctx.cluster_id))
+            .count();
+        metrics.set_fips_owned("service", owned);
+    }
+}
+
 fn discover(
     ctx: &Context,
     services: &[Arc<Service>],

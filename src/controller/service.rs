@@ -365,6 +365,14 @@ fn key_of(svc: &Service) -> String {
     format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
+/// Whether `ip` is a Service FIP of the cluster `cluster_id`: a FIP carrying the `usage` and
+/// `cluster` tags the Service controller puts on (the orphan sweep, `baton_fips_owned`).
+pub fn is_cluster_service_fip(ip: &IpAddress, cluster_id: &str) -> bool {
+    ip.ip_type == IpType::FloatingIp
+        && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
+        && ip.tags.get(CLUSTER_KEY).map(String::as_str) == Some(cluster_id)
+}
+
 /// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
 /// [`orphans`]). Reads the cached FIP list first, then the Services.
 async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(), CloudError> {
@@ -372,11 +380,7 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(
     let cluster = &ctx.base.cluster_id;
     let tagged: Vec<TaggedFip> = ips
         .iter()
-        .filter(|ip| {
-            ip.ip_type == IpType::FloatingIp
-                && ip.tags.get(USAGE_KEY).map(String::as_str) == Some(USAGE_VALUE)
-                && ip.tags.get(CLUSTER_KEY) == Some(cluster)
-        })
+        .filter(|ip| is_cluster_service_fip(ip, cluster))
         .filter_map(|ip| {
             Some(TaggedFip {
                 id: ip.id.to_string(),
@@ -955,18 +959,33 @@ async fn apply_ingress(
     facts: &ServiceFacts,
     ip: IpAddr,
 ) -> Result<(), ServiceError> {
-    ctx.base.leader.ensure("setting the Service's ingress")?;
-    let status = json!({
+    let status = json!({"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}});
+    apply_status(api, ctx, facts, "setting the Service's ingress", Some(status)).await
+}
+
+/// Server-side applies baton's part of the Service's status (manager "baton"): `status`, or
+/// nothing at all with `None`, which gives up every status field baton set.
+async fn apply_status(
+    api: &Api<Service>,
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    step: &'static str,
+    status: Option<serde_json::Value>,
+) -> Result<(), ServiceError> {
+    ctx.base.leader.ensure(step)?;
+    let mut body = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": facts.name, "namespace": facts.namespace},
-        "status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}},
     });
+    if let Some(status) = status {
+        body["status"] = status;
+    }
     kit::timed(
-        "setting the Service's ingress",
+        step,
         api.patch_status(
             &facts.name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&status),
+            &Patch::Apply(&body),
         ),
     )
     .await
@@ -1055,23 +1074,8 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
     if facts.ingress_ips.is_empty() || facts.deleting {
         return Ok(());
     }
-    ctx.base.leader.ensure("clearing the Service's ingress")?;
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
-    let status = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": facts.name, "namespace": facts.namespace},
-    });
-    kit::timed(
-        "clearing the Service's ingress",
-        api.patch_status(
-            &facts.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&status),
-        ),
-    )
-    .await
-    .map_err(|source| ServiceError::kube(facts, source))?;
-    Ok(())
+    apply_status(&api, ctx, facts, "clearing the Service's ingress", None).await
 }
 
 /// Cleanup: release every FIP carrying the Service's tags (tolerates an Apply that never ran:
