@@ -209,7 +209,7 @@ impl Replicas {
     async fn metric(&self, i: usize, name: &str) -> f64 {
         let url = format!("http://127.0.0.1:{}/metrics", 19_590 + i);
         let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-        sum_metric(&text, name)
+        common::metric_sum(&text, name).unwrap_or(0.0)
     }
 
     async fn stop(self) {
@@ -217,14 +217,6 @@ impl Replicas {
             p.terminate(Duration::from_secs(5)).await;
         }
     }
-}
-
-/// Sums the samples of `name` (any labels) in a Prometheus text exposition.
-fn sum_metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 /// kube-apiserver's count of mutating requests on Services and Events (both replicas and the

@@ -95,16 +95,10 @@ async fn status(path: &str) -> Option<u16> {
     admin(path).await.map(|(s, _)| s)
 }
 
-/// The sum of the metric lines starting with `prefix` (`name ` for one series, `name{` for
-/// every label value: series of known label values are exported at zero from the start).
-async fn metric(prefix: &str) -> Option<f64> {
+/// The sum of metric `name`'s samples on the admin port (`name{…}` picks one series).
+async fn metric(name: &str) -> Option<f64> {
     let (_, text) = admin("/metrics").await?;
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    common::metric_sum(&text, name)
 }
 
 #[test]
@@ -134,8 +128,8 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
         assert!(took >= Duration::from_secs(7), "too early: {took:?}");
         let (_, why) = admin("/ready").await.unwrap();
         assert!(why.contains("no API server answered"), "{why}");
-        assert_eq!(metric("baton_api_server_reachable ").await, Some(0.0));
-        assert!(metric("baton_api_requests_failed_total{").await.unwrap_or(0.0) >= 1.0);
+        assert_eq!(metric("baton_api_server_reachable").await, Some(0.0));
+        assert!(metric("baton_api_requests_failed_total").await.unwrap_or(0.0) >= 1.0);
         // An unreachable API server is not a dead task: liveness stays good.
         assert_eq!(admin("/health").await, Some((200, "ok".into())));
 
@@ -149,7 +143,7 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
             "/ready recovered {:?} after the API server resumed",
             back.elapsed()
         );
-        assert_eq!(metric("baton_api_server_reachable ").await, Some(1.0));
+        assert_eq!(metric("baton_api_server_reachable").await, Some(1.0));
         drop(logs);
     });
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use baton_sim::{Faults, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
-use common::{eventually, ingress, lb_service, namespace};
+use common::{eventually, ingress, lb_service, metric_sum, namespace};
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -49,13 +49,6 @@ async fn scrape() -> Option<String> {
         .await
         .ok()?;
     r.text().await.ok()
-}
-
-/// The value of the first sample whose line starts with `prefix`.
-fn value(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 async fn event(client: &kube::Client, ns: &str, name: &str, reason: &str) -> Event {
@@ -142,11 +135,11 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
         // Service pending (the broken one), nothing queued.
         let text = eventually(WAIT, "the gauges to settle", || async {
             let text = scrape().await?;
-            let settled = value(&text, "baton_leader ") == Some(1.0)
-                && value(&text, "baton_fips_owned{kind=\"control_plane\"}") == Some(1.0)
-                && value(&text, "baton_fips_owned{kind=\"service\"}") == Some(1.0)
-                && value(&text, "baton_services_pending ") == Some(1.0)
-                && value(&text, "baton_queue_depth{controller=\"services\"}") == Some(0.0);
+            let settled = metric_sum(&text, "baton_leader") == Some(1.0)
+                && metric_sum(&text, "baton_fips_owned{kind=\"control_plane\"}") == Some(1.0)
+                && metric_sum(&text, "baton_fips_owned{kind=\"service\"}") == Some(1.0)
+                && metric_sum(&text, "baton_services_pending") == Some(1.0)
+                && metric_sum(&text, "baton_queue_depth{controller=\"services\"}") == Some(0.0);
             settled.then_some(text)
         })
         .await;
@@ -158,23 +151,23 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
             );
         }
         // The cloud calls, by route and status: the IP list read, the FIP created.
-        let list = value(
+        let list = metric_sum(
             &text,
             "baton_cloud_requests_total{route=\"GET /v1/projects/{id}/ips\",status=\"200\"}",
         );
         assert!(list.unwrap_or(0.0) >= 1.0, "IP list reads counted:\n{text}");
-        let created = value(
+        let created = metric_sum(
             &text,
             "baton_cloud_requests_total{route=\"POST /v1/projects/{id}/ips\",status=\"201\"}",
         );
         assert_eq!(created, Some(1.0), "one FIP created, counted once:\n{text}");
         // Every request went through the rate limit; the normal lane's waits are recorded.
-        let waits = value(
+        let waits = metric_sum(
             &text,
             "baton_cloud_rate_limit_wait_seconds_count{priority=\"normal\"}",
         );
         assert!(waits.unwrap_or(0.0) >= 2.0, "rate-limit waits recorded:\n{text}");
-        let failed = value(
+        let failed = metric_sum(
             &text,
             "baton_reconcile_errors_total{controller=\"services\",category=\"invalid_annotation\"}",
         );

@@ -259,3 +259,18 @@ pub async fn register_cp_nodes(client: &kube::Client, ids: &[u64]) {
         nodes.create(&PostParams::default(), &node).await.unwrap();
     }
 }
+
+/// The sum of the samples of metric `name` (every label set) in a Prometheus text exposition;
+/// `None` when it has no sample. `name` may carry labels (`baton_x_total{a="b"}`) to pick one
+/// series.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with(name)
+                && (name.ends_with('}') || matches!(l.as_bytes().get(name.len()), Some(b'{' | b' ')))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
