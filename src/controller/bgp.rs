@@ -33,7 +33,7 @@ use std::time::Duration;
 use baton_cloud::CloudError;
 use baton_cloud::model::{Server, ServerId};
 use baton_core::{LoadBalancerMode, ProviderId};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
@@ -43,6 +43,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::context::object_ref;
 use super::kit::{KubeCallError, NotLeader, timed};
 use super::service::{
     Scope, ServiceFacts, budget, control_plane_addresses, facts_of, ip_annotation, requested_ip,
@@ -563,13 +564,8 @@ impl Bgp {
         reason: &str,
         note: String,
     ) {
-        let reference = ObjectReference {
-            api_version: Some(format!("{METALLB_GROUP}/{}", kind.version())),
-            kind: Some(kind.kind().to_owned()),
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            ..ObjectReference::default()
-        };
+        let api_version = format!("{METALLB_GROUP}/{}", kind.version());
+        let reference = object_ref(&api_version, kind.kind(), Some(namespace), name);
         self.ctx
             .event_on(&reference, None, type_, reason, "ConfigureMetalLB", note)
             .await;

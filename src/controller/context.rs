@@ -237,6 +237,18 @@ impl Context {
     }
 }
 
+/// A reference to an object baton knows by kind and name only (for an Event on it, or as an
+/// Event's related object). `namespace` is `None` for cluster-scoped kinds.
+pub fn object_ref(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version.to_owned()),
+        kind: Some(kind.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        name: Some(name.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ use baton_cloud::model::{IpAddress, IpType, Server, ServerId};
 use baton_core::failover::{Candidate, Decision, Observation, Reason, decide};
 use baton_core::health::Health;
 use futures::FutureExt as _;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
@@ -35,7 +35,7 @@ use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::Handover;
+use super::context::{Handover, object_ref};
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
@@ -678,13 +678,7 @@ impl Step<'_> {
         let backing_off = state.retry_at.is_some_and(|t| Instant::now() < t);
         if outdated && !backing_off && ctx.leader.is_leader() {
             let changed = state.last_applied.as_ref() != Some(&inputs);
-            let reference = ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Service".into()),
-                namespace: Some(ep.service.namespace.clone()),
-                name: Some(ep.service.name.clone()),
-                ..ObjectReference::default()
-            };
+            let reference = object_ref("v1", "Service", Some(&ep.service.namespace), &ep.service.name);
             match mirror::reconcile(&ctx.client, &ep.service).await {
                 Ok(()) => {
                     if changed {
@@ -806,12 +800,7 @@ impl Step<'_> {
             if moved && let Some(svc) = service {
                 // The node it moved to is the Event's related object: repeated moves to other
                 // nodes are separate Events, not one series with the first move's note.
-                let node = k8s_openapi::api::core::v1::ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Node".into()),
-                    name: Some(to_name.clone()),
-                    ..Default::default()
-                };
+                let node = object_ref("v1", "Node", None, &to_name);
                 ctx.event_related(
                     &*svc,
                     Some(node),

@@ -8,7 +8,6 @@ use std::time::Duration;
 use baton_cloud::{CherryClient, Cloud, Priority};
 use baton_core::health::Thresholds;
 use clap::Args;
-use k8s_openapi::api::core::v1::ObjectReference;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -255,13 +254,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
 /// Kubernetes' own controllers: `kubectl describe lease` tells who led when).
 async fn leader_events(ctx: Context, (namespace, name, identity): (String, String, String)) {
     use futures::StreamExt as _;
-    let lease = ObjectReference {
-        api_version: Some("coordination.k8s.io/v1".into()),
-        kind: Some("Lease".into()),
-        namespace: Some(namespace),
-        name: Some(name),
-        ..ObjectReference::default()
-    };
+    let lease = super::context::object_ref("coordination.k8s.io/v1", "Lease", Some(&namespace), &name);
     let mut elected = std::pin::pin!(ctx.leader.elected());
     while elected.next().await.is_some() {
         ctx.event_on(
