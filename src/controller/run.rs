@@ -18,6 +18,7 @@ use super::metrics::Metrics;
 use super::watches::Watches;
 use super::{Context, LeaderGate};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
+use crate::kube::args::ClusterArgs;
 use crate::kube::client::ApiReachability;
 use crate::probe::ProbeSettings;
 
@@ -27,24 +28,12 @@ pub struct ControllerArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
 
-    /// kubeconfig to use; in-cluster configuration when unset. Point it at the local API server
-    /// or list every control-plane API server (below) — never at the FIP.
-    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// Every control-plane API server (`https://IP:6443`, comma-separated): requests fail over
-    /// between them on the client side. Credentials and CA come from the kubeconfig / in-cluster
-    /// configuration; its own server is used when this is empty.
-    #[arg(long, env = "BATON_API_SERVERS", value_delimiter = ',', value_name = "URL")]
-    pub api_servers: Vec<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 
     /// This replica's identity in the leader Lease (the pod name).
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
     pub identity: Option<String>,
-
-    /// Namespace of the leader Lease.
-    #[arg(long, env = "BATON_LEASE_NAMESPACE", default_value = "kube-system")]
-    pub lease_namespace: String,
 
     /// Run without leader election (exactly one replica).
     #[arg(long, env = "BATON_NO_LEADER_ELECTION")]
@@ -53,18 +42,6 @@ pub struct ControllerArgs {
     /// Listen address of the admin server (/metrics, /health, /ready); `off` disables it.
     #[arg(long, env = "BATON_ADMIN_LISTEN", default_value = "0.0.0.0:9590")]
     pub admin_listen: String,
-
-    /// TLS server name expected on the API servers' certificates when probing them by address.
-    #[arg(
-        long,
-        env = "BATON_HEALTH_CHECK_SERVER_NAME",
-        default_value = "kubernetes.default.svc"
-    )]
-    pub health_check_server_name: String,
-
-    /// Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration.
-    #[arg(long, env = "BATON_CLUSTER_CA", value_name = "PATH")]
-    pub cluster_ca: Option<PathBuf>,
 }
 
 /// Errors of `baton controller`.
@@ -111,13 +88,13 @@ impl ControllerError {
 }
 
 async fn kube_config(args: &ControllerArgs) -> Result<kube::Config, ControllerError> {
-    crate::kube::config::load(args.kubeconfig.as_deref())
+    crate::kube::config::load(args.cluster.kubeconfig.as_deref())
         .await
         .map_err(|e| ControllerError::KubeConfig(e.to_string()))
 }
 
 fn cluster_ca(args: &ControllerArgs, kube: &kube::Config) -> Result<Vec<Vec<u8>>, ControllerError> {
-    if let Some(path) = &args.cluster_ca {
+    if let Some(path) = &args.cluster.cluster_ca {
         return crate::kube::tls::read_ca(path).map_err(|e| ControllerError::ClusterCa {
             path: path.clone(),
             reason: e.to_string(),
@@ -159,7 +136,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     reach.set_observer(Arc::clone(&metrics) as _);
     // `--api-servers` when given, else the kubeconfig's own server, always with the failover
     // client's time limits and reachability record.
-    let client = crate::kube::client::client(&kube_cfg, &args.api_servers, &reach)
+    let client = crate::kube::client::client(&kube_cfg, &args.cluster.api_servers, &reach)
         .map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
     let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
 
@@ -215,7 +192,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let opts = EndpointOptions {
         probe: ProbeSettings {
             path: hc.path.clone(),
-            server_name: args.health_check_server_name.clone(),
+            server_name: args.cluster.health_check_server_name.clone(),
             ca_der,
             interval: hc.interval,
             timeout: hc.timeout,
@@ -276,7 +253,7 @@ fn lease_config(
     identity: &str,
 ) -> Result<LeaseConfig, ControllerError> {
     let mut cfg = LeaseConfig::new(
-        &args.lease_namespace,
+        &args.cluster.lease_namespace,
         &format!("{}-controller", config.prefix),
         identity,
     );

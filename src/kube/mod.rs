@@ -7,6 +7,7 @@
 //!   --cluster-ca / clusterCA  ──▶ tls::read_ca ──▶ DER ──▶ tls::client_config ──▶ crate::probe
 //! ```
 
+pub mod args;
 pub mod client;
 pub mod config;
 pub mod tls;

@@ -37,6 +37,7 @@ use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
 use crate::controller::service::{control_plane_addresses, facts_of, ip_annotation, is_pending};
+use crate::kube::args::ClusterArgs;
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
 use crate::probe::{ProbeSettings, probe_once};
 
@@ -54,34 +55,12 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
 
-    /// kubeconfig to use; in-cluster configuration when unset.
-    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// Every control-plane API server (`https://IP:6443`, comma-separated): reads fail over
-    /// between them, as the controller's do. The kubeconfig's own server when empty.
-    #[arg(long, env = "BATON_API_SERVERS", value_delimiter = ',', value_name = "URL")]
-    pub api_servers: Vec<String>,
-
-    /// Namespace of the controller's leader Lease.
-    #[arg(long, env = "BATON_LEASE_NAMESPACE", default_value = "kube-system")]
-    pub lease_namespace: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 
     /// Admin endpoints of controller replicas to ask (`http://IP:9590`, comma-separated).
     #[arg(long, env = "BATON_STATUS_ADMIN", value_delimiter = ',', value_name = "URL")]
     pub admin: Vec<url::Url>,
-
-    /// TLS server name expected on the API servers' certificates when probing them by address.
-    #[arg(
-        long,
-        env = "BATON_HEALTH_CHECK_SERVER_NAME",
-        default_value = "kubernetes.default.svc"
-    )]
-    pub health_check_server_name: String,
-
-    /// Cluster CA (PEM) for the probes; by default the CA of the Kubernetes client configuration.
-    #[arg(long, env = "BATON_CLUSTER_CA", value_name = "PATH")]
-    pub cluster_ca: Option<PathBuf>,
 
     /// Output format.
     #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
@@ -125,10 +104,10 @@ pub async fn run(args: StatusArgs) -> Result<u8, StatusError> {
 /// Reads every source and builds the assessed report.
 pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
     let config = Config::resolve(&args.config, &ProcessEnv)?;
-    let kube_config = crate::kube::config::load(args.kubeconfig.as_deref())
+    let kube_config = crate::kube::config::load(args.cluster.kubeconfig.as_deref())
         .await
         .map_err(|e| StatusError::KubeConfig(e.with_path()))?;
-    let ca_der = match &args.cluster_ca {
+    let ca_der = match &args.cluster.cluster_ca {
         Some(path) => crate::kube::tls::read_ca(path).map_err(|e| StatusError::ClusterCa {
             path: path.clone(),
             reason: e.to_string(),
@@ -136,11 +115,11 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
         None => kube_config.root_cert.clone().unwrap_or_default(),
     };
     let reach = crate::kube::client::ApiReachability::new();
-    let client = crate::kube::client::client(&kube_config, &args.api_servers, &reach)
+    let client = crate::kube::client::client(&kube_config, &args.cluster.api_servers, &reach)
         .map_err(|e| StatusError::KubeConfig(e.to_string()))?;
     let probe = ProbeSettings {
         path: config.health_check.path.clone(),
-        server_name: args.health_check_server_name.clone(),
+        server_name: args.cluster.health_check_server_name.clone(),
         ca_der,
         interval: Duration::from_secs(1),
         timeout: config.health_check.timeout.max(Duration::from_secs(1)),
@@ -149,7 +128,7 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
 
     let mut report = Report::default();
     let (cloud_ips, servers) = read_cloud(&config, &mut report).await;
-    let kube = read_kube(&client, &config, &args.lease_namespace).await;
+    let kube = read_kube(&client, &config, &args.cluster.lease_namespace).await;
     match kube {
         Ok(k) => {
             report.kubernetes.reachable = true;
