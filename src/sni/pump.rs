@@ -105,6 +105,14 @@ mod tests {
         (a.unwrap(), b.unwrap().0)
     }
 
+    /// Awaits `f` for at most 5 s: a lost end-of-stream fails the test instead of hanging it.
+    async fn within<T, E: std::fmt::Debug>(f: impl Future<Output = Result<T, E>>, what: &str) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(5), f)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn bytes_cross_both_ways_and_a_half_close_passes_through() {
         // client <-> (proxy_client | proxy_backend) <-> backend
@@ -118,17 +126,21 @@ mod tests {
         client.write_all(&big).await.unwrap();
         client.shutdown().await.unwrap();
         let mut got = Vec::new();
-        backend.read_to_end(&mut got).await.unwrap();
+        within(
+            backend.read_to_end(&mut got),
+            "the client's end to reach the backend",
+        )
+        .await;
         assert_eq!(got, big, "every byte, in order, then the client's end");
 
         // The backend still answers after the client half-closed.
         backend.write_all(b"answer").await.unwrap();
         backend.shutdown().await.unwrap();
         let mut answer = Vec::new();
-        client.read_to_end(&mut answer).await.unwrap();
+        within(client.read_to_end(&mut answer), "the backend's answer and end").await;
         assert_eq!(answer, b"answer");
 
-        let (to_backend, to_client) = proxy.await.unwrap().unwrap();
+        let (to_backend, to_client) = within(proxy, "the splice to end").await.unwrap();
         assert_eq!((to_backend, to_client), (big.len() as u64, 6));
     }
 
