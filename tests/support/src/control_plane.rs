@@ -92,7 +92,7 @@ pub struct ControlPlane {
     ca_der: Vec<u8>,
     admin_cert: (String, String),
     etcd_prefix: String,
-    _etcd: Proc,
+    etcd: Proc,
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
     firewall: Firewall,
@@ -205,7 +205,7 @@ impl ControlPlane {
             ca_pem: pki.ca_pem,
             admin_cert: (pki.admin_pem, pki.admin_key),
             etcd_prefix: opts.etcd_prefix.clone(),
-            _etcd: etcd,
+            etcd,
             apiservers: opts
                 .servers
                 .iter()
@@ -717,6 +717,30 @@ impl Drop for ControlPlane {
         }
         self.nodes.clear();
         self.firewall.remove_blocking();
+        // Kill the API servers, the controller manager and etcd now and wait (bounded) until
+        // the kernel has finished them: a killed Go process on a loaded machine can take
+        // seconds to exit, and whoever drops a control plane expects its processes gone.
+        let procs = self
+            .apiservers
+            .iter_mut()
+            .filter_map(|a| a.proc.as_mut())
+            .chain(self.kcm.as_mut())
+            .chain(std::iter::once(&mut self.etcd));
+        let pids: Vec<u32> = procs
+            .filter_map(|p| {
+                let pid = p.pid();
+                p.kill_now();
+                pid
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for pid in pids {
+            while matches!(process_state(pid), Some(s) if s != 'Z' && s != 'X')
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 }
 
