@@ -26,6 +26,7 @@ pub mod config;
 pub mod controller;
 pub mod dns;
 pub mod error;
+pub mod events;
 pub mod exit;
 pub mod kube;
 pub mod names;

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::events::{Event, EventType, Recorder, Reporter};
 use baton_cloud::Cloud;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Resource};
 use std::time::Duration;
 
@@ -127,7 +127,7 @@ pub struct Context {
     /// The effective configuration.
     pub config: Arc<Config>,
     /// Publishes Kubernetes Events.
-    pub recorder: Recorder,
+    pub recorder: Arc<Recorder>,
     /// The cluster's identity: the UID of namespace `kube-system` (the `cluster` FIP tag).
     pub cluster_id: String,
     /// Leadership.
@@ -174,7 +174,7 @@ impl Context {
             instance: reporter_instance,
         };
         Ok(Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Arc::new(Recorder::new(client.clone(), reporter)),
             client,
             cloud,
             config,
@@ -196,9 +196,9 @@ impl Context {
         self.event_related(obj, None, type_, reason, action, note).await;
     }
 
-    /// Publishes an Event on `obj` that also names a `related` object. kube's recorder counts
-    /// Events with the same object, reason, action and related object as one series and keeps
-    /// the first one's note, so an Event whose note differs each time (a FIP moved to another
+    /// Publishes an Event on `obj` that also names a `related` object. The recorder
+    /// ([`crate::events`]) counts Events with the same object, reason, action and related object
+    /// as one series and keeps the first one's note, so an Event whose note differs each time (a FIP moved to another
     /// node) names what differs as its related object.
     pub async fn event_related<K: Resource<DynamicType = ()>>(
         &self,

@@ -156,7 +156,7 @@ pub struct MoveStatus {
     pub time: Option<String>,
     /// The Event's message: from where to where, and why.
     pub message: String,
-    /// How many moves the Event counts. kube's event Recorder folds repeated Events of the same
+    /// How many moves the Event counts. baton's event recorder folds repeated Events of the same
     /// reason on one Service into a series that keeps the *first* message, so with a count above
     /// 1 the message may describe an earlier move; the holder above is the cloud's truth.
     pub count: Option<i32>,
