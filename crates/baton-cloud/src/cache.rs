@@ -69,7 +69,10 @@ impl IpCache {
             return Ok(ips);
         }
         let generation = self.generation.load(Ordering::Acquire);
-        let ips = Arc::new(fetch().await?);
+        let mut list = fetch().await?;
+        // Decoding grows the list by doubling; it is kept until the next fetch.
+        list.shrink_to_fit();
+        let ips = Arc::new(list);
         let mut entry = self.lock();
         if self.generation.load(Ordering::Acquire) == generation {
             *entry = Some(Entry {

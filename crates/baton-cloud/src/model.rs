@@ -327,7 +327,8 @@ pub enum IpType {
     Unknown,
 }
 
-/// An IP address object (`GET /v1/ips/{id}`).
+/// An IP address object (`GET /v1/ips/{id}`). The large optional parts are boxed: a list of a
+/// few thousand of these is kept in memory (the IP cache), and most are FIPs without them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpAddress {
     /// UUID.
@@ -348,16 +349,16 @@ pub struct IpAddress {
     pub ip_type: IpType,
     /// Region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<Region>,
+    pub region: Option<Box<Region>>,
     /// For a routed FIP: the IP object it is routed to (the target server's primary IP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routed_to: Option<Box<Self>>,
     /// The server a primary/private IP belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub assigned_to: Option<ServerSummary>,
+    pub assigned_to: Option<Box<ServerSummary>>,
     /// For a routed FIP: the server it is targeted to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub targeted_to: Option<ServerSummary>,
+    pub targeted_to: Option<Box<ServerSummary>>,
     /// Project summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<Project>,

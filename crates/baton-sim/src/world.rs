@@ -383,7 +383,7 @@ impl World {
             cidr: ip.cidr.clone(),
             gateway: ip.gateway.clone(),
             ip_type: ip.ip_type.clone(),
-            region: self.region_rec(ip.region_id).cloned(),
+            region: self.region_rec(ip.region_id).cloned().map(Box::new),
             // A targeted FIP shows the server's primary IP object and the server summary.
             routed_to: target
                 .and_then(|s| self.ip_rec(&s.primary_ip))
@@ -391,8 +391,8 @@ impl World {
             assigned_to: ip
                 .owner
                 .and_then(|o| self.server_rec(o))
-                .map(|s| self.render_summary(s)),
-            targeted_to: shown_target.map(|s| self.render_summary(s)),
+                .map(|s| Box::new(self.render_summary(s))),
+            targeted_to: shown_target.map(|s| Box::new(self.render_summary(s))),
             project: top_level.then(|| self.render_project()),
             ptr_record: ip.ptr_record.clone(),
             a_record: ip.a_record.clone(),
