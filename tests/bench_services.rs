@@ -205,6 +205,26 @@ impl Replicas {
         (rss_kib / 1024.0, ticks / 100.0)
     }
 
+    /// Where replica `i`'s resident memory is (anonymous, file-backed: the binary's touched
+    /// pages), on stderr beside the summary line.
+    fn explain_rss(&self, i: usize) {
+        let pid = self.procs[i].pid().expect("replica running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let parts: Vec<&str> = status
+            .lines()
+            .filter(|l| {
+                ["VmHWM:", "RssAnon:", "RssFile:", "Threads:"]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+            })
+            .map(|l| l.split_once(':').map_or(l, |(_, v)| v).trim())
+            .collect();
+        eprintln!(
+            "rss of replica {i}: hwm, anon, file, threads = {}",
+            parts.join(", ")
+        );
+    }
+
     /// A metric's value summed over its series on replica `i`'s admin port.
     async fn metric(&self, i: usize, name: &str) -> f64 {
         let url = format!("http://127.0.0.1:{}/metrics", 19_590 + i);
@@ -443,6 +463,7 @@ fn bench_services() {
             let idle_cpu_pct = cpu_idle / params.idle_s as f64 * 100.0;
             let per_hour = idle as f64 * 3600.0 / params.idle_s as f64;
             let (rss, _) = replicas.usage(leader);
+            replicas.explain_rss(leader);
             let cpu: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
             let events = replicas.metric(leader, "baton_watch_events_total").await;
             println!(

@@ -123,24 +123,24 @@ impl Metrics {
         self.rejected.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// A connection spliced to `host`'s backend; returns a guard that counts it active.
-    pub fn spliced(&self, host: &str) -> ActiveGuard<'_> {
+    /// `host`'s per-connection metrics, looked up once: a connection then only bumps atomics
+    /// (no label allocation, no lookup in a family's map).
+    pub fn tenant(&self, host: &str) -> TenantMetrics {
         let label = HostLabel {
             host: host.to_owned(),
         };
-        self.connections.get_or_create(&label).inc();
-        self.active.get_or_create(&label).inc();
-        ActiveGuard { metrics: self, label }
-    }
-
-    pub fn bytes(&self, host: &str, to_backend: u64, to_client: u64) {
-        let mut label = BytesLabel {
+        let mut bytes = BytesLabel {
             host: host.to_owned(),
             direction: "to_backend",
         };
-        self.bytes.get_or_create(&label).inc_by(to_backend);
-        label.direction = "to_client";
-        self.bytes.get_or_create(&label).inc_by(to_client);
+        let to_backend = self.bytes.get_or_create(&bytes).clone();
+        bytes.direction = "to_client";
+        TenantMetrics {
+            connections: self.connections.get_or_create(&label).clone(),
+            active: self.active.get_or_create(&label).clone(),
+            to_backend,
+            to_client: self.bytes.get_or_create(&bytes).clone(),
+        }
     }
 
     /// Sets `backend_up` of one backend of `host`'s set.
@@ -179,14 +179,37 @@ impl Metrics {
     }
 }
 
+/// One tenant's connection metrics (handles onto the families' series).
+#[derive(Clone, Debug)]
+pub struct TenantMetrics {
+    connections: Counter,
+    active: Gauge,
+    to_backend: Counter,
+    to_client: Counter,
+}
+
+impl TenantMetrics {
+    /// A connection spliced to the tenant's backend; returns a guard that counts it active.
+    pub fn spliced(&self) -> ActiveGuard<'_> {
+        self.connections.inc();
+        self.active.inc();
+        ActiveGuard { active: &self.active }
+    }
+
+    /// Bytes a connection carried, counted when it ends.
+    pub fn bytes(&self, to_backend: u64, to_client: u64) {
+        self.to_backend.inc_by(to_backend);
+        self.to_client.inc_by(to_client);
+    }
+}
+
 /// Counts a connection active while it lives.
 pub struct ActiveGuard<'a> {
-    metrics: &'a Metrics,
-    label: HostLabel,
+    active: &'a Gauge,
 }
 
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
-        self.metrics.active.get_or_create(&self.label).dec();
+        self.active.dec();
     }
 }

@@ -178,7 +178,8 @@ impl Router {
             debug!(%peer, tenant = set.name, "no backend accepted");
             return;
         };
-        let _guard = self.metrics.spliced(&set.name);
+        let tenant = set.metrics(&self.metrics);
+        let _guard = tenant.spliced();
         if let Err(error) = backend.write_all(&buf[skip..]).await {
             debug!(%peer, %error, "replaying the ClientHello failed");
             return;
@@ -187,7 +188,7 @@ impl Router {
         drop(buf);
         match pump::both_ways(&mut client, &mut backend).await {
             Ok((to_backend, to_client)) => {
-                self.metrics.bytes(&set.name, replayed + to_backend, to_client);
+                tenant.bytes(replayed + to_backend, to_client);
             }
             Err(error) => debug!(%peer, %error, tenant = set.name, "splice ended with an error"),
         }

@@ -11,10 +11,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::hello::normalize_host;
+use super::metrics::{Metrics, TenantMetrics};
 
 /// How long a backend that failed a connect is skipped.
 pub const DOWN_FOR: Duration = Duration::from_secs(2);
@@ -120,6 +121,8 @@ pub struct BackendSet {
     pub backends: Vec<Arc<Backend>>,
     /// Round-robin start.
     next: AtomicUsize,
+    /// The tenant's metric handles, looked up on first use.
+    metrics: OnceLock<TenantMetrics>,
 }
 
 impl BackendSet {
@@ -128,7 +131,13 @@ impl BackendSet {
             name,
             backends,
             next: AtomicUsize::new(0),
+            metrics: OnceLock::new(),
         }
+    }
+
+    /// This set's metric handles in `metrics` (looked up once per set, not per connection).
+    pub fn metrics(&self, metrics: &Metrics) -> &TenantMetrics {
+        self.metrics.get_or_init(|| metrics.tenant(&self.name))
     }
 
     /// The order to try the backends in for one connection: round-robin among those up, then
