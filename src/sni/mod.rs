@@ -10,6 +10,7 @@
 //!                                                                                   ▼
 //!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: read within the bounds,
 //!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► choose, connect, replay, splice
+//!    (on each of --threads threads: its own SO_REUSEPORT sockets and event loop)
 //!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs
 //!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
 //! ```
@@ -140,6 +141,12 @@ pub struct ServeArgs {
     )]
     pub connect_timeout_ms: u64,
 
+    /// Threads that accept and splice connections, each with its own listening socket
+    /// (`SO_REUSEPORT`: the kernel spreads new connections over them) and its own event loop,
+    /// like nginx's worker processes; 0: one per CPU the process may use.
+    #[arg(long, env = "BATON_SNI_THREADS", default_value_t = 0, value_name = "N")]
+    pub threads: usize,
+
     /// Also route the tenant Services (annotation `baton.dev/sni-hosts`) of the cluster the
     /// kubeconfig names, reloaded live; their ready endpoints are the backends.
     #[arg(long, env = "BATON_SNI_SERVICES")]
@@ -213,12 +220,14 @@ pub enum SniError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("starting the connection threads: {0}")]
+    Runtime(std::io::Error),
 }
 
 impl SniError {
     /// Whether the error is the operator's configuration (exit code 2).
     pub fn is_config(&self) -> bool {
-        !matches!(self, Self::Bind { .. } | Self::Dns(_))
+        !matches!(self, Self::Bind { .. } | Self::Dns(_) | Self::Runtime(_))
     }
 }
 
@@ -321,6 +330,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         hello_timeout_ms,
         connect_timeout_ms,
         drain_s,
+        threads,
         services,
         kubeconfig,
         namespace,
@@ -353,7 +363,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     });
     sources.set_file(file.unwrap_or_default());
 
-    let listeners = bind_all(&listen, &proxy_listen).await?;
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    } else {
+        threads
+    };
+    let listeners = bind_all(&listen, &proxy_listen, threads)?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let dns = match dns_zone {
@@ -374,15 +389,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         ));
     }
     let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
-    let mut accept = Vec::new();
-    for (l, kind) in listeners {
-        accept.push(tokio::spawn(Arc::clone(&router).serve(
-            l,
-            kind,
-            shutdown.clone(),
-            tracker.clone(),
-        )));
-    }
+    let workers = Workers::start(&router, listeners, &shutdown, &tracker)?;
     if let Some(addr) = admin_listen {
         let l = TcpListener::bind(addr)
             .await
@@ -403,7 +410,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     crate::signal::shutdown().await;
     info!("signal received; no new connections, draining open ones");
     shutdown.cancel();
-    drain(accept, &tracker, Duration::from_secs(drain_s)).await;
+    workers.drain(&tracker, Duration::from_secs(drain_s)).await;
     if let Some(dns) = dns {
         let _ = dns.await;
     }
@@ -442,13 +449,85 @@ fn watch_sources(
 }
 
 /// Waits for the accept loops to stop, then up to `limit` for open connections to end.
-async fn drain(accept: Vec<tokio::task::JoinHandle<()>>, tracker: &TaskTracker, limit: Duration) {
-    for a in accept {
-        let _ = a.await;
+/// The threads that accept and splice connections: each runs its own single-threaded event
+/// loop over its own listening sockets, so a connection never moves between threads (no
+/// cross-thread wake-ups; on a proxy that spends most of its time in the kernel, those were a
+/// tenth of its CPU).
+struct Workers {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Closed once every thread's accept loops have ended.
+    accepting: tokio::sync::mpsc::Receiver<()>,
+    /// Ends the threads (and the connections still open on them).
+    stop: CancellationToken,
+}
+
+impl Workers {
+    fn start(
+        router: &Arc<Router>,
+        listeners: Vec<Vec<(std::net::TcpListener, Kind)>>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<Self, SniError> {
+        let (accepting_tx, accepting) = tokio::sync::mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let mut threads = Vec::new();
+        for (i, own) in listeners.into_iter().enumerate() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(SniError::Runtime)?;
+            let (router, shutdown, tracker) = (Arc::clone(router), shutdown.clone(), tracker.clone());
+            let (accepting, stop) = (accepting_tx.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("sni-{i}"))
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        let mut loops = Vec::new();
+                        for (l, kind) in own {
+                            match TcpListener::from_std(l) {
+                                Ok(l) => loops.push(tokio::spawn(Arc::clone(&router).serve(
+                                    l,
+                                    kind,
+                                    shutdown.clone(),
+                                    tracker.clone(),
+                                ))),
+                                Err(error) => warn!(%error, "cannot listen on this thread"),
+                            }
+                        }
+                        for l in loops {
+                            let _ = l.await;
+                        }
+                        drop(accepting);
+                        // Keep serving the open connections until the drain is over.
+                        stop.cancelled().await;
+                    });
+                })
+                .map_err(SniError::Runtime)?;
+            threads.push(thread);
+        }
+        Ok(Self {
+            threads,
+            accepting,
+            stop,
+        })
     }
-    tracker.close();
-    if tokio::time::timeout(limit, tracker.wait()).await.is_err() {
-        warn!(open = tracker.len(), "drain time over; closing open connections");
+
+    /// After shutdown: waits until no thread accepts any more, then up to `limit` for the open
+    /// connections to end; then ends the threads, closing what is still open.
+    async fn drain(mut self, tracker: &TaskTracker, limit: Duration) {
+        while self.accepting.recv().await.is_some() {}
+        tracker.close();
+        if tokio::time::timeout(limit, tracker.wait()).await.is_err() {
+            warn!(open = tracker.len(), "drain time over; closing open connections");
+        }
+        self.stop.cancel();
+        let threads = std::mem::take(&mut self.threads);
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
     }
 }
 
@@ -502,20 +581,43 @@ async fn kube_client(
     ))
 }
 
-async fn bind_all(
+/// The listening sockets of each of `threads` threads: every address once per thread, with
+/// `SO_REUSEPORT` (the first socket of an address fixes its port, for `:0`).
+fn bind_all(
     listen: &[SocketAddr],
     proxy_listen: &[SocketAddr],
-) -> Result<Vec<(TcpListener, Kind)>, SniError> {
-    let mut listeners = Vec::new();
+    threads: usize,
+) -> Result<Vec<Vec<(std::net::TcpListener, Kind)>>, SniError> {
+    let mut per_thread: Vec<Vec<(std::net::TcpListener, Kind)>> =
+        (0..threads.max(1)).map(|_| Vec::new()).collect();
     for (addrs, kind) in [(listen, Kind::Sni), (proxy_listen, Kind::Proxy)] {
         for addr in addrs {
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|source| SniError::Bind { addr: *addr, source })?;
-            listeners.push((l, kind));
+            let mut bound = *addr;
+            for own in &mut per_thread {
+                let l = bind_shared(bound).map_err(|source| SniError::Bind { addr: *addr, source })?;
+                bound = l.local_addr().map_err(|source| SniError::Bind { addr: *addr, source })?;
+                own.push((l, kind));
+            }
         }
     }
-    Ok(listeners)
+    Ok(per_thread)
+}
+
+/// A non-blocking listening socket on `addr` that other sockets of this process may share.
+fn bind_shared(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    // Accepted connections inherit it (Linux): no setsockopt per connection.
+    socket.set_tcp_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 fn router_hosts(router: &Router) -> usize {

@@ -154,7 +154,7 @@ impl Router {
     }
 
     async fn handle(&self, mut client: TcpStream, peer: SocketAddr, kind: Kind) {
-        let _ = client.set_nodelay(true);
+        // TCP_NODELAY is inherited from the listening socket (`bind_shared`).
         let mut buf = Vec::new();
         let deadline = Instant::now() + self.limits.hello_timeout;
         let chosen = match tokio::time::timeout_at(deadline, self.choose(&mut client, &mut buf, kind)).await {

@@ -89,3 +89,27 @@ fn dns_names_are_the_routed_hosts_inside_the_zone() {
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(names.iter().all(|n| n.contains("example.com")), "{names:?}");
 }
+
+#[tokio::test]
+async fn every_thread_listens_on_the_same_port_and_connections_come_without_nagle() {
+    let per_thread = bind_all(&["127.0.0.1:0".parse().unwrap()], &[], 3).unwrap();
+    assert_eq!(per_thread.len(), 3);
+    let ports: Vec<u16> = per_thread
+        .iter()
+        .map(|own| own[0].0.local_addr().unwrap().port())
+        .collect();
+    assert!(ports.iter().all(|p| *p == ports[0] && *p != 0), "{ports:?}");
+    // The router does not set TCP_NODELAY per connection: accepted sockets must inherit it.
+    let listeners: Vec<TcpListener> = per_thread
+        .into_iter()
+        .map(|mut own| TcpListener::from_std(own.remove(0).0).unwrap())
+        .collect();
+    let addr = listeners[0].local_addr().unwrap();
+    let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let accepted = futures::future::select_all(listeners.iter().map(|l| Box::pin(l.accept())))
+        .await
+        .0
+        .unwrap()
+        .0;
+    assert!(accepted.nodelay().unwrap());
+}
