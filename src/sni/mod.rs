@@ -595,7 +595,9 @@ fn bind_all(
             let mut bound = *addr;
             for own in &mut per_thread {
                 let l = bind_shared(bound).map_err(|source| SniError::Bind { addr: *addr, source })?;
-                bound = l.local_addr().map_err(|source| SniError::Bind { addr: *addr, source })?;
+                bound = l
+                    .local_addr()
+                    .map_err(|source| SniError::Bind { addr: *addr, source })?;
                 own.push((l, kind));
             }
         }
