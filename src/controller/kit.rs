@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
 use rand::Rng as _;
 use tracing::{debug, info, warn};
 
@@ -271,9 +272,115 @@ impl Queue {
     }
 }
 
+/// The objects whose reconcile a replica skipped because it did not lead: what it must look at
+/// when it is elected. A replica that never led skipped every object it was told about, so its
+/// first election reconciles them all; a leader whose Lease lapsed for a moment (an API server
+/// too busy to renew it in time) reconciles only what came in meanwhile, not every object again.
+#[derive(Debug)]
+pub struct Skipped<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    keys: Mutex<std::collections::HashSet<ObjectRef<K>>>,
+    store: Store<K>,
+}
+
+impl<K> Skipped<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// For the objects of `store` (used to forget skipped objects that are gone).
+    pub fn new(store: Store<K>) -> Self {
+        Self {
+            keys: Mutex::new(std::collections::HashSet::new()),
+            store,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<ObjectRef<K>>> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A reconcile of `obj` was skipped: not the leader.
+    pub fn record(&self, obj: &K) {
+        let mut keys = self.lock();
+        keys.insert(ObjectRef::from_obj(obj));
+        // A replica that never leads must not collect every object ever deleted.
+        if keys.len() > 2 * self.store.len() + 64 {
+            keys.retain(|k| self.store.get(k).is_some());
+        }
+    }
+
+    /// On each election, the objects skipped since the last one (each once).
+    pub fn on_election(
+        self: Arc<Self>,
+        elected: impl futures::Stream<Item = ()> + Send + 'static,
+    ) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static {
+        use futures::StreamExt as _;
+        elected.flat_map(move |()| {
+            let keys: Vec<ObjectRef<K>> = self.lock().drain().collect();
+            futures::stream::iter(keys)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn service(name: &str) -> k8s_openapi::api::core::v1::Service {
+        k8s_openapi::api::core::v1::Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_election_reconciles_what_was_skipped_since_the_last_one_once() {
+        use futures::StreamExt as _;
+        use kube::runtime::watcher::Event;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for name in ["a", "b", "c"] {
+            writer.apply_watcher_event(&Event::Apply(service(name)));
+        }
+        let skipped = Arc::new(Skipped::new(store));
+        skipped.record(&service("a"));
+        skipped.record(&service("b"));
+        skipped.record(&service("a"));
+        let (elect, elections) = futures::channel::mpsc::unbounded::<()>();
+        let mut due = std::pin::pin!(Arc::clone(&skipped).on_election(elections));
+        elect.unbounded_send(()).unwrap();
+        let mut first = vec![due.next().await.unwrap().name, due.next().await.unwrap().name];
+        first.sort();
+        assert_eq!(first, ["a", "b"]);
+        // The Lease lapsed and came back: only what was skipped in between.
+        skipped.record(&service("c"));
+        elect.unbounded_send(()).unwrap();
+        assert_eq!(due.next().await.unwrap().name, "c");
+        elect.unbounded_send(()).unwrap();
+        drop(elect);
+        assert!(due.next().await.is_none(), "nothing skipped since: nothing to do");
+    }
+
+    #[test]
+    fn a_replica_that_never_leads_forgets_skipped_objects_that_are_gone() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(service("kept")));
+        let skipped = Skipped::new(store);
+        skipped.record(&service("kept"));
+        for i in 0..1_000 {
+            skipped.record(&service(&format!("deleted-{i}")));
+        }
+        let held = skipped.lock().len();
+        assert!(held <= 2 + 64 + 1, "{held} keys held for a store of one object");
+        assert!(skipped.lock().contains(&ObjectRef::from_obj(&service("kept"))));
+    }
 
     #[test]
     fn the_queue_counts_each_waiting_object_once_until_its_reconcile_starts() {

@@ -55,7 +55,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
-use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
+use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries, Skipped};
 use super::watches::{Cache, StreamErrors, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
@@ -193,6 +193,8 @@ pub struct ServiceContext {
     store: Cache<Service>,
     /// The cached IP list, indexed (rebuilt when the list changes).
     index: std::sync::Mutex<IpIndex>,
+    /// Services whose reconcile was skipped while this replica did not lead.
+    skipped: Arc<Skipped<Service>>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -215,6 +217,7 @@ impl ServiceContext {
             base,
             retries: Retries::new("services"),
             mirror,
+            skipped: Arc::new(Skipped::new(store.store())),
             store,
             index: std::sync::Mutex::new(IpIndex::default()),
         }
@@ -278,17 +281,22 @@ async fn run(
     let errors = Arc::new(StreamErrors::new("Service controller"));
     let queued = Arc::clone(&svc_ctx);
     let trigger = trigger.inspect(move |svc| queued.queue.add(key_of(svc)));
-    let (queued, all) = (Arc::clone(&svc_ctx), store.clone());
-    let elected = ctx.leader.elected().inspect(move |()| {
-        for svc in all.state() {
-            queued.queue.add(key_of(&svc));
-        }
-    });
+    let queued = Arc::clone(&svc_ctx);
+    let skipped = Arc::clone(&svc_ctx.skipped)
+        .on_election(ctx.leader.elected())
+        .inspect(move |svc| {
+            queued.queue.add(format!(
+                "{}/{}",
+                svc.namespace.as_deref().unwrap_or_default(),
+                svc.name
+            ));
+        });
     let run = Controller::for_shared_stream(trigger, store.store())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         // Followers do nothing; the moment this replica wins the Lease it reconciles every
-        // Service (work that arrived while there was no leader does not wait for a resync).
-        .reconcile_all_on(elected)
+        // Service it skipped while it did not lead — all of them at its first election — so
+        // work that arrived while there was no leader does not wait for a resync.
+        .reconcile_on(skipped)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| {
@@ -433,15 +441,23 @@ fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
         .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
 }
 
+/// Whether this replica leads; if not, `svc` is reconciled when it wins the Lease
+/// (`Skipped::on_election` in `run`).
+fn leads(ctx: &ServiceContext, svc: &Service) -> bool {
+    let leads = ctx.base.leader.is_leader();
+    if !leads {
+        ctx.skipped.record(svc);
+    }
+    leads
+}
+
 /// Reconciles one Service. The finalizer helper is the top-level action for managed Services
 /// (and for any Service being deleted with baton's finalizer); a Service that stops being
 /// managed has its FIP released and the finalizer removed here.
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
     ctx.queue.started(&key_of(&svc));
-    // Only the leader acts (cloud, finalizers, status, Events); it reconciles everything when it
-    // wins the Lease (`reconcile_all_on` in `run_services`).
-    if !ctx.base.leader.is_leader() {
+    if !leads(&ctx, &svc) {
         return Ok(Action::await_change());
     }
     let facts = facts_of(&svc);
