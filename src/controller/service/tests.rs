@@ -505,22 +505,8 @@ fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own(
 fn cloud_ip(id: &str, tags: Tags) -> IpAddress {
     IpAddress {
         id: IpId::from(id),
-        address: "203.0.113.1".parse().unwrap(),
-        address_family: 4,
-        cidr: "203.0.113.1/32".into(),
-        gateway: None,
-        ip_type: IpType::FloatingIp,
-        region: None,
-        routed_to: None,
-        assigned_to: None,
-        targeted_to: None,
-        project: None,
-        ptr_record: None,
-        a_record: None,
         tags,
-        ddos_scrubbing: false,
-        href: String::new(),
-        vlan_id: None,
+        ..cloud_fip("203.0.113.1", None, &[])
     }
 }
 
