@@ -189,16 +189,21 @@ impl Replicas {
         .await
     }
 
+    /// `/proc/<pid>/<file>` of replica `i`.
+    fn proc_file(&self, i: usize, file: &str) -> String {
+        let pid = self.procs[i].pid().expect("replica running");
+        std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap()
+    }
+
     /// Resident set size (MiB) and CPU seconds (user + system) of replica `i`.
     fn usage(&self, i: usize) -> (f64, f64) {
-        let pid = self.procs[i].pid().expect("replica running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let status = self.proc_file(i, "status");
         let rss_kib: f64 = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let stat = self.proc_file(i, "stat");
         let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
         // utime and stime are fields 14 and 15 of stat(5), in clock ticks (100 per second here).
         let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
@@ -208,8 +213,7 @@ impl Replicas {
     /// Where replica `i`'s resident memory is (anonymous, file-backed: the binary's touched
     /// pages), on stderr beside the summary line.
     fn explain_rss(&self, i: usize) {
-        let pid = self.procs[i].pid().expect("replica running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let status = self.proc_file(i, "status");
         let parts: Vec<&str> = status
             .lines()
             .filter(|l| {

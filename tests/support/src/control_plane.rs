@@ -489,13 +489,10 @@ impl ControlPlane {
         signal(pid, nix::sys::signal::Signal::SIGSTOP)?;
         self.apiservers[i].hung = true;
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        while !matches!(process_state(pid), Some('T' | 't') | None) {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "API server {pid} did not stop within 2 s of SIGSTOP"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        anyhow::ensure!(
+            wait_for_state(pid, |s| matches!(s, Some('T' | 't') | None), deadline),
+            "API server {pid} did not stop within 2 s of SIGSTOP"
+        );
         Ok(())
     }
 
@@ -735,11 +732,7 @@ impl Drop for ControlPlane {
             .collect();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         for pid in pids {
-            while matches!(process_state(pid), Some(s) if s != 'Z' && s != 'X')
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            wait_for_state(pid, |s| matches!(s, None | Some('Z' | 'X')), deadline);
         }
     }
 }
@@ -807,6 +800,19 @@ fn node_token(name: &str) -> String {
 }
 
 /// `R`, `S`, `T` (stopped), `Z`… of a process, from `/proc/<pid>/stat`; `None` once it is gone.
+/// Polls `pid`'s state until `done` holds (true) or `deadline` passes (false).
+fn wait_for_state(pid: u32, done: impl Fn(Option<char>) -> bool, deadline: std::time::Instant) -> bool {
+    loop {
+        if done(process_state(pid)) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ")?.1.chars().next()
