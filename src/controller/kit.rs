@@ -6,7 +6,7 @@
 //!        │ Err(e: ReconcileError)
 //!        ▼
 //!  Retries::policy(key, e) ── metrics: reconcile errors by controller and category
-//!        ├─ not the leader ─────► await change (the next leader reconciles everything)
+//!        ├─ not the leader ─────► look again in 5 s (NOT_LEADER_RETRY)
 //!        ├─ invalid spec ───────► await change (only an edit fixes it)
 //!        └─ else ─► Retry-After, or Backoff::RECONCILE (1 s, doubling, ≤ 5 min, jittered)
 //! ```
@@ -104,7 +104,7 @@ impl LeaderGate {
 pub trait ReconcileError: std::error::Error {
     /// A stable category: the metric label and log field.
     fn category(&self) -> &'static str;
-    /// Leadership ended: the next leader reconciles everything when it wins.
+    /// Leadership ended during the reconcile ([`NOT_LEADER_RETRY`]).
     fn is_not_leader(&self) -> bool;
     /// Only a change of the object (or the configuration) can fix it: no retry.
     fn is_invalid_spec(&self) -> bool {
@@ -148,8 +148,8 @@ impl Backoff {
 }
 
 /// When a reconcile that found this replica no longer leading is tried again (benchmarks found a
-/// Service that never got its FIP: its reconcile failed so, after the new election's
-/// reconcile-all had already run).
+/// Service that never got its FIP: its reconcile failed so after the new election's reconciles
+/// had been handed out).
 pub const NOT_LEADER_RETRY: Duration = Duration::from_secs(5);
 
 /// One controller's failed attempts per object, and the retry rule of every reconciler
@@ -190,9 +190,9 @@ impl Retries {
         let controller = self.controller;
         metrics.reconcile_failed(controller, error.category());
         if error.is_not_leader() {
-            // Leadership lapsed during this reconcile. A new leader reconciles everything when
-            // it is elected, but this replica may already lead again (a late renewal), its
-            // election's reconcile-all past: look again soon. A follower's reconcile returns at
+            // Leadership lapsed during this reconcile, after its start (so the object is not
+            // among the `Skipped` ones a new election reconciles), and this replica may already
+            // lead again (a late renewal): look again soon. A follower's reconcile returns at
             // once, so this costs nothing there.
             debug!(controller, object = %key, "not the leader during this reconcile; looking again soon");
             return Some(NOT_LEADER_RETRY);
