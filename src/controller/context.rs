@@ -90,16 +90,22 @@ impl LeaderGate {
 
     /// Yields once each time this replica becomes leader (and once at the start if it already
     /// leads): controllers reconcile everything at that moment, so work that arrived while
-    /// there was no leader is not left waiting for a resync or a backoff.
+    /// there was no leader is not left waiting for a resync or a backoff. A lapse counts however
+    /// short it was: when a renewal arrives after the deadline this replica led under had
+    /// passed, that is a new term too, even if no look fell inside the gap.
     pub fn elected(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
         let gate = self.clone();
-        futures::stream::unfold((gate, false), |(mut gate, mut was)| async move {
+        // The deadline this replica was last seen leading under.
+        futures::stream::unfold((gate, None::<Instant>), |(mut gate, mut led_until)| async move {
             loop {
-                let now = gate.is_leader();
-                if now && !was {
-                    return Some(((), (gate, true)));
+                let until = *gate.0.borrow();
+                let now = Instant::now();
+                let leading = until.is_some_and(|u| now < u);
+                let new_term = leading && led_until.is_none_or(|u| u <= now);
+                led_until = if leading { until } else { None };
+                if new_term {
+                    return Some(((), (gate, led_until)));
                 }
-                was = now;
                 // Leadership also ends silently when the deadline passes (no message): look
                 // at least every 100 ms.
                 gate.changed_or_tick().await;
@@ -252,6 +258,27 @@ pub fn object_ref(api_version: &str, kind: &str, namespace: Option<&str>, name: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapse_no_look_fell_into_is_still_a_new_term() {
+        use futures::StreamExt as _;
+        let lease = Duration::from_secs(1);
+        let (until, until_rx) = watch::channel(Some(Instant::now() + lease));
+        let (_handover, handover_rx) = watch::channel(None);
+        let gate = LeaderGate::new(until_rx, handover_rx);
+        let mut elected = std::pin::pin!(gate.elected());
+        assert_eq!(elected.next().await, Some(()), "leads at the start");
+        // Renewed in time: the same term.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        until.send_replace(Some(Instant::now() + lease));
+        let quiet = tokio::time::timeout(Duration::from_millis(300), elected.next()).await;
+        assert!(quiet.is_err(), "a renewal in time is no election");
+        // The deadline passes while nobody looks, then a late renewal: a new term.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        until.send_replace(Some(Instant::now() + lease));
+        let again = tokio::time::timeout(Duration::from_millis(50), elected.next()).await;
+        assert_eq!(again, Ok(Some(())), "the lapse between two looks counts");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_change_of_the_other_holder_wakes_a_waiter_once_not_forever() {
