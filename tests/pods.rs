@@ -185,5 +185,82 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
             CP.contains(&target) && target != server_of(&leader_node),
             "moved to a live control-plane node: {target}"
         );
+        // Both pods ran with their real service account and the shipped RBAC: each started,
+        // nothing was forbidden, no secret and no colour codes in their logs (the dead node's
+        // log files stay on its disk).
+        common::assert_pod_logs_clean(&cp, 2, sim.api_key());
     });
+}
+
+/// Reads `blobs/sha256/<digest>` of an unpacked OCI layout as JSON.
+fn blob_json(layout: &std::path::Path, digest: &str) -> serde_json::Value {
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+}
+
+/// The image the pods run, read as a registry or containerd reads it: one layer holding the
+/// static binary and the passwd/group naming the non-root user, `USER 65532:65532`, the binary
+/// as entrypoint, the OCI labels with the version and the source revision.
+#[test]
+fn the_image_is_from_scratch_non_root_and_labelled() {
+    let image = baton_testbed::baton_image().expect("baton's image (scripts/build-image)");
+    let layout = tempfile::tempdir().unwrap();
+    let untar = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&image.archive)
+        .arg("-C")
+        .arg(layout.path())
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    let index = serde_json::from_slice::<serde_json::Value>(
+        &std::fs::read(layout.path().join("index.json")).unwrap(),
+    )
+    .unwrap();
+    let manifests = index["manifests"].as_array().unwrap();
+    assert_eq!(manifests.len(), 1, "{index:#}");
+    let manifest = blob_json(layout.path(), manifests[0]["digest"].as_str().unwrap());
+    let config = blob_json(layout.path(), manifest["config"]["digest"].as_str().unwrap());
+    assert_eq!(config["config"]["User"], "65532:65532", "{config:#}");
+    assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/baton"]));
+    let labels = &config["config"]["Labels"];
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let revision = labels["org.opencontainers.image.revision"].as_str().unwrap();
+    assert!(
+        revision.trim_end_matches("-dirty").len() == 40
+            && revision
+                .trim_end_matches("-dirty")
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit()),
+        "the source revision: {revision}"
+    );
+    // From scratch: one layer, three files.
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{manifest:#}");
+    let hex = layers[0]["digest"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("sha256:")
+        .unwrap();
+    let list = std::process::Command::new("tar")
+        .arg("-tvzf")
+        .arg(layout.path().join("blobs/sha256").join(hex))
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(list.stdout).unwrap();
+    let files: Vec<&str> = listing
+        .lines()
+        .filter(|l| !l.starts_with('d'))
+        .map(|l| l.split_whitespace().last().unwrap())
+        .collect();
+    assert_eq!(files, ["baton", "etc/group", "etc/passwd"], "{listing}");
+    assert!(
+        listing
+            .lines()
+            .all(|l| l.split_whitespace().nth(1) == Some("0/0")),
+        "root-owned: {listing}"
+    );
 }
