@@ -274,3 +274,49 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
 }
+
+/// Every container log of the lab nodes' pods (`<node>/pod-logs/**.log`), each headed by its path.
+pub fn pod_logs(cp: &baton_testbed::ControlPlane) -> Vec<(std::path::PathBuf, String)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                out.push((p, text));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for n in cp.node_names() {
+        walk(&cp.dir().join(&n).join("pod-logs"), &mut out);
+    }
+    out
+}
+
+/// The baton pods' logs (at least `pods` of them, each with the controller's start line) show
+/// the shipped RBAC is enough for their real service account (no `forbidden`), carry no
+/// `secret`, and are plain text (no ANSI colour: a pod's log is not a terminal).
+pub fn assert_pod_logs_clean(cp: &baton_testbed::ControlPlane, pods: usize, secret: &str) {
+    use std::fmt::Write as _;
+    let logs: Vec<(std::path::PathBuf, String)> = pod_logs(cp)
+        .into_iter()
+        .filter(|(_, text)| text.contains("baton controller starting"))
+        .collect();
+    let mut all = String::new();
+    for (p, text) in &logs {
+        let _ = writeln!(all, "==> {} <==\n{text}", p.display());
+    }
+    assert!(
+        logs.len() >= pods,
+        "{} baton container logs with the start line, expected {pods}:\n{all}",
+        logs.len()
+    );
+    assert!(!all.contains(secret), "the API key leaked into the pods' logs");
+    assert!(
+        !all.to_lowercase().contains("forbidden"),
+        "the shipped RBAC is not enough for the pods' service account:\n{all}"
+    );
+    assert!(!all.contains('\u{1b}'), "ANSI escapes in a pod's log:\n{all}");
+}
