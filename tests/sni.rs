@@ -30,11 +30,12 @@ fn proxy_addr() -> SocketAddr {
 }
 /// Each test has its own network namespace, so a fixed port is free.
 const ADMIN: &str = "127.0.0.1:9591";
-/// The router's DNS server for the tenants' names.
-const DNS: &str = "127.0.0.1:5391";
+/// The router's DNS server for the tenants' names: port 53, so that a stub resolver (kubectl's,
+/// through its own /etc/resolv.conf) can ask it.
+const DNS: &str = "127.0.0.1:53";
 
-/// `dig +short NAME A` against the router's DNS server (`None` when dig is not installed).
-async fn dig(name: &str) -> Option<String> {
+/// `dig +short NAME A` against the router's DNS server (dig is installed by scripts/setup).
+async fn dig(name: &str) -> String {
     let (ip, port) = DNS.split_once(':').unwrap();
     let out = Command::new("dig")
         .args([
@@ -49,8 +50,8 @@ async fn dig(name: &str) -> Option<String> {
         ])
         .output()
         .await
-        .ok()?;
-    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .expect("dig (Debian's bind9-dnsutils, installed by scripts/setup)");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 struct Tenant {
@@ -256,46 +257,60 @@ async fn wait_seen(seen: &Seen, name: &str) {
     }
 }
 
-/// kubectl, if this machine has one, with a kubeconfig whose server is the router and whose
-/// `tls-server-name` is the tenant's name: lists the tenant's namespaces.
-async fn kubectl_namespaces(t: &Tenant, dir: &Path) -> Option<String> {
+/// The real kubectl (built by scripts/testenv from k8s.io/kubernetes) with a kubeconfig whose
+/// server is `https://<tenant host>:443`, as a tenant's users have it: kubectl resolves the name
+/// through baton's DNS (its own mount namespace, where /etc/resolv.conf names only the router's
+/// DNS server), connects to the address it got, and lists the tenant's namespaces, with the
+/// tenant's CA and client certificate. Returns kubectl's output (`namespace/<name>` lines).
+async fn kubectl_namespaces(t: &Tenant, dir: &Path) -> String {
     use base64::Engine as _;
-    let ok = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .await
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("kubectl not found: the kubectl check is skipped (reqwest clients cover the routing)");
-        return None;
-    }
+    let kubectl = baton_testbed::control_plane::testenv_dir()
+        .unwrap()
+        .join("bin/kubectl");
+    assert!(
+        kubectl.is_file(),
+        "{} is missing: scripts/testenv builds it",
+        kubectl.display()
+    );
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let (cert, key) = t.cp.admin_client_cert();
     let cfg = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: https://{addr}\n    \
-         tls-server-name: {host}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    \
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {n}\n  cluster:\n    server: https://{host}:{port}\n    \
+         certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    \
          client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: {n}\n  context:\n    \
          cluster: {n}\n    user: admin\ncurrent-context: {n}\n",
         n = t.name,
-        addr = router_addr(),
         host = t.host(),
+        port = router_addr().port(),
         ca = b64(t.cp.ca_pem()),
         cert = b64(cert),
         key = b64(key),
     );
     let path = dir.join(format!("kubeconfig-{}", t.name));
     std::fs::write(&path, cfg).unwrap();
+    let (dns_ip, _) = DNS.split_once(':').unwrap();
+    let resolv = dir.join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {dns_ip}\noptions timeout:2 attempts:1\n"),
+    )
+    .unwrap();
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    // unshare(1): a private mount namespace for kubectl alone, with the lab's resolver config
+    // bound over the host's (the test's network namespace is inherited).
+    let script = format!(
+        "mount --bind {resolv} /etc/resolv.conf && mount --bind {hosts} /etc/hosts && \
+         exec {kubectl} --kubeconfig {cfg} get namespaces -o name",
+        resolv = resolv.display(),
+        hosts = hosts.display(),
+        kubectl = kubectl.display(),
+        cfg = path.display(),
+    );
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        Command::new("kubectl")
-            .args([
-                "--kubeconfig",
-                path.to_str().unwrap(),
-                "get",
-                "namespaces",
-                "-o",
-                "name",
-            ])
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
             .output(),
     )
     .await
@@ -303,14 +318,15 @@ async fn kubectl_namespaces(t: &Tenant, dir: &Path) -> Option<String> {
     .unwrap();
     assert!(
         out.status.success(),
-        "kubectl through the router failed: {}",
+        "kubectl (server https://{}) through baton's DNS and the router failed: {}",
+        t.host(),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// curl with `--haproxy-protocol` (PROXY v1) to the PROXY listener by IP, if there is a curl.
-async fn curl_via_proxy_protocol(t: &Tenant, dir: &Path) -> Option<String> {
+/// curl with `--haproxy-protocol` (PROXY v1) to the PROXY listener by IP.
+async fn curl_via_proxy_protocol(t: &Tenant, dir: &Path) -> String {
     let (cert, key) = t.cp.admin_client_cert();
     let file = |name: &str, text: &str| {
         let p = dir.join(format!("{}-{name}", t.name));
@@ -322,7 +338,7 @@ async fn curl_via_proxy_protocol(t: &Tenant, dir: &Path) -> Option<String> {
         file("admin.crt", cert),
         file("admin.key", key),
     );
-    let run = Command::new("curl")
+    let out = Command::new("curl")
         .args([
             "--silent",
             "--show-error",
@@ -334,17 +350,14 @@ async fn curl_via_proxy_protocol(t: &Tenant, dir: &Path) -> Option<String> {
         .args(["--cacert", &ca, "--cert", &cert, "--key", &key])
         .arg(format!("https://{}/api/v1/namespaces", proxy_addr()))
         .output()
-        .await;
-    let Ok(out) = run else {
-        eprintln!("curl not found: the PROXY protocol check with curl is skipped");
-        return None;
-    };
+        .await
+        .expect("curl");
     assert!(
         out.status.success(),
         "curl through the PROXY listener failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Lists namespaces through the router: `t`'s marker is there, no other tenant's is.
@@ -429,11 +442,9 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
         assert!(namespaces(&stranger, "api.nobody.baton.test").await.is_err());
 
         // Each routed name is in DNS, pointing at the router; t3 is not yet.
-        if let Some(a) = dig(&t1.host()).await {
-            assert_eq!(a, router_addr().ip().to_string());
-            assert_eq!(dig(&t2.host()).await.unwrap(), router_addr().ip().to_string());
-            assert_eq!(dig(&t3.host()).await.unwrap(), "");
-        }
+        assert_eq!(dig(&t1.host()).await, router_addr().ip().to_string());
+        assert_eq!(dig(&t2.host()).await, router_addr().ip().to_string());
+        assert_eq!(dig(&t3.host()).await, "");
 
         // A watch streams from t1 while t3 is added to the routes file.
         let rv = {
@@ -459,9 +470,11 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert!(names.contains(&"tenant-t3".to_owned()), "{names:?}");
-        if let Some(a) = dig(&t3.host()).await {
-            assert_eq!(a, router_addr().ip().to_string(), "t3 published with its route");
-        }
+        assert_eq!(
+            dig(&t3.host()).await,
+            router_addr().ip().to_string(),
+            "t3 published with its route"
+        );
         create_ns(&t1.cp, "after-reload").await;
         wait_seen(&seen, "after-reload").await;
         assert!(
@@ -470,18 +483,21 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
             streaming.await.unwrap()
         );
 
-        // kubectl, when there is one, through the router to t2.
-        if let Some(out) = kubectl_namespaces(&t2, dir.path()).await {
-            assert!(out.contains("namespace/tenant-t2"), "{out}");
-            assert!(!out.contains("namespace/tenant-t1"), "{out}");
+        // kubectl with each tenant's kubeconfig (server https://api.<tenant>.baton.test:443,
+        // resolved through baton's DNS): each lists its own namespaces, no other tenant's.
+        for t in [&t1, &t2, &t3] {
+            let out = kubectl_namespaces(t, dir.path()).await;
+            for other in [&t1, &t2, &t3] {
+                let listed = out.contains(&format!("namespace/tenant-{}\n", other.name));
+                assert_eq!(listed, other.name == t.name, "kubectl for {}: {out}", t.name);
+            }
         }
 
         // curl to the PROXY listener's address with no SNI (an IP URL) and a PROXY v1 header:
         // routed by the original destination to t2, whose API server checks the certificate.
-        if let Some(out) = curl_via_proxy_protocol(&t2, dir.path()).await {
-            assert!(out.contains("\"tenant-t2\""), "{out}");
-            assert!(!out.contains("\"tenant-t1\""), "{out}");
-        }
+        let out = curl_via_proxy_protocol(&t2, dir.path()).await;
+        assert!(out.contains("\"tenant-t2\""), "{out}");
+        assert!(!out.contains("\"tenant-t1\""), "{out}");
 
         check_metrics().await;
 
