@@ -175,6 +175,18 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
             failed.unwrap_or(0.0) >= 1.0,
             "the broken Service's error counted:\n{text}"
         );
+        // Each controller counts its reconciles: the Services', and the endpoint loop's writes
+        // of the mirror Service.
+        for controller in ["services", "endpoints"] {
+            let done = metric_sum(
+                &text,
+                &format!("baton_reconciles_total{{controller=\"{controller}\"}}"),
+            );
+            assert!(
+                done.unwrap_or(0.0) >= 1.0,
+                "{controller} reconciles counted:\n{text}"
+            );
+        }
 
         // Events: who became leader, on the Lease; the endpoint Service's ingress and endpoints.
         let lease_event = event(&client, "kube-system", "baton-controller", "LeaderElection").await;

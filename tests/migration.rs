@@ -65,6 +65,38 @@ const ROUTER: &str = "198.51.100.2";
 const NODE_IP: &str = "198.51.100.11";
 const GOBGP_API: &str = "127.0.0.1:50051";
 
+/// The reasons of baton's Events (events.k8s.io: reporting controller `baton`) on `kind`/`name`
+/// in `ns`.
+async fn baton_events(client: &kube::Client, ns: &str, kind: &str, name: &str) -> Vec<String> {
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    Api::<NewEvent>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reporting_controller.as_deref() == Some("baton")
+                && e.regarding
+                    .as_ref()
+                    .is_some_and(|r| r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name))
+        })
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// Waits until baton has recorded an Event with `reason` on `kind`/`name` in `ns`.
+async fn wait_event(client: &kube::Client, ns: &str, kind: &str, name: &str, reason: &str) {
+    eventually(WAIT, &format!("Event {reason} on {kind} {ns}/{name}"), || async {
+        baton_events(client, ns, kind, name)
+            .await
+            .iter()
+            .any(|r| r == reason)
+            .then_some(())
+    })
+    .await;
+}
+
 fn baton_user() -> TokenUser {
     TokenUser {
         token: SA_TOKEN.into(),
@@ -596,6 +628,15 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                 .then_some(())
         })
         .await;
+        // Said where an operator looks: on baton's mirror, naming the removed Service.
+        wait_event(
+            &admin,
+            "kube-system",
+            "Service",
+            "baton-kubernetes-external",
+            "LeftoverRemoved",
+        )
+        .await;
         assert!(
             Api::<Endpoints>::namespaced(admin.clone(), "kube-system")
                 .get_opt(CCM_MIRROR)
@@ -615,6 +656,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             .await;
             assert_eq!(ingress(&svc).as_deref(), Some(ip.as_str()));
             assert_eq!(svc.annotations()["metallb.io/loadBalancerIPs"], *ip);
+            wait_event(&admin, "apps", "Service", name, "FloatingIPAdopted").await;
         }
         let adv = eventually(
             WAIT,
@@ -663,6 +705,17 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         })
         .await;
         assert_eq!(peers.len(), 6, "{:?}", peers.keys());
+        for name in peers.keys() {
+            wait_event(&admin, MLB, "BGPPeer", name, "Adopted").await;
+        }
+        wait_event(
+            &admin,
+            MLB,
+            "BGPAdvertisement",
+            "equinix-metal-bgp-adv",
+            "Deleted",
+        )
+        .await;
         for (name, p) in &peers {
             assert_eq!(
                 metallb::spec(p)["nodeSelectors"].as_array().map(Vec::len),
@@ -802,6 +855,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         .await;
         let kept = cloud.ip(&api_fip.id).await.unwrap();
         assert!(kept.target().is_none(), "its FIP is unassigned: {kept:?}");
+        wait_event(&admin, "default", "Service", "api", "FloatingIPUnassigned").await;
         assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 0, "and never deleted");
         assert_eq!(
             holder_now.target(),
@@ -828,6 +882,8 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             .map(|ip| ip.id.to_string())
             .collect();
         assert!(!left.contains(db_fip), "its FIP released");
+        wait_event(&admin, "apps", "Service", "db", "FloatingIPReleased").await;
+        wait_event(&admin, "apps", "Service", "db", "LeftoverRemoved").await;
         assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 1, "that one only");
         assert!(left.contains(&spare.id.to_string()) && left.contains(&api_fip.id.to_string()));
 

@@ -483,7 +483,15 @@ impl Bgp {
                         Api::namespaced_with(self.ctx.client.clone(), namespace, &api_resource(kind));
                     let step = format!("deleting {} {namespace}/{name}", kind.kind());
                     match timed(step, api.delete(&name, &DeleteParams::default())).await {
-                        Ok(_) => info!(kind = kind.kind(), %name, %namespace, "MetalLB object deleted"),
+                        Ok(_) => {
+                            info!(kind = kind.kind(), %name, %namespace, "MetalLB object deleted");
+                            let note = format!(
+                                "{} {name} deleted by baton: no Service, node or peer it manages needs it any more",
+                                kind.kind()
+                            );
+                            self.metallb_event(kind, namespace, &name, EventType::Normal, "Deleted", note)
+                                .await;
+                        }
                         Err(e) if e.status() == Some(404) => {}
                         Err(e) => return Err(e.into()),
                     }

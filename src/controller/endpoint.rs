@@ -39,6 +39,7 @@ use super::context::{Handover, object_ref};
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
+use crate::names::CCM_MIRROR_SERVICE;
 use crate::probe::{ProbeError, ProbeSettings, Prober};
 
 /// Settings of the endpoint manager.
@@ -87,9 +88,6 @@ struct EndpointState {
     route_checked: bool,
     /// Since when the FIP has been unreachable while its holder answers directly.
     unreachable_since: Option<Instant>,
-    /// Whether cloud-provider-cherry's leftover mirror Service was looked for (once, after
-    /// baton's own mirror of the `fipTag` FIP is in place).
-    ccm_leftover_checked: bool,
 }
 
 /// How long the FIP must fail while its holder answers directly before that is a reason to act.
@@ -681,6 +679,7 @@ impl Step<'_> {
             let reference = object_ref("v1", "Service", Some(&ep.service.namespace), &ep.service.name);
             match mirror::reconcile(&ctx.client, &ep.service).await {
                 Ok(()) => {
+                    ctx.metrics.reconciled("endpoints");
                     if changed {
                         let servers: Vec<String> = inputs.1.iter().map(ToString::to_string).collect();
                         ctx.event_on(
@@ -696,9 +695,28 @@ impl Step<'_> {
                     state.last_applied = Some(inputs);
                     state.last_applied_at = Some(Instant::now());
                     state.retry_at = None;
-                    if ep.service.manage_spec && !state.ccm_leftover_checked {
+                    // Looked for each time the mirror is re-applied (every 30 s at most): a
+                    // cloud-provider-cherry still running during a switch may recreate it.
+                    if ep.service.manage_spec {
                         match mirror::remove_ccm_leftover(&ctx.client, &ep.service).await {
-                            Ok(_) => state.ccm_leftover_checked = true,
+                            Ok(false) => {}
+                            Ok(true) => {
+                                let removed =
+                                    object_ref("v1", "Service", Some("kube-system"), CCM_MIRROR_SERVICE);
+                                ctx.event_on(
+                                    &reference,
+                                    Some(removed),
+                                    EventType::Normal,
+                                    "LeftoverRemoved",
+                                    "RemoveLeftover",
+                                    format!(
+                                        "removed cloud-provider-cherry's mirror Service kube-system/{CCM_MIRROR_SERVICE} \
+                                         of {}; this Service replaces it, the FIP stays where it is",
+                                        ep.fip.address
+                                    ),
+                                )
+                                .await;
+                            }
                             Err(error) => {
                                 tracing::warn!(%error, "removing cloud-provider-cherry's leftover mirror Service failed");
                             }
@@ -706,6 +724,7 @@ impl Step<'_> {
                     }
                 }
                 Err(error) => {
+                    ctx.metrics.reconcile_failed("endpoints", error.category());
                     if state.retry_at.is_none() {
                         ctx.event_on(
                             &reference,

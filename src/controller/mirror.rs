@@ -60,6 +60,18 @@ pub enum MirrorError {
     },
 }
 
+impl MirrorError {
+    /// A stable category (the `baton_reconcile_errors` label): `kube`, `timeout` or
+    /// `invalid_source` (default/kubernetes without a port).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Apply(e) => e.category(),
+            Self::NoPort => "invalid_source",
+            Self::ReadSource(_) | Self::DeleteLeftover { .. } | Self::DeleteStale { .. } => "kube",
+        }
+    }
+}
+
 /// The mirror Service's name for `prefix`: `<prefix>-kubernetes-external` (in `kube-system`).
 pub fn service_name(prefix: &str) -> String {
     format!("{prefix}-kubernetes-external")

@@ -472,24 +472,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
     // released, as the CCM's cleanup did), remove it so the deletion finishes.
     let has_ccm_finalizer = svc.finalizers().iter().any(|f| f == CCM_CLEANUP_FINALIZER);
     if clears_ccm_finalizer(&facts, has_ccm_finalizer, ctx.mirror()) {
-        if scope(&facts, ctx.mirror()) == Scope::Managed {
-            cleanup(&svc, &ctx).await?;
-        }
-        let finalizers: Vec<&String> = svc
-            .finalizers()
-            .iter()
-            .filter(|f| *f != CCM_CLEANUP_FINALIZER)
-            .collect();
-        let patch =
-            json!({"metadata": {"finalizers": finalizers, "resourceVersion": svc.resource_version()}});
-        merge_patch(
-            &ctx,
-            &facts,
-            "removing cloud-provider-cherry's cleanup finalizer",
-            &patch,
-        )
-        .await?;
-        info!("removed the cleanup finalizer cloud-provider-cherry left (its cleanup is baton's now)");
+        remove_ccm_finalizer(&svc, &ctx, &facts).await?;
         return Ok(Action::await_change());
     }
     // A Service asking for a control-plane FIP's address is a control-plane endpoint whatever
@@ -757,6 +740,43 @@ async fn release(
     Ok(true)
 }
 
+/// Removes the cleanup finalizer cloud-provider-cherry's service controller left, after baton's
+/// own cleanup of a Service it manages (the FIPs carrying its tags released, as the CCM's
+/// cleanup did), so the deletion finishes; said in an Event on the Service.
+async fn remove_ccm_finalizer(
+    svc: &Service,
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+) -> Result<(), ServiceError> {
+    if scope(facts, ctx.mirror()) == Scope::Managed {
+        cleanup(svc, ctx).await?;
+    }
+    let finalizers: Vec<&String> = svc
+        .finalizers()
+        .iter()
+        .filter(|f| *f != CCM_CLEANUP_FINALIZER)
+        .collect();
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": svc.resource_version()}});
+    merge_patch(
+        ctx,
+        facts,
+        "removing cloud-provider-cherry's cleanup finalizer",
+        &patch,
+    )
+    .await?;
+    info!("removed the cleanup finalizer cloud-provider-cherry left (its cleanup is baton's now)");
+    ctx.base
+        .event(
+            svc,
+            EventType::Normal,
+            "LeftoverRemoved",
+            "RemoveLeftover",
+            format!("removed the finalizer {CCM_CLEANUP_FINALIZER} cloud-provider-cherry left; its cleanup is baton's now"),
+        )
+        .await;
+    Ok(())
+}
+
 /// Apply: make sure the Service has its FIP and shows it.
 async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceError> {
     let facts = facts_of(svc);
@@ -787,7 +807,25 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     }
     let handoff = !ctx.refused_by_budget(&facts).await;
     match decide(requested, record.as_ref(), chosen) {
-        Decision::Publish(fip) => publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?,
+        Decision::Publish(fip) => {
+            publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?;
+            // No record of it on the Service: found by its tags (reserved by cloud-provider-cherry,
+            // or by a baton that stopped before it wrote the record). Said once, when adopted.
+            if record.is_none() {
+                ctx.base
+                    .event(
+                        svc,
+                        EventType::Normal,
+                        "FloatingIPAdopted",
+                        "EnsureFloatingIP",
+                        format!(
+                            "Floating IP {} ({}) found by this Service's tags and adopted; no address moved",
+                            fip.address, fip.id
+                        ),
+                    )
+                    .await;
+            }
+        }
         Decision::Create => {
             let fip = create(ctx, svc, &facts).await?;
             publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?;
