@@ -20,6 +20,8 @@ use serde_json::Value;
 use tokio::process::Command;
 
 const CP0: u64 = 600_101;
+/// The controller's admin endpoint (each test has its own network namespace).
+const ADMIN_LISTEN: &str = "127.0.0.1:9590";
 
 /// `baton status` with the controller's settings; returns (exit code, stdout).
 async fn status(kubeconfig: &std::path::Path, sim: &baton_sim::SimHandle, extra: &[&str]) -> (i32, String) {
@@ -55,22 +57,26 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
         let client = cp.client(1).unwrap();
         let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
         let logs = tempfile::tempdir().unwrap();
-        let _controller = Command::new(env!("CARGO_BIN_EXE_baton"))
-            .arg("controller")
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args(["--identity", "replica-a", "--admin-listen", "off"])
-            .env("CHERRY_API_KEY", sim.api_key())
-            .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
-            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
-            .env("CHERRY_BASE_URL", sim.base_url().as_str())
-            // Service FIPs on, but no region: a Service without the region annotation waits.
-            .env("CHERRY_LOAD_BALANCER", "empty://")
-            .env("BATON_API_RATE_LIMIT", "0")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(logs.path().join("controller.log")).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let start_controller = |log: &str| {
+            Command::new(env!("CARGO_BIN_EXE_baton"))
+                .arg("controller")
+                .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+                .args(["--identity", "replica-a", "--admin-listen", ADMIN_LISTEN])
+                .env("CHERRY_API_KEY", sim.api_key())
+                .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+                .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+                .env("CHERRY_BASE_URL", sim.base_url().as_str())
+                // Service FIPs on, but no region: a Service without the region annotation waits.
+                .env("CHERRY_LOAD_BALANCER", "empty://")
+                .env("BATON_API_RATE_LIMIT", "0")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(logs.path().join(log)).unwrap())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        };
+        let mut controller = start_controller("controller.log");
+        let admin = format!("http://{ADMIN_LISTEN}");
 
         common::namespace(&client, "apps").await;
         Api::<Service>::namespaced(client.clone(), "apps")
@@ -138,9 +144,14 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
         )
         .await;
 
-        let (code, out) = status(&kubeconfig, &sim, &["--output", "json"]).await;
+        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
         let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
         assert_eq!(code, 10, "degraded (a Service waits): {report:#}");
+        // The replica's admin endpoints: it leads and is healthy.
+        let controllers = report["controllers"].as_array().unwrap();
+        assert_eq!(controllers.len(), 1, "{report:#}");
+        assert_eq!(controllers[0]["role"], "leader", "{report:#}");
+        assert_eq!(controllers[0]["healthy"], true, "{report:#}");
         assert_eq!(report["verdict"], "degraded", "{report:#}");
         assert_eq!(report["exitCode"], 10);
         assert_eq!(report["leader"]["holder"], "replica-a", "{report:#}");
@@ -180,21 +191,89 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
         );
         eprintln!("{text}");
 
-        // The holder's API server stops: until the FIP moves, the endpoint is down (exit 11),
-        // or, once moved, the dead candidate is still reported (degraded).
+        // The waiting Service goes: nothing is wrong any more (exit 0).
+        Api::<Service>::namespaced(client.clone(), "apps")
+            .delete("web", &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        common::wait_for("apps/web gone", Duration::from_secs(30), || {
+            let api = Api::<Service>::namespaced(client.clone(), "apps");
+            async move { api.get_opt("web").await.unwrap().is_none() }
+        })
+        .await;
+        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+        let report: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(code, 0, "healthy: {report:#}");
+        assert_eq!(report["verdict"], "healthy");
+        assert_eq!(report["problems"], serde_json::json!([]), "{report:#}");
+        assert!(
+            report["endpoints"][0]["lastMove"].is_null(),
+            "nothing moved yet: {report:#}"
+        );
+        let (code, text) = status(&kubeconfig, &sim, &[]).await;
+        assert_eq!(code, 0);
+        assert!(text.starts_with("baton status: HEALTHY (exit 0)"), "{text}");
+
+        // No controller runs, and the holder's API server stops: nothing moves the FIP, so the
+        // endpoint is down (exit 11), and no one leads.
+        controller.kill().await.unwrap();
         let mut cp = cp;
         cp.kill_apiserver(0).await;
-        let (code, out) = status(&kubeconfig, &sim, &["--output", "json"]).await;
+        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
         let report: Value = serde_json::from_str(&out).unwrap();
-        assert!(code == 10 || code == 11, "{report:#}");
-        let failing: Vec<&Value> = report["endpoints"][0]["candidates"]
+        assert_eq!(code, 11, "down: {report:#}");
+        assert_eq!(report["verdict"], "down");
+        let ep = &report["endpoints"][0];
+        assert_eq!(ep["holder"]["hostname"], "cp-0", "{report:#}");
+        assert_eq!(ep["fipReady"], false, "{report:#}");
+        assert!(
+            report["controllers"][0]["error"].is_string(),
+            "the replica's admin endpoint does not answer: {report:#}"
+        );
+        let problems = report["problems"].to_string();
+        assert!(
+            problems.contains("the holder cp-0 fails its health check"),
+            "{problems}"
+        );
+
+        // The controller is back: it moves the FIP; the move is on the screen, the dead
+        // candidate still reported while default/kubernetes lists it (degraded), or gone.
+        let _controller = start_controller("controller-2.log");
+        let report = common::eventually(
+            Duration::from_secs(30),
+            "the FIP moved away from cp-0",
+            || async {
+                let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+                let report: Value = serde_json::from_str(&out).unwrap();
+                let ep = &report["endpoints"][0];
+                (ep["holder"]["hostname"] != "cp-0" && ep["fipReady"] == true && !ep["lastMove"].is_null())
+                    .then_some((code, report))
+            },
+        )
+        .await;
+        let (code, report) = report;
+        assert!(code == 0 || code == 10, "{report:#}");
+        let ep = &report["endpoints"][0];
+        let moved = ep["lastMove"]["message"].as_str().unwrap();
+        let to = ep["holder"]["hostname"].as_str().unwrap();
+        assert!(
+            moved.contains(to),
+            "the last move names the new holder {to}: {moved}"
+        );
+        let failing: Vec<&Value> = ep["candidates"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|c| c["ready"] == false)
             .collect();
-        assert_eq!(failing.len(), 1, "{report:#}");
-        assert_eq!(failing[0]["server"]["hostname"], "cp-0");
+        assert!(failing.len() <= 1, "{report:#}");
+        if let Some(dead) = failing.first() {
+            assert_eq!(dead["server"]["hostname"], "cp-0");
+            assert_eq!(code, 10, "a failing candidate is degraded: {report:#}");
+        }
+        let (_, text) = status(&kubeconfig, &sim, &["--admin", &admin]).await;
+        assert!(text.contains(to) && text.contains("replica-a"), "{text}");
+        eprintln!("{text}");
         drop(logs);
     });
 }
