@@ -1,14 +1,17 @@
 //! docs/install.md, followed in the lab: both install guides, with each guide's
-//! `bootstrap.yaml` taken from the document as written (only the lab's file paths, the DNS TTL
-//! and the simulator's URL change), `helm template` and `baton bootstrap` run with the guide's
-//! flags, real kube-apiservers standing in for the installer's control plane and for
-//! `kubeadm init`/`join`, and the Deployment the handoff applied run as two pods
-//! (`common::pod`: the lab has no kubelet).
+//! `bootstrap.yaml` and shell commands taken from the document as written (`helm template`,
+//! `baton bootstrap`, guide B's `cp` / `kubectl config set-cluster`, and the shipped systemd
+//! unit's `ExecStart` for its `systemctl enable`), run with only the lab's file paths, the DNS
+//! TTL and the simulator's URL changed; real kube-apiservers stand in for the installer's
+//! control plane and for `kubeadm init`/`join`, and the Deployment the handoff applied runs as
+//! two processes (`common::pod`; the Deployment on real kubelets is `tests/pods.rs`'s and
+//! `tests/bootstrap.rs`'s).
 //!
 //! - A. a separate bootstrap host: `complete`, DNS ends with the FIPs only, every FIP routed to a
 //!   control-plane Node, the API answers through the FIP after the bootstrap host is stopped.
 //! - B. the kubeadm way: cp-0 is the bootstrap host; after `complete` its address has left DNS
-//!   but it stays a candidate: with the other API servers stopped the FIP is routed to it.
+//!   but it stays a candidate: `baton status` lists it, and with the other API servers stopped
+//!   the FIP is routed to it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a guide reads top to bottom
 
@@ -35,7 +38,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 const SA_TOKEN: &str = "baton-sa-token";
@@ -92,57 +95,157 @@ fn for_the_lab(config: &str, cp: &ControlPlane, kubeconfig: &Path, state_dir: &P
     replaced
 }
 
-/// `helm template` as the guide runs it; writes `<dir>/baton.yaml`.
-fn render_manifests(dir: &Path, sim: &SimHandle) {
-    assert_eq!(sim.project_id(), 123_456, "the guide's project ID");
-    let helm = common::helm::Helm::new();
-    let out = helm.ok(&[
-        "template",
-        "baton",
-        "charts/baton",
-        "--namespace",
-        "kube-system",
-        "--set",
-        &format!("config.apiKey={}", sim.api_key()),
-        "--set",
-        "config.projectID=123456",
-        "--set",
-        "config.region=LT-Siauliai",
-    ]);
-    std::fs::write(dir.join("baton.yaml"), out).unwrap();
+/// The commands of the first `sh` block of docs/install.md after the line containing `after`, as
+/// a user would type them: continuation lines joined, comments and blank lines dropped.
+fn guide_commands(after: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
+    let mut lines = text.lines().skip_while(|l| !l.contains(after));
+    assert!(lines.next().is_some(), "docs/install.md has no {after:?}");
+    let mut out = Vec::new();
+    let mut command = String::new();
+    for line in lines.skip_while(|l| l.trim() != "```sh").skip(1) {
+        let line = line.trim();
+        if line.starts_with("```") {
+            break;
+        }
+        // A comment, whole-line or after the command (`cmd   # why`).
+        let line = line.split_once(" #").map_or(line, |(cmd, _)| cmd).trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(start) = line.strip_suffix('\\') {
+            command.push_str(start.trim_end());
+            command.push(' ');
+        } else {
+            command.push_str(line);
+            out.push(std::mem::take(&mut command));
+        }
+    }
+    assert!(!out.is_empty(), "no commands after {after:?}");
+    out
 }
 
-/// `baton bootstrap --config <config> <flags>` with the API key and the simulator's URL in the
-/// environment (as `/etc/baton/bootstrap.env` would give them).
-fn bootstrap(config: &Path, sim: &SimHandle, flags: &[&str], log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["bootstrap", "--config"])
-        .arg(config)
-        .args(flags)
+/// A guide's command with the host's paths in the lab's `dir` and the API key filled in.
+fn on_the_lab_host(command: &str, dir: &Path, api_key: &str) -> String {
+    let dir = dir.display();
+    command
+        .replace("CHERRY_API_KEY=…", &format!("CHERRY_API_KEY={api_key}"))
+        .replace("/etc/baton/", &format!("{dir}/"))
+        .replace("/etc/kubernetes/", &format!("{dir}/kubernetes/"))
+        .replace("/var/lib/baton/", &format!("{dir}/"))
+        .replace("/run/baton/", &format!("{dir}/"))
+        .replace(
+            "${CREDENTIALS_DIRECTORY}/kubeconfig",
+            &format!("{dir}/bootstrap.kubeconfig"),
+        )
+        .replace("/usr/local/bin/baton", "baton")
+}
+
+/// `PATH` with this build's `baton` and the test env's `kubectl` first.
+fn guide_path(dir: &Path) -> std::ffi::OsString {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let link = bin.join("baton");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_baton"), &link).unwrap();
+    }
+    let kubectl = baton_testbed::control_plane::testenv_dir().unwrap().join("bin");
+    let mut path = bin.into_os_string();
+    path.push(":");
+    path.push(kubectl);
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    path
+}
+
+/// Runs one of the guide's shell commands (`bash -e`) on the "host" `dir`, with the simulator's
+/// URL in the environment (as `/etc/baton/bootstrap.env` gives it); `exec`, so the child is
+/// the command itself.
+fn guide_shell(command: &str, dir: &Path, sim: &SimHandle, log: &Path) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-euo", "pipefail", "-c"])
+        .arg(format!("exec {}", on_the_lab_host(command, dir, sim.api_key())))
+        .current_dir(root())
         .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PATH", guide_path(dir))
+        .env("HOME", dir)
         .env("CHERRY_API_KEY", sim.api_key())
         .env("CHERRY_BASE_URL", sim.base_url().as_str())
         .env("BATON_LOG", "info,baton=debug,hickory_server=warn,kube=warn")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        .kill_on_drop(true);
+    cmd
 }
 
-/// `--check-config` exits 0.
-async fn check_config(config: &Path, sim: &SimHandle, dir: &Path) {
-    let out = bootstrap(config, sim, &["--check-config"], &dir.join("check.log"))
-        .wait_with_output()
-        .await
-        .unwrap();
+/// Runs a guide's command to its end; fails the test with its output unless it exits 0.
+async fn guide_run(command: &str, dir: &Path, sim: &SimHandle, log: &str) -> String {
+    let log = dir.join(log);
+    let out = guide_shell(command, dir, sim, &log).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "--check-config: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        std::fs::read_to_string(dir.join("check.log")).unwrap_or_default()
+        "{command}: {}\n{stdout}\n{}",
+        out.status,
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
+    stdout
+}
+
+/// The common step: the guide's `helm template` block, run as written (the API key exported,
+/// `/etc/baton/baton.yaml` written and made 0600).
+async fn render_manifests(dir: &Path, sim: &SimHandle) {
+    assert_eq!(sim.project_id(), 123_456, "the guide's project ID");
+    let helm = common::helm::Helm::new();
+    let script = guide_commands("## Common step").join("\n");
+    assert!(script.contains("helm template"), "{script}");
+    let log = dir.join("helm.log");
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-euo",
+        "pipefail",
+        "-c",
+        &on_the_lab_host(&script, dir, sim.api_key()),
+    ])
+    .current_dir(root())
+    .env_clear()
+    .envs(helm.env())
+    .env("HOME", dir)
+    .stderr(std::fs::File::create(&log).unwrap());
+    let out = cmd.output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let rendered = std::fs::read_to_string(dir.join("baton.yaml")).unwrap();
+    assert!(rendered.contains("kind: Deployment"), "{rendered}");
+    assert!(!rendered.contains('…'), "the API key placeholder is filled in");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.join("baton.yaml")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "the guide's chmod 600");
+}
+
+/// The one command of `commands` that starts with `prefix` and contains `with`.
+fn pick<'a>(commands: &'a [String], prefix: &str, with: &str) -> &'a str {
+    let found: Vec<&String> = commands
+        .iter()
+        .filter(|c| c.starts_with(prefix) && c.contains(with))
+        .collect();
+    assert_eq!(found.len(), 1, "{prefix}…{with} in {commands:#?}");
+    found[0]
+}
+
+/// The `ExecStart` of the shipped systemd unit, continuation lines joined.
+fn unit_exec_start() -> String {
+    let text = std::fs::read_to_string(root().join("systemd/baton-bootstrap.service")).unwrap();
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("ExecStart="));
+    let mut command = lines.next().unwrap()["ExecStart=".len()..].to_owned();
+    while let Some(start) = command.strip_suffix('\\') {
+        command = format!("{} {}", start.trim_end(), lines.next().unwrap().trim());
+    }
+    command
 }
 
 /// Reads the bootstrap's JSON events until `until` matches one (or the process ends).
@@ -285,22 +388,32 @@ fn guide_a_with_a_separate_bootstrap_host() {
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        render_manifests(dir.path(), &sim);
-        // Step 2: the guide's config.
-        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        render_manifests(dir.path(), &sim).await;
+        // Step 2: the guide's config; the bootstrap control plane's admin kubeconfig.
+        let kubeconfig = dir.path().join("bootstrap.kubeconfig");
+        std::fs::copy(cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap(), &kubeconfig).unwrap();
         let config = dir.path().join("bootstrap.yaml");
         let text = guide_block("/etc/baton/bootstrap.yaml — A.");
         std::fs::write(&config, for_the_lab(&text, &cp, &kubeconfig, dir.path())).unwrap();
-        // Step 3: check, then run.
-        check_config(&config, &sim, dir.path()).await;
+        // Step 3: the guide's commands: check, then run.
+        let step3 = guide_commands("3. **Check it**");
+        guide_run(
+            pick(&step3, "baton bootstrap", "--check-config"),
+            dir.path(),
+            &sim,
+            "check.log",
+        )
+        .await;
         let stop_dns = CancellationToken::new();
         let dns = watch_dns("192.0.2.10:53".parse().unwrap(), stop_dns.clone());
-        let mut child = bootstrap(
-            &config,
+        let mut child = guide_shell(
+            pick(&step3, "baton bootstrap", "--exit-when-complete"),
+            dir.path(),
             &sim,
-            &["--output", "json", "--exit-when-complete"],
             &dir.path().join("bootstrap.log"),
-        );
+        )
+        .spawn()
+        .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let events = tokio::spawn(async move { read_events(&mut lines, is_summary).await });
         // The controller's pods start on cp-0 and cp-1 as they join.
@@ -377,30 +490,72 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         let admin = cp.client(0).unwrap();
         let sim = Arc::new(common::sim(Faults::none(), Topology::default()).await);
         let dir = tempfile::tempdir().unwrap();
-        render_manifests(dir.path(), &sim);
-        // baton's copy of admin.conf talks to cp-0's API server directly.
-        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        render_manifests(dir.path(), &sim).await;
+        // Step 1: the guide's config.
+        let kubeconfig = dir.path().join("bootstrap.kubeconfig");
         let config = dir.path().join("bootstrap.yaml");
         let text = guide_block("/etc/baton/bootstrap.yaml — B.");
         std::fs::write(&config, for_the_lab(&text, &cp, &kubeconfig, dir.path())).unwrap();
-        check_config(&config, &sim, dir.path()).await;
-        // As the systemd unit runs it: it keeps serving DNS after completion.
-        let mut child = bootstrap(
-            &config,
+        // Step 2. `kubeadm init phase kubeconfig admin` wrote admin.conf: cluster `kubernetes`
+        // at the control-plane endpoint (the name baton is about to publish). The guide's own
+        // commands copy it and point baton's copy at cp-0's API server (the real kubectl), check
+        // the config, and start the unit; a real API server stands in for `kubeadm init`/`join`.
+        std::fs::create_dir_all(dir.path().join("kubernetes")).unwrap();
+        let admin_conf = baton_testbed::control_plane::kubeconfig(
+            "https://api.prod.example.com:6443",
+            cp.ca_pem(),
+            ADMIN_TOKEN,
+        )
+        .replace("- name: lab\n  cluster:", "- name: kubernetes\n  cluster:")
+        .replace("cluster: lab\n", "cluster: kubernetes\n");
+        assert!(admin_conf.contains("- name: kubernetes\n") && admin_conf.contains("cluster: kubernetes\n"));
+        std::fs::write(dir.path().join("kubernetes/admin.conf"), admin_conf).unwrap();
+        let step2 = guide_commands("2. **Certificates and the admin kubeconfig first");
+        guide_run(pick(&step2, "cp ", "admin.conf"), dir.path(), &sim, "cp.log").await;
+        guide_run(
+            pick(&step2, "kubectl ", "set-cluster"),
+            dir.path(),
             &sim,
-            &["--output", "json"],
+            "kubectl.log",
+        )
+        .await;
+        let copy = std::fs::read_to_string(&kubeconfig).unwrap();
+        assert!(copy.contains("server: https://198.51.100.11:6443"), "{copy}");
+        guide_run(
+            pick(&step2, "baton bootstrap", "--check-config"),
+            dir.path(),
+            &sim,
+            "check.log",
+        )
+        .await;
+        // `systemctl enable --now baton-bootstrap`: the shipped unit's ExecStart, its paths on
+        // the lab host (the credential is the copy above). It keeps serving DNS after completion.
+        pick(&step2, "systemctl enable", "baton-bootstrap");
+        let mut child = guide_shell(
+            &unit_exec_start(),
+            dir.path(),
+            &sim,
             &dir.path().join("bootstrap.log"),
-        );
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let events = tokio::spawn(async move {
-            let events = read_events(&mut lines, is_summary).await;
-            (events, lines)
-        });
+        )
+        .spawn()
+        .unwrap();
         let pods = start_pods(&cp, &sim, &[0, 1]).await;
-        let (events, _lines) = events.await.unwrap();
+        let status_file = dir.path().join("bootstrap-status.json");
+        let status = eventually(
+            Duration::from_secs(240),
+            "the unit's status file says complete",
+            || async {
+                let text = std::fs::read_to_string(&status_file).ok()?;
+                let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+                (v["result"] == "complete").then_some(v)
+            },
+        )
+        .await;
         let log = std::fs::read_to_string(dir.path().join("bootstrap.log")).unwrap();
-        assert_eq!(events.last().unwrap()["result"], "complete", "{events:#?}\n{log}");
-        assert!(child.try_wait().unwrap().is_none(), "still serving DNS");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "still serving DNS: {status:#}\n{log}"
+        );
 
         // cp-0's address has left DNS: the FIP only.
         let fips = floating_ips(&sim).await;
@@ -414,6 +569,22 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         })
         .await;
         assert!(!answer.contains(&lab::public_ip(11)));
+        // `baton status` lists cp-0 among the FIP's candidates.
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["status", "--output", "json", "--kubeconfig"])
+            .arg(cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap())
+            .env("CHERRY_API_KEY", sim.api_key())
+            .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+            .env("CHERRY_BASE_URL", sim.base_url().as_str())
+            .output()
+            .await
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let candidates = report["endpoints"][0]["candidates"].to_string();
+        assert!(
+            candidates.contains("\"cp-0\"") && candidates.contains("198.51.100.11"),
+            "{report:#}"
+        );
 
         // cp-0 stays a candidate. Move the FIP away from it (cordon), then take the other API
         // servers down: the FIP comes back to cp-0 and the API answers through it.

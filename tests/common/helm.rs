@@ -37,6 +37,21 @@ impl Helm {
         }
     }
 
+    /// The environment helm runs in here: its config, cache and data directories, and `PATH`
+    /// with the cached helm first (for a guide's shell commands that call `helm`).
+    pub fn env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        let h = self.home.path();
+        let mut path = std::ffi::OsString::from(self.bin.parent().unwrap());
+        path.push(":");
+        path.push(std::env::var_os("PATH").unwrap_or_default());
+        vec![
+            ("HELM_CACHE_HOME", h.join("cache").into()),
+            ("HELM_CONFIG_HOME", h.join("config").into()),
+            ("HELM_DATA_HOME", h.join("data").into()),
+            ("PATH", path),
+        ]
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         let h = self.home.path();
         Command::new(&self.bin)
