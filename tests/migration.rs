@@ -9,8 +9,8 @@
 //! a bring-your-own-IP Service, the MetalLB objects labelled `cloud-provider=equinix-metal` (a
 //! pool for the control-plane FIP among them: CPEM #258), its Secret `cherry-cloud-config` and
 //! its Deployment. Then the runbook: delete the CCM's Deployment, `helm install` baton reusing the
-//! CCM's Secret, the chart's pods start (run as processes: the lab has no kubelet; see
-//! `common::pod`). While it switches, a client polls the control-plane FIP's `/readyz` through
+//! CCM's Secret, the chart's pods start (run as processes with the pod's args, env, Secret and
+//! token: this test's lab has no kubelets; see `common::pod`). While it switches, a client polls the control-plane FIP's `/readyz` through
 //! the simulator's forwarding (real TCP to the routed API server), and another checks every
 //! workload address stays in a MetalLB pool named by an advertisement (what MetalLB announces)
 //! with its Service's ingress unchanged, and a real BGP router (gobgpd on the region's route
