@@ -179,6 +179,79 @@ fn chart_lints_and_renders_what_the_manifests_say() {
 }
 
 #[test]
+fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled() {
+    let helm = ChartHelm::new();
+    let set = [
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "config.projectID=123456",
+    ];
+    let off = helm.template(&set);
+    assert!(
+        !off.iter().any(|d| d["kind"] == "DaemonSet"),
+        "the router is off by default"
+    );
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "sniRouter.enabled=true"]);
+    let on = helm.template(&args);
+    let shipped = manifest("sni-router.yaml");
+    let mut ours: Vec<(String, Value)> = on
+        .iter()
+        .filter(|d| shipped.iter().any(|m| key(m) == key(d)))
+        .map(|d| (key(d), without_labels(d.clone())))
+        .collect();
+    let mut theirs: Vec<(String, Value)> = shipped
+        .into_iter()
+        .map(|d| (key(&d), without_labels(d)))
+        .collect();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    theirs.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        ours.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "the same objects"
+    );
+    for ((k, chart), (_, man)) in ours.iter().zip(&theirs) {
+        let normalise = |v: &Value| {
+            let mut v = v.clone();
+            if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
+                for c in cs {
+                    c["image"] = json!("<image>");
+                }
+            }
+            v
+        };
+        assert_eq!(
+            normalise(chart),
+            normalise(man),
+            "{k} differs between charts/baton and manifests/sni-router.yaml"
+        );
+    }
+    // A namespace and extra flags reach the command line.
+    args.extend_from_slice(&[
+        "--set",
+        "sniRouter.namespace=tenants",
+        "--set",
+        "sniRouter.extraArgs={--threads,2}",
+    ]);
+    let custom = helm.template(&args);
+    let ds = find(&custom, "DaemonSet");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["args"],
+        json!([
+            "sni",
+            "serve",
+            "--services",
+            "--namespace",
+            "tenants",
+            "--threads",
+            "2"
+        ])
+    );
+}
+
+#[test]
 fn values_of_cloud_provider_cherry_and_batons_own() {
     let helm = ChartHelm::new();
     // A cloud-provider-cherry values file, as its users have it.
