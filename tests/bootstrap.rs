@@ -508,7 +508,7 @@ fn bootstrap_carries_the_endpoint_from_the_bootstrap_host_to_the_fip() {
         assert_eq!(code, Some(0), "{events:#?}");
         assert_no_duplicates(&sim, &client, &s, infra).await;
 
-        common::assert_pod_logs_clean(&cp, 2, API_KEY);
+        common::assert_pod_logs_clean(&cp, "baton controller starting", 2, API_KEY);
     });
 }
 

@@ -188,7 +188,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         // Both pods ran with their real service account and the shipped RBAC: each started,
         // nothing was forbidden, no secret and no colour codes in their logs (the dead node's
         // log files stay on its disk).
-        common::assert_pod_logs_clean(&cp, 2, sim.api_key());
+        common::assert_pod_logs_clean(&cp, "baton controller starting", 2, sim.api_key());
     });
 }
 

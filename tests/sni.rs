@@ -847,3 +847,115 @@ fn bad_flags_exit_2_naming_the_flag_and_the_value() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
 }
+
+/// The shipped router (`manifests/sni-router.yaml`, the image of `scripts/build-image`) as a
+/// DaemonSet on real lab nodes (kubelets, containerd), beside the shipped controller Deployment:
+/// the router pods watch the tenant Service with their own service account and the shipped
+/// RBAC, a tenant's client reaches its API server through the hosting cluster's control-plane
+/// FIP on port 443 with its own certificate; the node holding the FIP is powered off, the
+/// controller pods move the FIP, and the router on the new holder serves the tenant.
+#[test]
+fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() {
+    use baton_cloud::Cloud as _;
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Secret;
+    const CP: [u64; 3] = [600_101, 600_102, 600_103];
+    lab::run(|| async {
+        let mut hosting = ControlPlane::start(Options {
+            kubelets: true,
+            images: vec![baton_testbed::baton_image().expect("baton's image (scripts/build-image)")],
+            ..Options::servers(3)
+        })
+        .await
+        .expect("control plane with lab nodes");
+        // The tenant's API server on a host that is no node, reachable from the nodes.
+        baton_testbed::node::add_lab_host(lab::public_ip(21))
+            .await
+            .unwrap();
+        let t1 = tenant("t1", &[21]).await;
+        let topology = baton_sim::Topology {
+            forward_ports: vec![6443, 443],
+            ..baton_sim::Topology::default()
+        };
+        let sim = baton_sim::Sim::builder()
+            .topology(topology)
+            .faults(baton_sim::Faults::none())
+            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
+            .await
+            .expect("simulator");
+        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
+
+        let admin = hosting.client(0).unwrap();
+        let cloud_sa = serde_json::json!({
+            "apiKey": sim.api_key(),
+            "projectID": sim.project_id(),
+            "region": "LT-Siauliai",
+            "fipTag": "cluster=pods-cp",
+            "base-url": sim.base_url().as_str(),
+            "apiRateLimit": 0,
+        });
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
+            "stringData": {"cloud-sa.json": cloud_sa.to_string()},
+        }))
+        .unwrap();
+        common::apply_shipped_manifests(&admin, &["rbac.yaml"]).await;
+        Api::<Secret>::namespaced(admin.clone(), "kube-system")
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        common::apply_shipped_manifests(&admin, &["deployment.yaml", "sni-router.yaml"]).await;
+        tenant_service(&hosting, "t1", &t1.host(), &t1.cp.addresses()).await;
+
+        let shared = SocketAddr::new(fip.address, 443);
+        let started = Instant::now();
+        common::wait_for("t1 through the shared FIP", Duration::from_secs(180), || async {
+            let c = client_via(&t1.host(), t1.cp.ca_der(), t1.cp.admin_client_cert(), shared);
+            matches!(namespaces(&c, &t1.host()).await, Ok((200, n)) if n.contains(&"tenant-t1".to_owned()))
+        })
+        .await;
+        common::wait_for(
+            "a router pod Ready on every node",
+            Duration::from_secs(120),
+            || {
+                let api = Api::<DaemonSet>::namespaced(admin.clone(), "kube-system");
+                async move {
+                    api.get_opt("baton-sni")
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|d| d.status)
+                        .is_some_and(|s| s.number_ready == 3)
+                }
+            },
+        )
+        .await;
+        eprintln!(
+            "router pods Ready on 3 nodes, t1 through the FIP, {:.1}s after the manifests",
+            started.elapsed().as_secs_f64()
+        );
+
+        // The node holding the FIP is powered off.
+        let holder = cloud.ip(&fip.id).await.unwrap().target().unwrap().0;
+        let dead = CP.iter().position(|id| *id == holder).unwrap();
+        let t0 = Instant::now();
+        hosting.kill_node(&format!("cp-{dead}")).await.unwrap();
+        common::wait_for("t1 through the FIP on another node", Duration::from_secs(60), || async {
+            let moved = cloud
+                .ip(&fip.id)
+                .await
+                .ok()
+                .and_then(|ip| ip.target())
+                .is_some_and(|t| t.0 != holder);
+            let c = client_via(&t1.host(), t1.cp.ca_der(), t1.cp.admin_client_cert(), shared);
+            moved && matches!(namespaces(&c, &t1.host()).await, Ok((200, n)) if n.contains(&"tenant-t1".to_owned()))
+        })
+        .await;
+        eprintln!(
+            "t1 answered through the FIP again {:.2}s after cp-{dead} was powered off",
+            t0.elapsed().as_secs_f64()
+        );
+        // Every router pod ran with its own service account and the shipped RBAC.
+        common::assert_pod_logs_clean(&hosting, "SNI router serving", 3, sim.api_key());
+    });
+}

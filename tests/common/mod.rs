@@ -295,14 +295,15 @@ pub fn pod_logs(cp: &baton_testbed::ControlPlane) -> Vec<(std::path::PathBuf, St
     out
 }
 
-/// The baton pods' logs (at least `pods` of them, each with the controller's start line) show
-/// the shipped RBAC is enough for their real service account (no `forbidden`), carry no
-/// `secret`, and are plain text (no ANSI colour: a pod's log is not a terminal).
-pub fn assert_pod_logs_clean(cp: &baton_testbed::ControlPlane, pods: usize, secret: &str) {
+/// The baton pods' logs (at least `pods` of them with `start_line`, e.g. the controller's
+/// "baton controller starting") show the shipped RBAC is enough for their real service account
+/// (no `forbidden`), carry no `secret`, and are plain text (no ANSI colour: a pod's log is not
+/// a terminal).
+pub fn assert_pod_logs_clean(cp: &baton_testbed::ControlPlane, start_line: &str, pods: usize, secret: &str) {
     use std::fmt::Write as _;
     let logs: Vec<(std::path::PathBuf, String)> = pod_logs(cp)
         .into_iter()
-        .filter(|(_, text)| text.contains("baton controller starting"))
+        .filter(|(_, text)| text.contains(start_line))
         .collect();
     let mut all = String::new();
     for (p, text) in &logs {
@@ -310,7 +311,7 @@ pub fn assert_pod_logs_clean(cp: &baton_testbed::ControlPlane, pods: usize, secr
     }
     assert!(
         logs.len() >= pods,
-        "{} baton container logs with the start line, expected {pods}:\n{all}",
+        "{} container logs with {start_line:?}, expected {pods}:\n{all}",
         logs.len()
     );
     assert!(!all.contains(secret), "the API key leaked into the pods' logs");

@@ -161,6 +161,13 @@ pub(crate) async fn bridge(hosts: &[IpAddr]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Makes `ip` one more host of a lab with nodes that is no node (an address on the bridge,
+/// reachable from every node): where a second control plane without kubelets, started after
+/// the one with nodes, puts its API server.
+pub async fn add_lab_host(ip: IpAddr) -> anyhow::Result<()> {
+    bridge(&[ip]).await
+}
+
 /// One lab node.
 pub(crate) struct Node {
     /// `cp-<n>`: the simulator's hostname of the server with this address.
@@ -451,7 +458,7 @@ syncFrequency: 5s
                 "--controllers=namespace-controller,garbage-collector-controller,endpointslice-controller,\
                  endpoints-controller,serviceaccount-controller,serviceaccount-token-controller,\
                  root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,\
-                 node-lifecycle-controller",
+                 daemonset-controller,node-lifecycle-controller",
             )
             .arg(format!(
                 "--service-account-private-key-file={}",
