@@ -87,11 +87,14 @@ async fn find_fip(
 ) -> Result<Option<IpAddress>, BootstrapError> {
     let ips = cloud.ips().await.map_err(cloud_err("listing IP addresses"))?;
     if let Some(ip) = ips.iter().find(|ip| is_fip(ip) && pred(ip)) {
-        return Ok(Some(ip.clone()));
+        return Ok(Some(IpAddress::clone(ip)));
     }
     cloud.invalidate_ips();
     let ips = cloud.ips().await.map_err(cloud_err("listing IP addresses"))?;
-    Ok(ips.iter().find(|ip| is_fip(ip) && pred(ip)).cloned())
+    Ok(ips
+        .iter()
+        .find(|ip| is_fip(ip) && pred(ip))
+        .map(|ip| IpAddress::clone(ip)))
 }
 
 /// Finds the FIP an endpoint should use (or reserves it). `recorded` is what the state file

@@ -17,13 +17,14 @@
 //! `loadBalancerIP` is its FIP. Who holds a FIP is read from the cloud (`targeted_to`), never
 //! guessed from Node addresses.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::Cloud;
-use baton_cloud::model::{IpAddress, IpType, Server, ServerId};
+use baton_cloud::model::{IpAddress, IpList, IpType, Server, ServerId, each_ip};
 use baton_core::failover::{Candidate, Decision, Observation, Reason, decide};
 use baton_core::health::Health;
 use futures::FutureExt as _;
@@ -200,7 +201,7 @@ async fn run_on(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cloud_view = CloudView::default();
     // The IP list whose Service FIPs `baton_fips_owned` last counted.
-    let mut counted = std::sync::Weak::<Vec<IpAddress>>::new();
+    let mut counted = std::sync::Weak::<Vec<Arc<IpAddress>>>::new();
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
     // The resourceVersion each finalizer write was last made for (no repeat before the watch
@@ -421,7 +422,7 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// The last IP list read from the cloud, kept for decisions while the cloud cannot be read.
 #[derive(Default)]
 struct CloudView {
-    last: Option<(Arc<Vec<IpAddress>>, Instant)>,
+    last: Option<(IpList, Instant)>,
     failing_since: Option<Instant>,
     reported: bool,
 }
@@ -431,11 +432,11 @@ impl CloudView {
     const REPORT_AFTER: Duration = Duration::from_secs(10);
 
     /// The last list read, if any.
-    fn last_list(&self) -> Option<Arc<Vec<IpAddress>>> {
+    fn last_list(&self) -> Option<IpList> {
         self.last.as_ref().map(|(ips, _)| Arc::clone(ips))
     }
 
-    fn read(&mut self, ips: &Arc<Vec<IpAddress>>, metrics: &Metrics) {
+    fn read(&mut self, ips: &IpList, metrics: &Metrics) {
         if self.failing_since.take().is_some() {
             tracing::info!("the cloud API answers again");
             metrics.cloud_stale(false);
@@ -445,7 +446,7 @@ impl CloudView {
     }
 
     /// The list to go on after a failed read, if there is one.
-    fn stale(&mut self, error: &baton_cloud::CloudError, metrics: &Metrics) -> Option<Arc<Vec<IpAddress>>> {
+    fn stale(&mut self, error: &baton_cloud::CloudError, metrics: &Metrics) -> Option<IpList> {
         if self.failing_since.is_none() {
             tracing::warn!(%error, "the cloud API cannot be read; deciding from the last IP list read");
             metrics.cloud_stale(true);
@@ -461,7 +462,7 @@ impl CloudView {
         metrics: &Metrics,
         services: &[Arc<Service>],
         api_servers: &[SocketAddr],
-    ) -> Option<Arc<Vec<IpAddress>>> {
+    ) -> Option<IpList> {
         let error = match ctx.cloud.ips().await {
             Ok(ips) => {
                 self.read(&ips, metrics);
@@ -511,7 +512,7 @@ impl CloudView {
         if let Some((ips, _)) = self.last.as_mut() {
             let list = Arc::make_mut(ips);
             if let Some(entry) = list.iter_mut().find(|i| i.id == ip.id) {
-                *entry = ip;
+                *entry = Arc::new(ip);
             }
         }
     }
@@ -965,7 +966,7 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
 }
 
 /// The `loadBalancerIP`s of live annotated endpoint Services that are no FIP in `ips`.
-fn unknown_endpoint_ips(services: &[Arc<Service>], ips: &[IpAddress]) -> BTreeSet<IpAddr> {
+fn unknown_endpoint_ips<B: Borrow<IpAddress>>(services: &[Arc<Service>], ips: &[B]) -> BTreeSet<IpAddr> {
     services
         .iter()
         .filter(|s| {
@@ -975,10 +976,7 @@ fn unknown_endpoint_ips(services: &[Arc<Service>], ips: &[IpAddress]) -> BTreeSe
                     .is_some_and(|v| v == "true")
         })
         .filter_map(|s| lb_ip(s))
-        .filter(|ip| {
-            !ips.iter()
-                .any(|f| f.address == *ip && f.ip_type == IpType::FloatingIp)
-        })
+        .filter(|ip| !each_ip(ips).any(|f| f.address == *ip && f.ip_type == IpType::FloatingIp))
         .collect()
 }
 
@@ -1065,9 +1063,9 @@ fn lb_ip(svc: &Service) -> Option<IpAddr> {
 /// add it to live ones whose `loadBalancerIP` is a FIP of the project; on deletion unassign the
 /// FIP unless it is the `fipTag` FIP or another live endpoint Service (the mirror included) uses
 /// it. The FIP itself is never deleted: it belongs to whoever reserved it.
-fn finalizer_plan(
+fn finalizer_plan<B: Borrow<IpAddress>>(
     services: &[Arc<Service>],
-    ips: &[IpAddress],
+    ips: &[B],
     fip_tag: Option<&baton_core::FipTag>,
     mirror_name: &str,
 ) -> Vec<FinalizerStep> {
@@ -1078,10 +1076,7 @@ fn finalizer_plan(
             .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
             .is_some_and(|v| v == "true")
     };
-    let fip_of = |ip: IpAddr| {
-        ips.iter()
-            .find(|f| f.address == ip && f.ip_type == IpType::FloatingIp)
-    };
+    let fip_of = |ip: IpAddr| each_ip(ips).find(|f| f.address == ip && f.ip_type == IpType::FloatingIp);
     let mut out = Vec::new();
     for svc in services {
         let has = svc.finalizers().iter().any(|f| f == ENDPOINT_FINALIZER);
@@ -1132,7 +1127,7 @@ fn finalizer_plan(
 async fn finalize(
     ctx: &Context,
     services: &[Arc<Service>],
-    ips: &[IpAddress],
+    ips: &[Arc<IpAddress>],
     mirror_name: &str,
     done: &mut BTreeMap<String, String>,
 ) {
@@ -1252,8 +1247,8 @@ fn count_owned(
     ctx: &Context,
     metrics: &Metrics,
     endpoints: usize,
-    ips: &Arc<Vec<IpAddress>>,
-    counted: &mut std::sync::Weak<Vec<IpAddress>>,
+    ips: &IpList,
+    counted: &mut std::sync::Weak<Vec<Arc<IpAddress>>>,
 ) {
     metrics.set_fips_owned("control_plane", endpoints);
     let list = Arc::downgrade(ips);
@@ -1267,16 +1262,16 @@ fn count_owned(
     }
 }
 
-fn discover(
+fn discover<B: Borrow<IpAddress>>(
     ctx: &Context,
     services: &[Arc<Service>],
-    ips: &[IpAddress],
+    ips: &[B],
     api_servers: &[SocketAddr],
 ) -> Vec<EndpointRef> {
     let api_port = api_servers.first().map_or(6443, SocketAddr::port);
     let mut out = Vec::new();
     if let Some(tag) = &ctx.config.fip_tag {
-        if let Some(fip) = ips.iter().find(|ip| {
+        if let Some(fip) = each_ip(ips).find(|ip| {
             ip.ip_type == IpType::FloatingIp
                 && tag.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         }) {
@@ -1320,9 +1315,7 @@ fn discover(
             tracing::debug!(service = %svc.name_any(), "control-plane endpoint without a loadBalancerIP");
             continue;
         };
-        let Some(fip) = ips
-            .iter()
-            .find(|ip| ip.address == lb_ip && ip.ip_type == IpType::FloatingIp)
+        let Some(fip) = each_ip(ips).find(|ip| ip.address == lb_ip && ip.ip_type == IpType::FloatingIp)
         else {
             tracing::debug!(service = %svc.name_any(), %lb_ip, "loadBalancerIP is not a FIP of the project");
             continue;
@@ -1520,7 +1513,7 @@ mod tests {
             "nothing read yet: nothing to go on"
         );
 
-        let list = Arc::new(vec![ip("a", Some(1)), ip("b", Some(2))]);
+        let list: IpList = Arc::new(vec![Arc::new(ip("a", Some(1))), Arc::new(ip("b", Some(2)))]);
         view.read(&list, &metrics);
         let stale = view.stale(&error, &metrics).expect("the last list");
         assert_eq!(stale.len(), 2);

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
-use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpList, IpType, Tags, each_ip};
 use baton_cloud::tags::{
     CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
 };
@@ -348,7 +348,7 @@ async fn run(
             // The control-plane addresses the Services show (the mirror's and every endpoint
             // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
             // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
-            let control_plane = control_plane_addresses(None, &[], &all);
+            let control_plane = control_plane_addresses::<IpAddress>(None, &[], &all);
             let extra = svc_ctx.mode().map(ip_annotation);
             let n = all
                 .iter()
@@ -650,7 +650,7 @@ async fn find_ours(
 #[derive(Debug, Default)]
 struct IpIndex {
     /// The list indexed (a `Weak` keeps its allocation, so a new list never has its address).
-    list: std::sync::Weak<Vec<IpAddress>>,
+    list: std::sync::Weak<Vec<Arc<IpAddress>>>,
     /// Positions in the list of the IPs carrying each `service` tag value.
     by_service: std::collections::HashMap<String, Vec<usize>>,
     ids: std::collections::HashSet<String>,
@@ -658,7 +658,7 @@ struct IpIndex {
 
 impl IpIndex {
     /// Indexes `ips` unless it is the list already indexed.
-    fn refresh(&mut self, ips: &Arc<Vec<IpAddress>>) {
+    fn refresh(&mut self, ips: &IpList) {
         let list = Arc::downgrade(ips);
         if self.list.ptr_eq(&list) {
             return;
@@ -677,7 +677,7 @@ impl IpIndex {
     /// The IPs of `ips` (the list indexed) carrying `service_tag`; every IP without a tag given.
     fn with_service_tag<'a>(
         &'a self,
-        ips: &'a [IpAddress],
+        ips: &'a [Arc<IpAddress>],
         service_tag: Option<&str>,
     ) -> Box<dyn Iterator<Item = &'a IpAddress> + 'a> {
         match service_tag {
@@ -686,9 +686,9 @@ impl IpIndex {
                     .get(tag)
                     .into_iter()
                     .flatten()
-                    .filter_map(|&i| ips.get(i)),
+                    .filter_map(|&i| ips.get(i).map(|ip| &**ip)),
             ),
-            None => Box::new(ips.iter()),
+            None => Box::new(each_ip(ips)),
         }
     }
 }
@@ -893,7 +893,7 @@ async fn publish_or_release(
                 source: Box::new(source),
             })?;
             let ip = match ips.iter().find(|ip| ip.id.as_str() == fip.id) {
-                Some(ip) => Some(ip.clone()),
+                Some(ip) => Some(IpAddress::clone(ip)),
                 None => match ctx.base.cloud.ip(&IpId::from(fip.id.as_str())).await {
                     Ok(ip) => Some(ip),
                     Err(e) if e.is_not_found() => None,

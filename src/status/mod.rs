@@ -157,7 +157,9 @@ async fn read_cloud(config: &Config, report: &mut Report) -> (Vec<IpAddress>, Ve
     };
     let read = async {
         let cloud = baton_cloud::CherryClient::new(cloud_config)?;
-        let ips = cloud.ips().await?.as_ref().clone();
+        let ips = baton_cloud::model::each_ip(&cloud.ips().await?)
+            .cloned()
+            .collect();
         let servers = cloud.servers().await?;
         Ok::<_, baton_cloud::CloudError>((ips, servers))
     };

@@ -68,7 +68,9 @@ pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Ar
 
 /// A client with no cache shared with the controller: the simulator's truth.
 pub async fn cloud_ips(sim: &SimHandle) -> Vec<IpAddress> {
-    unlimited_client(sim).ips().await.unwrap().as_ref().clone()
+    baton_cloud::model::each_ip(&unlimited_client(sim).ips().await.unwrap())
+        .cloned()
+        .collect()
 }
 
 /// The FIPs baton made for Services (usage tag).

@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::model::IpAddress;
+use crate::model::{IpAddress, IpList};
 
 #[derive(Debug)]
 struct Entry {
     generation: u64,
     fetched: Instant,
-    ips: Arc<Vec<IpAddress>>,
+    ips: IpList,
 }
 
 /// The cache. `ttl` bounds how old a list may be before a read refetches it.
@@ -48,7 +48,7 @@ impl IpCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn fresh(&self) -> Option<Arc<Vec<IpAddress>>> {
+    fn fresh(&self) -> Option<IpList> {
         let entry = self.lock();
         let e = entry.as_ref()?;
         (e.generation == self.generation.load(Ordering::Acquire) && e.fetched.elapsed() < self.ttl)
@@ -56,7 +56,7 @@ impl IpCache {
     }
 
     /// The cached list, or the result of one (shared) call of `fetch`.
-    pub(crate) async fn get<F, Fut, E>(&self, fetch: F) -> Result<Arc<Vec<IpAddress>>, E>
+    pub(crate) async fn get<F, Fut, E>(&self, fetch: F) -> Result<IpList, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<IpAddress>, E>>,
@@ -69,10 +69,10 @@ impl IpCache {
             return Ok(ips);
         }
         let generation = self.generation.load(Ordering::Acquire);
-        let mut list = fetch().await?;
-        // Decoding grows the list by doubling; it is kept until the next fetch.
-        list.shrink_to_fit();
-        let ips = Arc::new(list);
+        let list = fetch().await?;
+        // Collected at its exact length (decoding grew the list by doubling); kept until the
+        // next fetch.
+        let ips: IpList = Arc::new(list.into_iter().map(Arc::new).collect());
         let mut entry = self.lock();
         if self.generation.load(Ordering::Acquire) == generation {
             *entry = Some(Entry {
@@ -91,8 +91,9 @@ impl IpCache {
     }
 
     /// Records a completed write: patches a current list in place (and keeps it current), and
-    /// makes sure a fetch already under way is not cached.
-    pub(crate) fn apply(&self, change: impl FnOnce(&mut Vec<IpAddress>)) {
+    /// makes sure a fetch already under way is not cached. A list some reader still holds is
+    /// copied first: its `Arc`s, not the IPs.
+    pub(crate) fn apply(&self, change: impl FnOnce(&mut Vec<Arc<IpAddress>>)) {
         let mut entry = self.lock();
         let old = self.generation.fetch_add(1, Ordering::AcqRel);
         if let Some(e) = entry.as_mut().filter(|e| e.generation == old) {
@@ -104,8 +105,8 @@ impl IpCache {
     /// Inserts or replaces one IP.
     pub(crate) fn upsert(&self, ip: &IpAddress) {
         self.apply(|ips| match ips.iter_mut().find(|i| i.id == ip.id) {
-            Some(slot) => *slot = ip.clone(),
-            None => ips.push(ip.clone()),
+            Some(slot) => *slot = Arc::new(ip.clone()),
+            None => ips.push(Arc::new(ip.clone())),
         });
     }
 

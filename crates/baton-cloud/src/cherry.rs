@@ -34,8 +34,8 @@ use crate::error::{CloudError, Object, Op};
 use crate::fence::{Fence, live_deadline};
 use crate::limiter::{Priority, RateGate};
 use crate::model::{
-    ApiErrorBody, CreateIpRequest, IpAddress, IpId, Project, ProjectId, Region, Server, ServerId, Tags,
-    TargetedTo, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
+    ApiErrorBody, CreateIpRequest, IpAddress, IpId, IpList, Project, ProjectId, Region, Server, ServerId,
+    Tags, TargetedTo, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
 };
 
 /// The public API endpoint.
@@ -721,7 +721,7 @@ impl Cloud for CherryClient {
         Ok(updated)
     }
 
-    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError> {
+    async fn ips(&self) -> Result<IpList, CloudError> {
         // The shared list is fetched once for every waiter (coalesced), and a failover may be
         // one of them: fetching it at normal priority would make the failover wait behind all
         // queued normal work (priority inversion). It is fetched rarely (TTL, or after a write

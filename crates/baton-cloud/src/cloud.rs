@@ -1,11 +1,11 @@
 //! The `Cloud` trait: everything baton asks of a cloud. Controllers hold an `Arc<dyn Cloud>`.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 
 use crate::error::CloudError;
-use crate::model::{CreateIpRequest, IpAddress, IpId, IpType, Project, Region, Server, ServerId, Tags};
+use crate::model::{
+    CreateIpRequest, IpAddress, IpId, IpList, IpType, Project, Region, Server, ServerId, Tags,
+};
 
 /// A cloud's API, as baton uses it.
 ///
@@ -30,7 +30,7 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
     async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError>;
 
     /// All IP addresses of the project, from the shared cache (one list call serves everyone).
-    async fn ips(&self) -> Result<Arc<Vec<IpAddress>>, CloudError>;
+    async fn ips(&self) -> Result<IpList, CloudError>;
 
     /// One IP address, read from the API (and refreshed in the cache).
     async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError>;
@@ -61,6 +61,6 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
             .await?
             .iter()
             .find(|ip| ip.ip_type == IpType::FloatingIp && ip.has_tags(tags))
-            .cloned())
+            .map(|ip| IpAddress::clone(ip)))
     }
 }

@@ -327,6 +327,16 @@ pub enum IpType {
     Unknown,
 }
 
+/// The project's IP list as the shared cache hands it out: each IP behind its own `Arc`, so that
+/// recording one write in a list that readers still hold copies pointers, not every IP (with
+/// 10,000 FIPs, copying the IPs on every FIP created was quadratic).
+pub type IpList = std::sync::Arc<Vec<std::sync::Arc<IpAddress>>>;
+
+/// The IPs of a list held either way: an [`IpList`]'s `Arc`s or plain IPs (pure code takes both).
+pub fn each_ip<B: std::borrow::Borrow<IpAddress>>(ips: &[B]) -> impl Iterator<Item = &IpAddress> {
+    ips.iter().map(<B as std::borrow::Borrow<IpAddress>>::borrow)
+}
+
 /// An IP address object (`GET /v1/ips/{id}`). The large optional parts are boxed: a list of a
 /// few thousand of these is kept in memory (the IP cache), and most are FIPs without them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use baton_cloud::model::{IpAddress, IpType};
+use baton_cloud::model::{IpAddress, IpType, each_ip};
 use baton_core::{FipTag, LoadBalancerMode};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt as _;
@@ -186,13 +186,12 @@ pub fn asked_addresses(svc: &ServiceFacts, extra: Option<&str>) -> BTreeSet<IpAd
 /// every Service annotated as a control-plane endpoint. A Service of any name asking for one of
 /// them is never handed to a load balancer (CPEM #258: MetalLB announcing the control-plane FIP,
 /// e.g. through cloud-provider-cherry's leftover mirror Service).
-pub fn control_plane_addresses(
+pub fn control_plane_addresses<B: std::borrow::Borrow<IpAddress>>(
     fip_tag: Option<&FipTag>,
-    ips: &[IpAddress],
+    ips: &[B],
     services: &[ServiceFacts],
 ) -> BTreeSet<IpAddr> {
-    let mut out: BTreeSet<IpAddr> = ips
-        .iter()
+    let mut out: BTreeSet<IpAddr> = each_ip(ips)
         .filter(|ip| ip.ip_type == IpType::FloatingIp)
         .filter(|ip| {
             ip.target().is_some()

@@ -514,15 +514,20 @@ fn cloud_ip(id: &str, tags: Tags) -> IpAddress {
 fn the_ip_index_finds_a_services_fips_by_tag_and_follows_a_new_list() {
     let web = service_fip_tags("apps", "web", "uid-1");
     let db = service_fip_tags("apps", "db", "uid-1");
-    let list = Arc::new(vec![
-        cloud_ip("a", web.clone()),
-        cloud_ip("b", db.clone()),
-        cloud_ip("c", web.clone()),
-        cloud_ip("d", Tags::new()),
-    ]);
+    let list: baton_cloud::model::IpList = Arc::new(
+        [
+            cloud_ip("a", web.clone()),
+            cloud_ip("b", db.clone()),
+            cloud_ip("c", web.clone()),
+            cloud_ip("d", Tags::new()),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect(),
+    );
     let mut index = IpIndex::default();
     index.refresh(&list);
-    let ids = |index: &IpIndex, list: &[IpAddress], tags: &Tags| -> Vec<String> {
+    let ids = |index: &IpIndex, list: &[Arc<IpAddress>], tags: &Tags| -> Vec<String> {
         index
             .with_service_tag(list, tags.get(SERVICE_KEY).map(String::as_str))
             .filter(|ip| is_ours(ip, tags))
@@ -535,7 +540,7 @@ fn the_ip_index_finds_a_services_fips_by_tag_and_follows_a_new_list() {
 
     // A new version of the list (a create patched the cache) is indexed anew.
     let mut next = (*list).clone();
-    next.push(cloud_ip("e", db.clone()));
+    next.push(Arc::new(cloud_ip("e", db.clone())));
     let next = Arc::new(next);
     index.refresh(&next);
     assert_eq!(ids(&index, &next, &db), ["b", "e"]);
