@@ -18,9 +18,9 @@ use baton_cloud::model::ServerId;
 use baton_sim::{Faults, Sim, Topology};
 use baton_testbed::{ControlPlane, Options, lab};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 
 /// The simulator's server ids of cp-0, cp-1, cp-2.
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
@@ -92,24 +92,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
 
         // What the handoff applies: the shipped RBAC and Deployment, and the cloud Secret.
         let admin = cp.client(0).unwrap();
-        let cloud_sa = serde_json::json!({
-            "apiKey": sim.api_key(),
-            "projectID": sim.project_id(),
-            "region": "LT-Siauliai",
-            "fipTag": "cluster=pods-cp",
-            "base-url": sim.base_url().as_str(),
-            "apiRateLimit": 0,
-        });
-        let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
-            "stringData": {"cloud-sa.json": cloud_sa.to_string()},
-        }))
-        .unwrap();
-        common::apply_shipped_manifests(&admin, &["rbac.yaml"]).await;
-        Api::<Secret>::namespaced(admin.clone(), "kube-system")
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
+        common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
         let applied = tokio::time::Instant::now();
         common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
 

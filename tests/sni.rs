@@ -858,7 +858,6 @@ fn bad_flags_exit_2_naming_the_flag_and_the_value() {
 fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() {
     use baton_cloud::Cloud as _;
     use k8s_openapi::api::apps::v1::DaemonSet;
-    use k8s_openapi::api::core::v1::Secret;
     const CP: [u64; 3] = [600_101, 600_102, 600_103];
     lab::run(|| async {
         let mut hosting = ControlPlane::start(Options {
@@ -886,24 +885,7 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
 
         let admin = hosting.client(0).unwrap();
-        let cloud_sa = serde_json::json!({
-            "apiKey": sim.api_key(),
-            "projectID": sim.project_id(),
-            "region": "LT-Siauliai",
-            "fipTag": "cluster=pods-cp",
-            "base-url": sim.base_url().as_str(),
-            "apiRateLimit": 0,
-        });
-        let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
-            "stringData": {"cloud-sa.json": cloud_sa.to_string()},
-        }))
-        .unwrap();
-        common::apply_shipped_manifests(&admin, &["rbac.yaml"]).await;
-        Api::<Secret>::namespaced(admin.clone(), "kube-system")
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
+        common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
         common::apply_shipped_manifests(&admin, &["deployment.yaml", "sni-router.yaml"]).await;
         tenant_service(&hosting, "t1", &t1.host(), &t1.cp.addresses()).await;
 

@@ -157,6 +157,31 @@ where
     }
 }
 
+/// What the handoff applies before the Deployment: the shipped `manifests/rbac.yaml` and the
+/// cloud Secret of `manifests/secret.yaml` (`cherry-cloud-config`) filled in for `sim`, with
+/// `fip_tag` naming the control-plane FIP and no client rate limit.
+pub async fn apply_rbac_and_cloud_secret(client: &kube::Client, sim: &SimHandle, fip_tag: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let cloud_sa = serde_json::json!({
+        "apiKey": sim.api_key(),
+        "projectID": sim.project_id(),
+        "region": "LT-Siauliai",
+        "fipTag": fip_tag,
+        "base-url": sim.base_url().as_str(),
+        "apiRateLimit": 0,
+    });
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
+        "stringData": {"cloud-sa.json": cloud_sa.to_string()},
+    }))
+    .unwrap();
+    apply_shipped_manifests(client, &["rbac.yaml"]).await;
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
 /// Applies `manifests/<file>` for each of `files` (every document, in order) the way the
 /// bootstrap's handoff applies manifests: `baton::bootstrap::steps::apply_manifests`.
 pub async fn apply_shipped_manifests(client: &kube::Client, files: &[&str]) {
