@@ -82,6 +82,31 @@ fn without_labels(mut v: Value) -> Value {
     v
 }
 
+/// The chart's objects and the shipped ones are the same objects (kind, namespace, name) with
+/// the same content, Helm's labels aside and `normalise`d.
+fn assert_same_objects<'a>(
+    chart: impl Iterator<Item = &'a Value>,
+    shipped: impl IntoIterator<Item = Value>,
+    what: &str,
+    normalise: impl Fn(&Value) -> Value,
+) {
+    let mut ours: Vec<(String, Value)> = chart.map(|d| (key(d), without_labels(normalise(d)))).collect();
+    let mut theirs: Vec<(String, Value)> = shipped
+        .into_iter()
+        .map(|d| (key(&d), without_labels(normalise(&d))))
+        .collect();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    theirs.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        ours.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        "the same objects in charts/baton and {what}"
+    );
+    for ((k, chart), (_, man)) in ours.iter().zip(&theirs) {
+        assert_eq!(chart, man, "{k} differs between charts/baton and {what}");
+    }
+}
+
 fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind)
@@ -112,26 +137,16 @@ fn chart_lints_and_renders_what_the_manifests_say() {
         "Role",
         "RoleBinding",
     ];
-    let mut chart_rbac: Vec<(String, Value)> = rendered
-        .iter()
-        .filter(|d| rbac_kinds.contains(&d["kind"].as_str().unwrap_or_default()))
-        .map(|d| (key(d), without_labels(d.clone())))
-        .collect();
-    let mut shipped: Vec<(String, Value)> = manifest("rbac.yaml")
-        .into_iter()
-        .chain(manifest("rbac-metallb.yaml"))
-        .map(|d| (key(&d), without_labels(d)))
-        .collect();
-    chart_rbac.sort_by(|a, b| a.0.cmp(&b.0));
-    shipped.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(
-        chart_rbac.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        shipped.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        "the same RBAC objects"
+    assert_same_objects(
+        rendered
+            .iter()
+            .filter(|d| rbac_kinds.contains(&d["kind"].as_str().unwrap_or_default())),
+        manifest("rbac.yaml")
+            .into_iter()
+            .chain(manifest("rbac-metallb.yaml")),
+        "manifests/rbac*.yaml",
+        Value::clone,
     );
-    for ((k, chart), (_, man)) in chart_rbac.iter().zip(&shipped) {
-        assert_eq!(chart, man, "{k} differs between charts/baton and manifests/");
-    }
 
     // The Deployment: the pod spec equals manifests/deployment.yaml at the default values (the
     // image aside: the manifests name a local build, the chart the release's tag).
@@ -196,38 +211,23 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
     args.extend_from_slice(&["--set", "sniRouter.enabled=true"]);
     let on = helm.template(&args);
     let shipped = manifest("sni-router.yaml");
-    let mut ours: Vec<(String, Value)> = on
-        .iter()
-        .filter(|d| shipped.iter().any(|m| key(m) == key(d)))
-        .map(|d| (key(d), without_labels(d.clone())))
-        .collect();
-    let mut theirs: Vec<(String, Value)> = shipped
-        .into_iter()
-        .map(|d| (key(&d), without_labels(d)))
-        .collect();
-    ours.sort_by(|a, b| a.0.cmp(&b.0));
-    theirs.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(
-        ours.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        theirs.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        "the same objects"
-    );
-    for ((k, chart), (_, man)) in ours.iter().zip(&theirs) {
-        let normalise = |v: &Value| {
-            let mut v = v.clone();
-            if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
-                for c in cs {
-                    c["image"] = json!("<image>");
-                }
+    let keys: Vec<String> = shipped.iter().map(key).collect();
+    // The image aside: the manifests name a local build, the chart the release's tag.
+    let without_image = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
+            for c in cs {
+                c["image"] = json!("<image>");
             }
-            v
-        };
-        assert_eq!(
-            normalise(chart),
-            normalise(man),
-            "{k} differs between charts/baton and manifests/sni-router.yaml"
-        );
-    }
+        }
+        v
+    };
+    assert_same_objects(
+        on.iter().filter(|d| keys.contains(&key(d))),
+        shipped,
+        "manifests/sni-router.yaml",
+        without_image,
+    );
     // A namespace and extra flags reach the command line.
     args.extend_from_slice(&[
         "--set",
