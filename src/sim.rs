@@ -30,9 +30,10 @@ pub struct SimArgs {
     /// CIDR new FIPs are allocated from (overrides the topology's; default 203.0.113.0/24).
     #[arg(long, env = "BATON_SIM_FIP_POOL")]
     pub fip_pool: Option<String>,
-    /// TCP ports forwarded from a targeted FIP to its server, comma-separated (overrides the
-    /// topology's; default 6443). An empty value (`--forward-ports ''`, or the flag alone)
-    /// disables forwarding.
+    /// TCP ports spliced from a targeted FIP to its server, comma-separated (overrides the
+    /// topology's; default none). For labs without nodes only: the server then sees
+    /// connections to its own address, a path no real node has. An empty value
+    /// (`--forward-ports ''`, or the flag alone) disables the splice.
     #[arg(
         long,
         env = "BATON_SIM_FORWARD_PORTS",
@@ -42,6 +43,11 @@ pub struct SimArgs {
         value_parser = parse_ports
     )]
     pub forward_ports: Option<PortList>,
+    /// Route every targeted FIP through this network device, as the cloud does: `<fip>/32 via
+    /// <server primary IP> dev DEV` in the simulator's network namespace (the lab's hub, e.g.
+    /// `baton0`); packets keep the FIP as their destination. Needs iproute2 and CAP_NET_ADMIN.
+    #[arg(long, env = "BATON_SIM_ROUTE_FIPS", value_name = "DEV")]
+    pub route_fips: Option<String>,
     /// Latency added to every API request, in milliseconds.
     #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
     pub latency_ms: u64,
@@ -95,6 +101,7 @@ impl SimArgs {
             api_key,
             fip_pool,
             forward_ports,
+            route_fips,
             latency_ms,
             error_rate,
             error_statuses,
@@ -127,6 +134,7 @@ impl SimArgs {
             api_key,
             fip_pool,
             forward_ports: forward_ports.map(|p| p.0),
+            route_fips,
             faults,
         }
     }

@@ -40,7 +40,7 @@ async fn bed_with(latency_ms: u64, opts: Options) -> Bed {
             latency_ms,
             ..Faults::none()
         },
-        Topology::default(),
+        common::spliced(Topology::default()),
     )
     .await;
     let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;

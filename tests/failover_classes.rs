@@ -45,7 +45,7 @@ async fn bed(latency_ms: u64) -> Bed {
             latency_ms,
             ..Faults::none()
         },
-        Topology::default(),
+        common::spliced(Topology::default()),
     )
     .await;
     let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;

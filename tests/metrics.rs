@@ -75,7 +75,7 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
 
         let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
         let client = cp.client_as(0, ADMIN_TOKEN).unwrap();
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), 600_101).await;
         namespace(&client, "apps").await;
         let services: Api<Service> = Api::namespaced(client.clone(), "apps");

@@ -181,7 +181,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         metallb::install_crds(&admin).await;
         namespace(&admin, MLB).await;
         namespace(&admin, "apps").await;
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         // The Nodes as kubelets and the CCM left them: host name and region labels, provider ID.
         for (i, id) in CP.iter().enumerate() {
             let node: Node = serde_json::from_value(json!({

@@ -29,9 +29,12 @@ fn args_map_to_faults_and_topology() {
         "203.0.113.128/25",
         "--retarget-delay-ms",
         "250",
+        "--route-fips",
+        "baton0",
     ])
     .unwrap();
     let options = cli.sim.into_options();
+    assert_eq!(options.route_fips.as_deref(), Some("baton0"));
     assert_eq!(options.listen.port(), 0);
     assert_eq!(options.faults.rate_limit, None);
     assert!((options.faults.error_rate - 0.3).abs() < f64::EPSILON);

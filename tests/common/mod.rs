@@ -38,6 +38,17 @@ pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, Stri
     env
 }
 
+/// `topology` with the simulator splicing TCP on a targeted FIP's port 6443 to its holder: the
+/// explicit opt-in of tests whose lab has no nodes (one network namespace, every address local),
+/// where no node could accept a routed FIP. Tests with lab nodes route FIPs instead
+/// ([`baton_sim::SimBuilder::route_fips`]).
+pub fn spliced(topology: Topology) -> Topology {
+    Topology {
+        forward_ports: vec![6443],
+        ..topology
+    }
+}
+
 /// A simulator on loopback.
 pub async fn sim(faults: Faults, topology: Topology) -> SimHandle {
     Sim::builder()

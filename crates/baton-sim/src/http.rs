@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::faults::{Faults, RateLimiter};
-use super::forward::Forwarder;
+use super::paths::FipPaths;
 use super::stats::{LogEntry, Recorder, route_template};
 use super::world::{ApiErr, World};
 
@@ -33,7 +33,7 @@ pub(crate) struct Shared {
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) limiter: Mutex<RateLimiter>,
     pub(crate) recorder: Mutex<Recorder>,
-    pub(crate) forwarder: Forwarder,
+    pub(crate) paths: FipPaths,
     pub(crate) state_file: Option<std::path::PathBuf>,
     pub(crate) started: Instant,
     pub(crate) shutdown: CancellationToken,
@@ -44,10 +44,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// After a successful write: forward what is targeted now, persist the state.
+    /// After a successful write: route (or splice) what is targeted now, persist the state.
     fn committed(&self, world: &World) {
         let delay = Duration::from_millis(lock(&self.faults).retarget_delay_ms);
-        self.forwarder.sync(&world.forward_map(), delay);
+        self.paths.sync(&world.forward_map(), delay);
         if let Some(path) = &self.state_file
             && let Err(error) = super::save_state(path, world)
         {

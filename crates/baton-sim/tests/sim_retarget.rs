@@ -87,9 +87,13 @@ async fn expect_reset(conn: &mut TcpStream, what: &str) {
     }
 }
 
+/// A simulator that splices port 6443 of a targeted FIP (this lab has no nodes to route to).
 async fn lab_sim(faults: Faults) -> SimHandle {
     Sim::builder()
-        .topology(Topology::default())
+        .topology(Topology {
+            forward_ports: vec![6443],
+            ..Topology::default()
+        })
         .faults(faults)
         .bind("127.0.0.1:0".parse().unwrap())
         .await

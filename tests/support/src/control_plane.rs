@@ -50,10 +50,17 @@ pub struct Options {
     /// The API servers' `--etcd-prefix` (each control plane has its own etcd as well).
     pub etcd_prefix: String,
     /// Run every server except the bootstrap host (198.51.100.10) as a lab node
-    /// ([`crate::node`]): its own network namespace on the lab bridge, its API server, a
-    /// kubelet with containerd + runc, kube-controller-manager and kube-scheduler. Nodes
-    /// register themselves (cp-0 = 198.51.100.11, …) and are labelled control-plane.
+    /// ([`crate::node`]): its own network namespace on the lab bridge, where its API server and
+    /// kube-proxy run; FIPs are routed, not local (the simulator's `route_fips(node::BRIDGE)`),
+    /// so a node must accept a FIP's packets itself. Implied by `kubelets`.
+    pub nodes: bool,
+    /// Lab nodes ([`Options::nodes`]) that also run a kubelet with containerd + runc, a pod
+    /// network (CNI bridge, one /24 of 10.244.0.0/16 per node, routed by the hub),
+    /// kube-controller-manager and kube-scheduler. Nodes register themselves (cp-0 =
+    /// 198.51.100.11, …) and are labelled control-plane.
     pub kubelets: bool,
+    /// kube-proxy's mode on the lab nodes ([`ProxyMode::None`]: no kube-proxy).
+    pub proxy_mode: ProxyMode,
     /// OCI image archives loaded into every node's runtime (with `kubelets`).
     pub images: Vec<NodeImage>,
 }
@@ -67,8 +74,33 @@ impl Default for Options {
             users: Vec::new(),
             node_addresses: BTreeMap::new(),
             etcd_prefix: "/registry".to_owned(),
+            nodes: false,
             kubelets: false,
+            proxy_mode: ProxyMode::default(),
             images: Vec::new(),
+        }
+    }
+}
+
+/// How kube-proxy runs on the lab nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// `--proxy-mode=iptables` (Debian's iptables, nf_tables backend): the default, as in most
+    /// clusters.
+    #[default]
+    Iptables,
+    /// `--proxy-mode=nftables`.
+    Nftables,
+    /// No kube-proxy (a cluster with a replacement, or none).
+    None,
+}
+
+impl ProxyMode {
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Self::Iptables => Some("iptables"),
+            Self::Nftables => Some("nftables"),
+            Self::None => None,
         }
     }
 }
@@ -81,6 +113,19 @@ impl Options {
             ..Self::default()
         }
     }
+
+    /// Whether the servers run as lab nodes ([`Options::nodes`] or [`Options::kubelets`]).
+    pub fn lab_nodes(&self) -> bool {
+        self.nodes || self.kubelets
+    }
+}
+
+/// The pod network of the lab nodes: node `n` (cp-n) has `10.244.n.0/24`.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+/// The pod CIDR of lab node number `n`.
+pub fn pod_cidr(n: usize) -> String {
+    format!("10.244.{n}.0/24")
 }
 
 /// A running control plane. Dropping it kills every process and removes its files.
@@ -96,8 +141,11 @@ pub struct ControlPlane {
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
     firewall: Firewall,
-    /// Lab nodes (with [`Options::kubelets`]); dropped first.
+    /// Lab nodes (with [`Options::nodes`] or [`Options::kubelets`]); dropped first.
     nodes: Vec<Node>,
+    proxy_mode: ProxyMode,
+    /// The lab nodes run kubelets (pods, the Node authorizer, ServiceAccount admission).
+    kubelets: bool,
 }
 
 struct ApiServer {
@@ -168,7 +216,7 @@ impl ControlPlane {
 
         let (client_port, peer_port) = (free_port()?, free_port()?);
         // With lab nodes, etcd listens on the bridge too, where the nodes' API servers reach it.
-        let etcd_host = if opts.kubelets {
+        let etcd_host = if opts.lab_nodes() {
             node::LAB_HOST.to_string()
         } else {
             "127.0.0.1".to_owned()
@@ -220,6 +268,8 @@ impl ControlPlane {
             kcm: None,
             firewall: Firewall::default(),
             nodes,
+            proxy_mode: opts.proxy_mode,
+            kubelets: opts.kubelets,
             dir,
         };
         for i in 0..cp.apiservers.len() {
@@ -241,8 +291,27 @@ impl ControlPlane {
         }
         if opts.kubelets {
             cp.start_nodes(&opts.images).await?;
+        } else if opts.nodes {
+            cp.start_kube_proxies()?;
         }
         Ok(cp)
+    }
+
+    /// Starts kube-proxy on every lab node (in [`Options::proxy_mode`]), talking to the node's
+    /// own API server.
+    fn start_kube_proxies(&mut self) -> anyhow::Result<()> {
+        let Some(mode) = self.proxy_mode.flag() else {
+            return Ok(());
+        };
+        for i in 0..self.apiservers.len() {
+            let Some(n) = self.apiservers[i].node else {
+                continue;
+            };
+            let name = self.nodes[n].name.clone();
+            let kc = self.write_kubeconfig_named(i, ADMIN_TOKEN, &format!("kube-proxy-{name}"))?;
+            self.nodes[n].start_kube_proxy(&self.bin, &kc, mode)?;
+        }
+        Ok(())
     }
 
     /// Starts each lab node's runtime, kubelet and controllers, waits until every Node is
@@ -269,6 +338,7 @@ impl ControlPlane {
             node.start_kubelet(&bin, &kubelet_kc, &ca)?;
             node.start_controllers(&bin, &admin_kc, self.dir.path())?;
         }
+        self.start_kube_proxies()?;
         let nodes: Api<KubeNode> = Api::all(self.client(self.first_node_apiserver())?);
         let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -319,9 +389,45 @@ impl ControlPlane {
         self.apiservers.iter().position(|a| a.node.is_some()).unwrap_or(0)
     }
 
-    /// The lab node names (`cp-0`, …), in API server order; empty without `kubelets`.
+    /// The lab node names (`cp-0`, …), in API server order; empty without lab nodes.
     pub fn node_names(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// `program` wrapped to run on lab node `name` (in its network and mount namespaces, as a
+    /// host-network pod or a systemd unit of that node would).
+    pub fn node_command(&self, name: &str, program: impl AsRef<Path>) -> anyhow::Result<Command> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no lab node {name}"))?;
+        anyhow::ensure!(!node.dead, "lab node {name} is powered off");
+        Ok(node.command(program.as_ref()))
+    }
+
+    /// Loads the nftables ruleset `rules` (`nft -f` syntax) on lab node `name`.
+    pub async fn node_nft(&self, name: &str, rules: &str) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut child = self
+            .node_command(name, "nft")?
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("running nft (Debian package nftables)")?;
+        let mut stdin = child.stdin.take().context("nft stdin")?;
+        stdin.write_all(rules.as_bytes()).await?;
+        drop(stdin);
+        let out = child.wait_with_output().await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "nft on {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(())
     }
 
     /// The network namespace (`ip netns` name) of lab node `name`.
@@ -631,7 +737,7 @@ impl ControlPlane {
             Some(n) => n.command(&self.bin.join("kube-apiserver")),
             None => Command::new(self.bin.join("kube-apiserver")),
         };
-        let with_nodes = !self.nodes.is_empty();
+        let with_nodes = self.kubelets;
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix={}", self.etcd_prefix),
@@ -740,7 +846,7 @@ impl Drop for ControlPlane {
 /// The lab nodes of `opts` (with `kubelets`: every server but the bootstrap host, named as the
 /// simulator names them), adding each kubelet's token user (for the Node authorizer).
 fn plan_nodes(opts: &mut Options) -> Vec<(IpAddr, String)> {
-    if !opts.kubelets {
+    if !opts.lab_nodes() {
         return Vec::new();
     }
     let nodes: Vec<(IpAddr, String)> = opts
@@ -766,7 +872,7 @@ async fn create_nodes(
     dir: &Path,
 ) -> anyhow::Result<Vec<Node>> {
     let mut nodes = Vec::new();
-    if !opts.kubelets {
+    if !opts.lab_nodes() {
         return Ok(nodes);
     }
     let hosts: Vec<IpAddr> = opts
@@ -778,8 +884,9 @@ async fn create_nodes(
     node::sweep_stale();
     node::bridge(&hosts).await?;
     let lab_id = node::lab_id();
-    for (ip, name) in node_servers {
-        nodes.push(Node::create(&lab_id, name, &node_addrs(*ip, &opts.node_addresses), dir).await?);
+    for (n, (ip, name)) in node_servers.iter().enumerate() {
+        let addrs = node_addrs(*ip, &opts.node_addresses);
+        nodes.push(Node::create(&lab_id, name, &addrs, &pod_cidr(n), dir).await?);
     }
     Ok(nodes)
 }
