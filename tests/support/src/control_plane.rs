@@ -504,6 +504,14 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// etcd's client address.
+    fn etcd_addr(&self) -> anyhow::Result<SocketAddr> {
+        let hostport = self.etcd_url.strip_prefix("http://").context("etcd URL")?;
+        hostport
+            .parse()
+            .with_context(|| format!("etcd address {hostport}"))
+    }
+
     /// A client of API server `i` as the `system:masters` admin.
     pub fn client(&self, i: usize) -> anyhow::Result<kube::Client> {
         self.client_as(i, ADMIN_TOKEN)
@@ -633,11 +641,14 @@ impl ControlPlane {
 
     /// Partitions node `i`'s API server: TCP to and from port 6443 on the node's addresses is
     /// dropped, so nobody reaches it (connects time out), while the node's other ports and its
-    /// outgoing traffic (e.g. its baton replica calling the cloud) still work. Undone by
+    /// outgoing traffic (e.g. its baton replica calling the cloud) still work. On a lab node,
+    /// whose own processes reach its API server without crossing the network, the API server
+    /// also loses etcd, so it serves nobody, the node's own clients included. Undone by
     /// [`heal`](Self::heal).
     pub async fn partition(&mut self, i: usize) -> anyhow::Result<()> {
         if let Some(n) = self.apiservers[i].node {
-            return self.nodes[n].set_partition(Some(APISERVER_PORT)).await;
+            let etcd = self.etcd_addr()?;
+            return self.nodes[n].set_partition(Some((APISERVER_PORT, etcd))).await;
         }
         let addrs = self.apiservers[i].node_addrs.clone();
         self.firewall.set_partition(i, &addrs, Some(APISERVER_PORT)).await

@@ -33,7 +33,7 @@
 //! namespace (API server, kubelet, containerd, shims, containers): a powered-off machine.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -584,14 +584,22 @@ conntrack:
         Ok(())
     }
 
-    /// Drops TCP to port `port` arriving over the node's network (`Some`), or removes that rule.
-    pub(crate) async fn set_partition(&mut self, port: Option<u16>) -> anyhow::Result<()> {
+    /// Partitions the node (`Some`), or removes the partition: TCP to `port` (its API server)
+    /// arriving over the node's network is dropped, and so are etcd's answers (`etcd`, the
+    /// shared etcd's address) — the node's API server is cut off from the cluster, for everyone,
+    /// its own clients included, while the node's other ports and its traffic to anything else
+    /// (the cloud) still work. Drops are in the input hook: lost on the wire, not refused.
+    pub(crate) async fn set_partition(&mut self, port: Option<(u16, SocketAddr)>) -> anyhow::Result<()> {
         let mut script = "table inet baton_lab {}\ndelete table inet baton_lab\n".to_owned();
-        if let Some(port) = port {
+        if let Some((port, etcd)) = port {
+            let family = if etcd.is_ipv4() { "ip" } else { "ip6" };
             let _ = write!(
                 script,
                 "table inet baton_lab {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    \
-                 iifname \"eth0\" tcp dport {port} drop comment \"partition\"\n  }}\n}}\n"
+                 iifname \"eth0\" tcp dport {port} drop comment \"partition\"\n    \
+                 iifname \"eth0\" {family} saddr {} tcp sport {} drop comment \"partition: etcd\"\n  }}\n}}\n",
+                etcd.ip(),
+                etcd.port()
             );
         }
         let mut child = Command::new("nsenter")
