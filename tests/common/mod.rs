@@ -49,6 +49,18 @@ pub fn spliced(topology: Topology) -> Topology {
     }
 }
 
+/// A simulator for a lab with nodes: on the lab host's bridge address (where the nodes reach
+/// it), routing every targeted FIP to its holder as the cloud does.
+pub async fn routed_sim(faults: Faults, topology: Topology) -> SimHandle {
+    Sim::builder()
+        .topology(topology)
+        .faults(faults)
+        .route_fips(baton_testbed::node::BRIDGE)
+        .bind(std::net::SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
+        .await
+        .expect("simulator")
+}
+
 /// A simulator on loopback.
 pub async fn sim(faults: Faults, topology: Topology) -> SimHandle {
     Sim::builder()
