@@ -40,7 +40,7 @@ use super::context::{Handover, object_ref};
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
-use crate::names::CCM_MIRROR_SERVICE;
+use crate::names::{CCM_MIRROR_SERVICE, FIP_HOLDER_ADDRESS_ANNOTATION, FIP_HOLDER_ANNOTATION};
 use crate::probe::{ProbeError, ProbeSettings, Prober};
 
 /// Settings of the endpoint manager.
@@ -89,6 +89,40 @@ struct EndpointState {
     route_checked: bool,
     /// Since when the FIP has been unreachable while its holder answers directly.
     unreachable_since: Option<Instant>,
+    /// The holder annotations being written (off the decision loop), and what they say.
+    holder_write: Option<(Holder, tokio::task::JoinHandle<bool>)>,
+    /// After a failed holder write, when to try again.
+    holder_retry_at: Option<Instant>,
+}
+
+/// Who the cloud routes a FIP to, as the endpoint Service's annotations tell the nodes
+/// ([`FIP_HOLDER_ANNOTATION`], [`FIP_HOLDER_ADDRESS_ANNOTATION`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holder {
+    /// The Node's name, else the server's hostname.
+    name: String,
+    /// The server's primary address.
+    address: IpAddr,
+}
+
+impl Holder {
+    /// The holder of `fip`, if it is routed to a server this loop knows.
+    fn of(fip: &IpAddress, servers: &[Server], nodes: &[Arc<Node>]) -> Option<Self> {
+        let id = fip.target()?;
+        let server = servers.iter().find(|s| s.id == id)?;
+        let address = server.first_ipv4(&IpType::PrimaryIp)?;
+        let name = node_of(nodes, server).map_or_else(|| server.hostname.clone(), |n| n.name_any());
+        Some(Self { name, address })
+    }
+
+    /// What `svc`'s annotations say now.
+    fn annotated(svc: &Service) -> Option<Self> {
+        let a = svc.metadata.annotations.as_ref()?;
+        Some(Self {
+            name: a.get(FIP_HOLDER_ANNOTATION)?.clone(),
+            address: a.get(FIP_HOLDER_ADDRESS_ANNOTATION)?.parse().ok()?,
+        })
+    }
 }
 
 /// How long the FIP must fail while its holder answers directly before that is a reason to act.
@@ -277,7 +311,8 @@ async fn run_on(
         }
         prober.set_targets(&targets)?;
 
-        let candidates = candidates(&probe_addrs, servers, &nodes.state(), &prober);
+        let node_list = nodes.state();
+        let candidates = candidates(&probe_addrs, servers, &node_list, &prober);
 
         let step = Step {
             ctx: &ctx,
@@ -286,6 +321,8 @@ async fn run_on(
             services: &services,
             candidates: &candidates,
             api_servers: &api_servers,
+            servers,
+            nodes: &node_list,
         };
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
@@ -535,6 +572,8 @@ struct Step<'a> {
     services: &'a [Arc<Service>],
     candidates: &'a [(Candidate, SocketAddr)],
     api_servers: &'a [SocketAddr],
+    servers: &'a [Server],
+    nodes: &'a [Arc<Node>],
 }
 
 impl Step<'_> {
@@ -659,7 +698,68 @@ impl Step<'_> {
             }
         }
         self.keep_status(ep, state).await;
+        if moved.is_none() {
+            self.keep_holder(ep, state);
+        }
         Ok(Outcome { moved, again: false })
+    }
+
+    /// Tells the nodes who holds the FIP: the endpoint Service's holder annotations, written
+    /// when they differ from the cloud's `targeted_to` (after a move, on a new term, after an
+    /// edit). Leader only; the write runs beside the decision loop, never in its way.
+    fn keep_holder(&self, ep: &EndpointRef, state: &mut EndpointState) {
+        let ctx = self.ctx;
+        if let Some((_, task)) = &state.holder_write {
+            if !task.is_finished() {
+                return;
+            }
+            if let Some((holder, task)) = state.holder_write.take()
+                && !task.now_or_never().and_then(Result::ok).unwrap_or(false)
+            {
+                tracing::debug!(fip = %ep.fip.address, holder = %holder.name, "writing the FIP holder annotations failed");
+                state.holder_retry_at = Some(Instant::now() + Duration::from_secs(5));
+            }
+        }
+        if !ctx.leader.is_leader() || state.holder_retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let Some(svc) = service_of(self.services, &ep.service) else {
+            return;
+        };
+        let want = Holder::of(&ep.fip, self.servers, self.nodes);
+        if Holder::annotated(&svc) == want {
+            return;
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            FIP_HOLDER_ANNOTATION: want.as_ref().map(|h| h.name.clone()),
+            FIP_HOLDER_ADDRESS_ANNOTATION: want.as_ref().map(|h| h.address.to_string()),
+        }}});
+        let api: kube::Api<Service> = kube::Api::namespaced(ctx.client.clone(), &ep.service.namespace);
+        let name = ep.service.name.clone();
+        let fip = ep.fip.address;
+        let task = tokio::spawn(async move {
+            let pp = kube::api::PatchParams {
+                field_manager: Some(super::FIELD_MANAGER.to_owned()),
+                ..kube::api::PatchParams::default()
+            };
+            match super::kit::timed(
+                format!("annotating the FIP holder on Service {name}"),
+                api.patch(&name, &pp, &kube::api::Patch::Merge(&patch)),
+            )
+            .await
+            {
+                Ok(_) => true,
+                Err(error) => {
+                    tracing::warn!(%error, %fip, "writing the FIP holder annotations failed");
+                    false
+                }
+            }
+        });
+        state.holder_retry_at = None;
+        state.holder_write = Some((want.unwrap_or(Holder {
+            name: String::new(),
+            address: IpAddr::from([0, 0, 0, 0]),
+        }), task));
     }
 
     /// Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change (and
