@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use baton_cloud::Cloud as _;
 use baton_cloud::model::ServerId;
-use baton_sim::{Faults, Sim, Topology};
+use baton_sim::{Faults, Topology};
 use baton_testbed::{ControlPlane, Options, lab};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -81,12 +81,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
             cp.node_names(),
             started.elapsed().as_secs_f64()
         );
-        let sim = Sim::builder()
-            .topology(Topology::default())
-            .faults(Faults::none())
-            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
-            .await
-            .expect("simulator");
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
         let fip_addr = SocketAddr::new(fip.address, 6443);
 
@@ -94,7 +89,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         let admin = cp.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
         let applied = tokio::time::Instant::now();
-        common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
+        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml"]).await;
 
         let pods = common::eventually(Duration::from_secs(120), "two baton pods Ready", || async {
             let p = ready_pods(&admin).await;

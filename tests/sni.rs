@@ -872,21 +872,14 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
             .await
             .unwrap();
         let t1 = tenant("t1", &[21]).await;
-        let topology = baton_sim::Topology {
-            forward_ports: vec![6443, 443],
-            ..baton_sim::Topology::default()
-        };
-        let sim = baton_sim::Sim::builder()
-            .topology(topology)
-            .faults(baton_sim::Faults::none())
-            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
-            .await
-            .expect("simulator");
+        // The FIP is routed to its holder (packets keep the FIP as their destination); the
+        // agent DaemonSet makes every control-plane node accept it, the router listens on 443.
+        let sim = common::routed_sim(baton_sim::Faults::none(), baton_sim::Topology::default()).await;
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
 
         let admin = hosting.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
-        common::apply_shipped_manifests(&admin, &["deployment.yaml", "sni-router.yaml"]).await;
+        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml", "sni-router.yaml"]).await;
         tenant_service(&hosting, "t1", &t1.host(), &t1.cp.addresses()).await;
 
         let shared = SocketAddr::new(fip.address, 443);

@@ -277,6 +277,17 @@ where
 }
 
 /// Whether `https://<addr>/readyz` answers 2xx within 500 ms (certificate verified against `ca`).
+/// Whether baton's mirror Service `kube-system/baton-kubernetes-external` shows an ingress.
+pub async fn mirror_has_ingress(client: &kube::Client) -> bool {
+    Api::<Service>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-kubernetes-external")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status?.load_balancer?.ingress)
+        .is_some_and(|i| !i.is_empty())
+}
+
 pub async fn readyz(ca: &[u8], addr: std::net::SocketAddr) -> bool {
     let client = baton_testbed::http_client(Some(ca)).unwrap();
     matches!(
