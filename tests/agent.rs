@@ -683,3 +683,92 @@ fn no_denials(log: &str) {
     );
     assert!(log.contains("FIP acceptance updated"), "{log}");
 }
+
+/// The shipped DaemonSet (`manifests/agent.yaml`, the image of `scripts/build-image`) on real lab
+/// nodes (kubelets, containerd): a pod on every control-plane node, with the shipped security
+/// context (uid 0, only `NET_ADMIN`, read-only root) and RBAC, watching through its own node's
+/// API server, puts a control-plane endpoint Service's FIP into its node's nftables, and follows
+/// a change of it.
+#[test]
+fn the_shipped_daemonset_accepts_the_fip_on_every_control_plane_node() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    lab::run(|| async {
+        let cp = ControlPlane::start(Options {
+            kubelets: true,
+            images: vec![baton_testbed::baton_image().expect("baton's image (scripts/build-image)")],
+            ..Options::servers(3)
+        })
+        .await
+        .expect("control plane with lab nodes");
+        let admin = cp.client(0).unwrap();
+        common::apply_shipped_manifests(&admin, &["agent.yaml"]).await;
+        create_service(
+            &admin,
+            "default",
+            "api",
+            json!({"annotations": {"baton.dev/control-plane-endpoint": "true"},
+                   "spec": {"loadBalancerIP": "203.0.113.40"}}),
+        )
+        .await;
+        let nodes: Vec<String> = cp
+            .node_names()
+            .iter()
+            .map(|n| format!("/run/netns/{}", cp.node_netns(n).unwrap()))
+            .collect();
+        assert_eq!(nodes.len(), 3);
+        let every_node_has = |fip: &'static str| {
+            let nodes = nodes.clone();
+            move || {
+                let nodes = nodes.clone();
+                async move {
+                    for ns in &nodes {
+                        if nft_fips(Some(ns)).await != Some(BTreeSet::from([fip.to_owned()])) {
+                            return false;
+                        }
+                    }
+                    true
+                }
+            }
+        };
+        common::wait_for(
+            "203.0.113.40 accepted on every node",
+            Duration::from_secs(180),
+            every_node_has("203.0.113.40"),
+        )
+        .await;
+        common::wait_for(
+            "an agent pod Ready on every node",
+            Duration::from_secs(60),
+            || {
+                let api = Api::<DaemonSet>::namespaced(admin.clone(), "kube-system");
+                async move {
+                    api.get_opt("baton-agent")
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|d| d.status)
+                        .is_some_and(|s| s.number_ready == 3)
+                }
+            },
+        )
+        .await;
+
+        Api::<Service>::namespaced(admin.clone(), "default")
+            .patch(
+                "api",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"loadBalancerIP": "203.0.113.41"}})),
+            )
+            .await
+            .unwrap();
+        common::wait_for(
+            "the new FIP on every node",
+            Duration::from_secs(30),
+            every_node_has("203.0.113.41"),
+        )
+        .await;
+        // Every pod ran with its own service account and the shipped RBAC (the agent holds no
+        // secret: the third argument only has to be absent).
+        common::assert_pod_logs_clean(&cp, "baton agent starting", 3, "no-secret-in-the-agent");
+    });
+}
