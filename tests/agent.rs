@@ -83,19 +83,18 @@ async fn router() {
     run(None, "ip", &["link", "add", "br0", "type", "bridge"]).await;
     run(None, "ip", &["link", "set", "br0", "up"]).await;
     run(None, "ip", &["addr", "add", "198.51.100.1/24", "dev", "br0"]).await;
-    run(
-        None,
-        "sysctl",
-        &[
-            "-q",
-            "-w",
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.conf.all.send_redirects=0",
-            "net.ipv4.conf.default.send_redirects=0",
-            "net.ipv4.conf.br0.send_redirects=0",
-        ],
-    )
-    .await;
+    // A router that forwards, and sends no ICMP redirect when a packet leaves on the bridge it
+    // came in on (a node's packet for a FIP routed to another node).
+    sysctl("net/ipv4/ip_forward", "1");
+    for conf in ["all", "default", "br0"] {
+        sysctl(&format!("net/ipv4/conf/{conf}/send_redirects"), "0");
+    }
+}
+
+/// Sets `/proc/sys/<key>` of the calling thread's network namespace.
+fn sysctl(key: &str, value: &str) {
+    std::fs::write(format!("/proc/sys/{key}"), value)
+        .unwrap_or_else(|e| panic!("/proc/sys/{key} = {value}: {e}"));
 }
 
 /// Routes the FIP to `node` (the cloud's `targeted_to`), destination kept.
@@ -157,7 +156,10 @@ impl NodeNs {
         run(ns, "ip", &["link", "set", "eth0", "up"]).await;
         run(ns, "ip", &["addr", "add", &format!("{ip}/24"), "dev", "eth0"]).await;
         run(ns, "ip", &["route", "add", "default", "via", "198.51.100.1"]).await;
-        run(ns, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=0"]).await;
+        // A node, not a router: what is not addressed to it is dropped.
+        in_netns(&netns, || async { sysctl("net/ipv4/ip_forward", "0") })
+            .await
+            .unwrap();
         Self {
             name,
             ip,
