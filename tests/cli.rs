@@ -28,6 +28,7 @@ fn help_lists_every_subcommand() {
         "controller",
         "dns",
         "sni",
+        "agent",
         "sim",
         "config",
         "version",
@@ -106,6 +107,23 @@ fn bootstrap_without_a_config_file_is_a_usage_error() {
     let out = baton().arg("bootstrap").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
+}
+
+#[test]
+fn agent_with_a_bad_fip_exits_2_naming_the_flag_and_value() {
+    for (args, want) in [
+        (
+            &["agent", "--no-kube", "--fip", "127.0.0.1"][..],
+            "--fip 127.0.0.1: cannot be a Floating IP (loopback)",
+        ),
+        (&["agent", "--no-kube"][..], "--no-kube"),
+        (&["agent", "--fip", "api.example.com"][..], "api.example.com"),
+    ] {
+        let out = baton().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
 }
 
 #[test]
