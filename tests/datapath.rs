@@ -27,7 +27,9 @@ use tokio::process::Child;
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
 
 fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> tokio::process::Command {
-    let mut cmd = cp.node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton")).unwrap();
+    let mut cmd = cp
+        .node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
+        .unwrap();
     cmd.args(args)
         .env("BATON_LOG", "info,baton=debug")
         .stdout(Stdio::null())
@@ -68,7 +70,13 @@ fn agent(cp: &ControlPlane, i: usize, logs: &Path) -> Child {
     on_node(
         cp,
         i,
-        &["agent", "--kubeconfig", kubeconfig.to_str().unwrap(), "--health-listen", "off"],
+        &[
+            "agent",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--health-listen",
+            "off",
+        ],
         &logs.join(format!("agent-{i}.log")),
     )
     .spawn()
@@ -82,7 +90,10 @@ async fn readyz_from_node(cp: &ControlPlane, name: &str, fip: SocketAddr) -> boo
         .unwrap()
         .args(["-s", "-m", "1", "--cacert"])
         .arg(cp.dir().join("ca.crt"))
-        .args(["--resolve", &format!("kubernetes.default.svc:{}:{}", fip.port(), fip.ip())])
+        .args([
+            "--resolve",
+            &format!("kubernetes.default.svc:{}:{}", fip.port(), fip.ip()),
+        ])
         .arg(format!("https://kubernetes.default.svc:{}/readyz", fip.port()))
         .output()
         .await
@@ -140,9 +151,11 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         }
 
         let _agents: Vec<Child> = (0..n).map(|i| agent(&cp, i, logs.path())).collect();
-        common::wait_for("the FIP answers /readyz from the lab host", Duration::from_secs(60), || {
-            common::readyz(&ca, fip_addr)
-        })
+        common::wait_for(
+            "the FIP answers /readyz from the lab host",
+            Duration::from_secs(60),
+            || common::readyz(&ca, fip_addr),
+        )
         .await;
         // The mirror Service tells the nodes who holds the FIP (the agent delivers the holder's
         // own packets for it locally).
@@ -155,9 +168,11 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         // From every node too: a node's own packets to the FIP leave it and come back routed;
         // the holder's own are delivered on the holder.
         for name in cp.node_names() {
-            common::wait_for(&format!("the FIP answers from {name}"), Duration::from_secs(10), || {
-                readyz_from_node(&cp, &name, fip_addr)
-            })
+            common::wait_for(
+                &format!("the FIP answers from {name}"),
+                Duration::from_secs(10),
+                || readyz_from_node(&cp, &name, fip_addr),
+            )
             .await;
         }
 
@@ -165,9 +180,13 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         let victim = holder(&sim, &fip).expect("the FIP is routed");
         let t0 = tokio::time::Instant::now();
         cp.kill_apiserver(victim).await;
-        common::wait_for("the FIP answers from another node", Duration::from_secs(30), || async {
-            holder(&sim, &fip).is_some_and(|h| h != victim) && common::readyz(&ca, fip_addr).await
-        })
+        common::wait_for(
+            "the FIP answers from another node",
+            Duration::from_secs(30),
+            || async {
+                holder(&sim, &fip).is_some_and(|h| h != victim) && common::readyz(&ca, fip_addr).await
+            },
+        )
         .await;
         let new_holder = holder(&sim, &fip).unwrap();
         eprintln!(
@@ -176,15 +195,21 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         );
         // The annotations follow the move (written through a surviving API server).
         let survivor = cp.client(new_holder).unwrap();
-        common::wait_for("the holder annotations after the move", Duration::from_secs(10), || async {
-            holder_annotations(&survivor).await
-                == Some((format!("cp-{new_holder}"), cp.addresses()[new_holder].to_string()))
-        })
+        common::wait_for(
+            "the holder annotations after the move",
+            Duration::from_secs(10),
+            || async {
+                holder_annotations(&survivor).await
+                    == Some((format!("cp-{new_holder}"), cp.addresses()[new_holder].to_string()))
+            },
+        )
         .await;
         let holder_name = format!("cp-{new_holder}");
-        common::wait_for("the new holder reaches its own FIP", Duration::from_secs(10), || {
-            readyz_from_node(&cp, &holder_name, fip_addr)
-        })
+        common::wait_for(
+            "the new holder reaches its own FIP",
+            Duration::from_secs(10),
+            || readyz_from_node(&cp, &holder_name, fip_addr),
+        )
         .await;
     });
 }

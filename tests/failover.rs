@@ -88,7 +88,6 @@ async fn holder(bed: &Bed) -> Option<u64> {
     bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
 }
 
-
 #[test]
 fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
     lab::run(|| async {

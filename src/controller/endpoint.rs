@@ -756,10 +756,13 @@ impl Step<'_> {
             }
         });
         state.holder_retry_at = None;
-        state.holder_write = Some((want.unwrap_or(Holder {
-            name: String::new(),
-            address: IpAddr::from([0, 0, 0, 0]),
-        }), task));
+        state.holder_write = Some((
+            want.unwrap_or(Holder {
+                name: String::new(),
+                address: IpAddr::from([0, 0, 0, 0]),
+            }),
+            task,
+        ));
     }
 
     /// Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change (and
@@ -1448,6 +1451,71 @@ mod tests {
             "tags": tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_holder_is_the_node_of_the_targeted_server_else_its_hostname() {
+        let server: Server = serde_json::from_value(serde_json::json!({
+            "id": 600_102, "hostname": "cp-1",
+            "ip_addresses": [
+                {"id": "p", "address": "192.0.2.12", "type": "private-ip"},
+                {"id": "q", "address": "198.51.100.12", "type": "primary-ip"},
+            ],
+        }))
+        .unwrap();
+        let fip = fip_at("203.0.113.5", Some(600_102), &[]);
+        let want = Holder {
+            name: "cp-1".into(),
+            address: "198.51.100.12".parse().unwrap(),
+        };
+        // No Node yet: the server's hostname.
+        assert_eq!(
+            Holder::of(&fip, std::slice::from_ref(&server), &[]),
+            Some(want.clone())
+        );
+        // A Node with the server's provider ID, whatever its name.
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-b"}, "spec": {"providerID": "cherryservers://600102"},
+        }))
+        .unwrap();
+        assert_eq!(
+            Holder::of(&fip, std::slice::from_ref(&server), &[Arc::new(node)]).map(|h| h.name),
+            Some("node-b".to_owned())
+        );
+        // Unassigned, or routed to a server this loop does not know: no holder.
+        assert_eq!(
+            Holder::of(
+                &fip_at("203.0.113.5", None, &[]),
+                std::slice::from_ref(&server),
+                &[]
+            ),
+            None
+        );
+        assert_eq!(
+            Holder::of(
+                &fip_at("203.0.113.5", Some(9), &[]),
+                std::slice::from_ref(&server),
+                &[]
+            ),
+            None
+        );
+        // What a Service's annotations say, and garbage in them.
+        let mut svc = Service::default();
+        assert_eq!(Holder::annotated(&svc), None);
+        svc.metadata.annotations = Some(BTreeMap::from([
+            (FIP_HOLDER_ANNOTATION.to_owned(), "cp-1".to_owned()),
+            (
+                FIP_HOLDER_ADDRESS_ANNOTATION.to_owned(),
+                "198.51.100.12".to_owned(),
+            ),
+        ]));
+        assert_eq!(Holder::annotated(&svc), Some(want));
+        svc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(FIP_HOLDER_ADDRESS_ANNOTATION.to_owned(), "not-an-ip".to_owned());
+        assert_eq!(Holder::annotated(&svc), None, "rewritten when garbled");
     }
 
     fn endpoint_svc(
