@@ -20,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 
-/// The configuration environment for a controller talking to `sim`.
+/// The configuration environment for a controller talking to `sim`. FIPs no longer wanted are
+/// released at once (`BATON_FIP_RELEASE_GRACE_PERIOD=0`, as the benchmarks run): the tests of the
+/// grace period set their own.
 pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = [
         ("CHERRY_API_KEY", sim.api_key().to_owned()),
@@ -28,6 +30,7 @@ pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, Stri
         ("CHERRY_BASE_URL", sim.base_url().to_string()),
         ("CHERRY_LOAD_BALANCER", "metallb:///".to_owned()),
         ("BATON_API_RATE_LIMIT", "0".to_owned()),
+        ("BATON_FIP_RELEASE_GRACE_PERIOD", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
