@@ -574,8 +574,8 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         let mut pods = Vec::new();
         for i in 0..2 {
             let sa_kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
-            // Each pod is on its node's host network: the admin port is off here, as three
-            // processes share one lab address space.
+            // Each pod is on its node's host network: the admin and metrics ports are off
+            // here, as three processes share one lab address space.
             pods.push(
                 common::pod::start(
                     std::path::Path::new(env!("CARGO_BIN_EXE_baton")),
@@ -584,7 +584,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                     "baton",
                     &format!("baton-{i}"),
                     &sa_kubeconfig,
-                    &[("BATON_ADMIN_LISTEN", "off")],
+                    &[("BATON_ADMIN_LISTEN", "off"), ("BATON_METRICS_LISTEN", "off")],
                 )
                 .await,
             );
