@@ -17,10 +17,12 @@
 //! this crate wires them to the command line (`sim`, `dns`).
 //!
 //! Both halves use the same tools, from modules below them: `probe` (the one `/readyz` prober),
+//! `admin` (the admin endpoints: loopback plain HTTP, authenticated HTTPS metrics),
 //! `kube` (kubeconfig loader, cluster CA and TLS, the failover client), `names` (what both write
 //! on Kubernetes objects), `exit` (exit codes), `signal` (the one SIGTERM/SIGINT handler) and
 //! `error` (the top-level error). No module imports from one above it.
 
+pub mod admin;
 pub mod agent;
 pub mod bootstrap;
 pub mod cli;

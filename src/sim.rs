@@ -62,6 +62,10 @@ pub struct SimArgs {
         default_value = "502,503,504"
     )]
     pub error_statuses: Vec<u16>,
+    /// Routes injected errors are limited to (`METHOD /v1/path/{id}`, comma-separated, e.g.
+    /// `GET /v1/servers/{id}`); none: every API request.
+    #[arg(long, env = "BATON_SIM_ERROR_ROUTES", value_delimiter = ',')]
+    pub error_routes: Vec<String>,
     /// Fraction of injected errors with an HTML (non-JSON) body.
     #[arg(long, env = "BATON_SIM_NON_JSON_RATIO", default_value_t = 0.5)]
     pub non_json_ratio: f64,
@@ -105,6 +109,7 @@ impl SimArgs {
             latency_ms,
             error_rate,
             error_statuses,
+            error_routes,
             non_json_ratio,
             lost_response_ratio,
             rate_limit,
@@ -118,6 +123,7 @@ impl SimArgs {
             latency_ms,
             error_rate,
             error_statuses,
+            error_routes,
             non_json_ratio,
             lost_response_ratio,
             rate_limit: (rate_limit > 0.0).then_some(rate_limit),

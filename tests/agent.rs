@@ -363,8 +363,8 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
 
         // Every control-plane node runs the agent with every control-plane FIP.
         let fip = fip().to_string();
-        let health_a = SocketAddr::new(a.ip, 9592);
-        let health_b = SocketAddr::new(b.ip, 9592);
+        let health_a = SocketAddr::new(a.ip, 9594);
+        let health_b = SocketAddr::new(b.ip, 9594);
         let mut agent_a = Some(a.agent(
             dir.path(),
             &[
@@ -534,11 +534,11 @@ async fn table_is(want: &[&str]) {
     }
 }
 
-/// `GET http://127.0.0.1:9592/<path>`'s status.
+/// `GET http://127.0.0.1:9594/<path>`'s status.
 async fn status_of(path: &str) -> Option<u16> {
     let client = baton_testbed::http_client(None).unwrap();
     client
-        .get(format!("http://127.0.0.1:9592/{path}"))
+        .get(format!("http://127.0.0.1:9594/{path}"))
         .timeout(Duration::from_millis(500))
         .send()
         .await

@@ -561,9 +561,21 @@ fn with_shipped_manifests(s: &Scenario, sim: &SimHandle) {
         ),
     )
     .unwrap();
+    // The API Services live in the scenario's namespace: baton writes their endpoints there, by
+    // the RoleBinding manifests/rbac.yaml says to add for such a namespace.
+    std::fs::write(
+        s.dir.path().join("rbac-endpoints.yaml"),
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: baton-endpoints, namespace: {ns}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: baton-endpoints}}\n\
+             subjects: [{{kind: ServiceAccount, name: baton, namespace: kube-system}}]\n",
+            ns = s.namespace
+        ),
+    )
+    .unwrap();
     let config = std::fs::read_to_string(s.config()).unwrap().replace(
         "handoff: {manifests: [handoff.yaml]}",
-        "handoff: {manifests: [handoff.yaml, rbac.yaml, secret.yaml, agent.yaml, deployment.yaml]}",
+        "handoff: {manifests: [handoff.yaml, rbac.yaml, rbac-endpoints.yaml, secret.yaml, agent.yaml, deployment.yaml]}",
     );
     std::fs::write(s.config(), config).unwrap();
 }

@@ -133,9 +133,15 @@ fn chart_lints_and_renders_what_the_manifests_say() {
     lint.extend_from_slice(&set);
     helm.ok(&lint);
 
-    // RBAC: the same objects and rules as manifests/rbac.yaml (+ rbac-metallb.yaml on demand).
+    // RBAC: the same objects and rules as manifests/rbac.yaml (+ rbac-metallb.yaml and
+    // rbac-node-lifecycle.yaml on demand).
     let mut args = set.to_vec();
-    args.extend_from_slice(&["--set", "metallb.rbac=true"]);
+    args.extend_from_slice(&[
+        "--set",
+        "metallb.rbac=true",
+        "--set",
+        "nodeLifecycle.deleteNodes=true",
+    ]);
     let rendered = helm.template(&args);
     let rbac_kinds = [
         "ServiceAccount",
@@ -153,10 +159,28 @@ fn chart_lints_and_renders_what_the_manifests_say() {
             .filter(|d| !agents.contains(&key(d))),
         manifest("rbac.yaml")
             .into_iter()
-            .chain(manifest("rbac-metallb.yaml")),
+            .chain(manifest("rbac-metallb.yaml"))
+            .chain(manifest("rbac-node-lifecycle.yaml")),
         "manifests/rbac*.yaml",
         Value::clone,
     );
+    // By default no delete on Nodes (they are not baton's); endpoints are granted per namespace.
+    let plain = helm.template(&set);
+    assert!(
+        !plain
+            .iter()
+            .any(|d| d["metadata"]["name"] == "baton-node-lifecycle"),
+        "Node deletion is an opt-in"
+    );
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "rbac.endpointNamespaces={openshift-kube-apiserver}"]);
+    let bindings: Vec<String> = helm
+        .template(&args)
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == "baton-endpoints")
+        .map(|d| d["metadata"]["namespace"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(bindings, ["kube-system", "openshift-kube-apiserver"]);
 
     // The Deployment: the pod spec equals manifests/deployment.yaml at the default values (the
     // image aside: the manifests name a local build, the chart the release's tag).
@@ -405,11 +429,20 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
         .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "baton-leader")
         .unwrap();
     assert_eq!(role["rules"][1]["resourceNames"], json!(["edge-controller"]));
-    assert_eq!(find(&docs, "Service")["spec"]["ports"][0]["targetPort"], "admin");
+    // Prometheus scrapes the authenticated HTTPS port with its token, never the loopback one.
     assert_eq!(
-        find(&docs, "ServiceMonitor")["spec"]["endpoints"][0]["path"],
-        "/metrics"
+        find(&docs, "Service")["spec"]["ports"][0],
+        json!({"name": "metrics", "port": 9592, "targetPort": "metrics", "protocol": "TCP"})
     );
+    let endpoint = &find(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let probe = &c["livenessProbe"]["httpGet"];
+    assert_eq!(probe["host"], "127.0.0.1", "probes on the loopback: {probe}");
 
     // Bad input: a clear error naming the value to set; an existing Secret needs no key.
     let out = helm.run(&["template", "baton", "charts/baton"]);

@@ -140,6 +140,36 @@ fn controller_without_credentials_exits_2_naming_the_setting() {
     );
 }
 
+/// `--api-key` would show the key to every local user (`ps`): every subcommand that reads the
+/// cloud settings refuses it with exit 2, naming the variable and the file key to use instead,
+/// and never echoes the key.
+#[test]
+fn the_api_key_flag_is_refused_naming_where_to_put_it() {
+    const KEY: &str = "cli-test-api-key-4f1d";
+    for args in [
+        &["controller", "--admin-listen", "off", "--api-key", KEY][..],
+        &["status", "--api-key", KEY],
+        &["config", "show", "--api-key", KEY],
+    ] {
+        let out = baton().args(args).env_remove("CHERRY_API_KEY").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for part in ["--api-key", "CHERRY_API_KEY", "apiKey", "--cloud-config"] {
+            assert!(stderr.contains(part), "{args:?}: {part:?} in {stderr}");
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stderr.contains(KEY) && !stdout.contains(KEY),
+            "{args:?}: the key echoed"
+        );
+    }
+    let help = baton().args(["controller", "--help"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&help.stdout).contains("--api-key"),
+        "a refused flag is not offered"
+    );
+}
+
 #[test]
 fn version_prints_the_package_version() {
     let out = baton().arg("version").output().unwrap();

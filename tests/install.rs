@@ -301,6 +301,7 @@ async fn start_pods(cp: &ControlPlane, sim: &SimHandle, servers: &[usize]) -> Ve
                     ("CHERRY_BASE_URL", sim.base_url().as_str()),
                     // Host network, many pods in one lab address space.
                     ("BATON_ADMIN_LISTEN", "off"),
+                    ("BATON_METRICS_LISTEN", "off"),
                 ],
             )
             .await,

@@ -853,7 +853,8 @@ fn bad_flags_exit_2_naming_the_flag_and_the_value() {
 /// the router pods watch the tenant Service with their own service account and the shipped
 /// RBAC, a tenant's client reaches its API server through the hosting cluster's control-plane
 /// FIP on port 443 with its own certificate; the node holding the FIP is powered off, the
-/// controller pods move the FIP, and the router on the new holder serves the tenant.
+/// controller pods move the FIP, and the router on the new holder serves the tenant. The
+/// router's admin endpoints are secured as the controller's are.
 #[test]
 fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() {
     use baton_cloud::Cloud as _;
@@ -909,6 +910,15 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
             "router pods Ready on 3 nodes, t1 through the FIP, {:.1}s after the manifests",
             started.elapsed().as_secs_f64()
         );
+        // Secured by default, seen from a lab host: the router's plain admin port (its metrics
+        // name every tenant) on each node's loopback only; its metrics over HTTPS for
+        // Prometheus's service account alone.
+        let prometheus = common::metrics_scraper(&admin, "default", "prometheus", true).await;
+        let nosy = common::metrics_scraper(&admin, "default", "nosy", false).await;
+        for ip in hosting.addresses() {
+            common::assert_admin_endpoints_secured(ip, (9591, 9593), (&prometheus, &nosy), "baton_sni_hosts")
+                .await;
+        }
 
         // The node holding the FIP is powered off.
         let holder = cloud.ip(&fip.id).await.unwrap().target().unwrap().0;

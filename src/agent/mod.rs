@@ -69,7 +69,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "BATON_AGENT_HEALTH_LISTEN",
-        default_value = "127.0.0.1:9592",
+        default_value = "127.0.0.1:9594",
         value_name = "ADDR|off"
     )]
     pub health_listen: String,

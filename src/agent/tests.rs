@@ -22,7 +22,7 @@ fn defaults() {
     let s = settings(&[]).unwrap();
     assert!(s.fips.is_empty());
     assert_eq!(s.mirror.as_deref(), Some("baton-kubernetes-external"));
-    assert_eq!(s.health_listen, Some("127.0.0.1:9592".parse().unwrap()));
+    assert_eq!(s.health_listen, Some("127.0.0.1:9594".parse().unwrap()));
     assert_eq!(s.recheck, Duration::from_secs(10));
     assert!(!s.cleanup);
 }

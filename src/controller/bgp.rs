@@ -46,7 +46,7 @@ use tracing::{debug, info, warn};
 use super::context::object_ref;
 use super::kit::{KubeCallError, NotLeader, timed};
 use super::service::{
-    Scope, ServiceFacts, budget, control_plane_addresses, facts_of, ip_annotation, requested_ip,
+    Record, Scope, ServiceFacts, budget, control_plane_addresses, facts_of, ip_annotation, requested_ip,
     scope_excluding,
 };
 use super::watches::{Cache, Watches, any_changed};
@@ -117,6 +117,8 @@ struct Bgp {
     cache: HashMap<String, Cached>,
     /// Warnings already published (Event + log), so a steady problem is reported once.
     reported: HashSet<String>,
+    /// Service addresses the cached IP list did not show, already looked for in a fresh list.
+    rechecked: HashSet<IpAddr>,
 }
 
 /// The BGP controller on the shared Node and Service watches, running until `shutdown`
@@ -151,6 +153,7 @@ async fn run(
         local_asn: None,
         cache: HashMap::new(),
         reported: HashSet::new(),
+        rechecked: HashSet::new(),
     };
     let work = async move {
         if bgp.nodes.wait_until_ready().await.is_err() || bgp.services.wait_until_ready().await.is_err() {
@@ -382,9 +385,10 @@ impl Bgp {
         Ok(Some(bgp))
     }
 
-    /// The Services MetalLB announces: managed, not being deleted, within the prefix budget,
-    /// with an IP (baton's FIP or the user's own). Each Service's facts are read once.
-    fn lb_services(&self, control_plane: &BTreeSet<IpAddr>) -> Vec<LbService> {
+    /// The Services MetalLB may announce: managed, not being deleted, within the prefix budget,
+    /// with an IP (baton's FIP or the user's own). A Service whose IP annotation cannot be
+    /// parsed keeps baton's recorded FIP. Each Service's facts are read once.
+    fn lb_candidates(&self, control_plane: &BTreeSet<IpAddr>) -> Vec<LbService> {
         let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let mirror_name = mirror::service_name(&self.ctx.config.prefix);
         let admission = budget::admitted(
@@ -406,7 +410,11 @@ impl Bgp {
                 ) == Scope::Managed
             })
             .filter_map(|f| {
-                let ip = requested_ip(&f, &self.mode).ok()??;
+                let ip = match requested_ip(&f, &self.mode) {
+                    Ok(ip) => ip?,
+                    // A typo: the Service keeps its FIP (the Service controller warns).
+                    Err(_) => Record::read(&f)?.address?,
+                };
                 Some(LbService {
                     namespace: f.namespace,
                     name: f.name,
@@ -416,6 +424,56 @@ impl Bgp {
             .collect();
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
+    }
+
+    /// The Services MetalLB announces: [`Self::lb_candidates`] whose address the project holds
+    /// (a user's address outside the project is never announced). An address the cached IP list
+    /// does not show is looked for in a fresh list once (a FIP the user reserved a moment ago);
+    /// still missing, it is left out with a Warning Event on its Service (once).
+    async fn lb_services(
+        &mut self,
+        control_plane: &BTreeSet<IpAddr>,
+        ips: baton_cloud::model::IpList,
+    ) -> Result<Vec<LbService>, BgpError> {
+        let candidates = self.lb_candidates(control_plane);
+        let mut ips = ips;
+        let unheld: Vec<IpAddr> = candidates
+            .iter()
+            .filter(|s| !project_holds(s.ip, &ips))
+            .map(|s| s.ip)
+            .collect();
+        if unheld.iter().any(|ip| !self.rechecked.contains(ip)) {
+            self.rechecked.extend(unheld);
+            self.ctx.cloud.invalidate_ips();
+            ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
+                step: "listing Floating IPs".into(),
+                source: Box::new(source),
+            })?;
+        }
+        let (held, foreign): (Vec<LbService>, Vec<LbService>) =
+            candidates.into_iter().partition(|s| project_holds(s.ip, &ips));
+        for svc in foreign {
+            let key = format!("foreign/{}/{}/{}", svc.namespace, svc.name, svc.ip);
+            if !self.reported.insert(key) {
+                continue;
+            }
+            warn!(service = %format!("{}/{}", svc.namespace, svc.name), ip = %svc.ip, "an address the project does not hold is not announced");
+            let reference = object_ref("v1", "Service", Some(&svc.namespace), &svc.name);
+            self.ctx
+                .event_on(
+                    &reference,
+                    None,
+                    EventType::Warning,
+                    "AddressNotInProject",
+                    "HandOffToLoadBalancer",
+                    format!(
+                        "{} is not a Floating IP or subnet of the Cherry Servers project: it is not put into a MetalLB pool (announcing it by BGP would announce someone else's address)",
+                        svc.ip
+                    ),
+                )
+                .await;
+        }
+        Ok(held)
     }
 
     /// Every IPAddressPool, BGPAdvertisement and BGPPeer in MetalLB's namespace.
@@ -465,7 +523,7 @@ impl Bgp {
         })?;
         let all: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let control_plane = control_plane_addresses(self.ctx.config.fip_tag.as_ref(), &ips, &all);
-        let services = self.lb_services(&control_plane);
+        let services = self.lb_services(&control_plane, ips).await?;
         let desired = desired_metallb_objects(
             &services,
             nodes,

@@ -10,8 +10,16 @@
 //!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
 //!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
 //!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
-//!                   Cleanup: DELETE every FIP carrying the Service's three tags, then the finalizer goes
+//!                   Cleanup: every FIP carrying the Service's three tags is held (grace), then the finalizer goes
+//!  release_held: a held FIP whose grace period is over and that is still unwanted ──► DELETE
 //! ```
+//!
+//! Nothing irreversible on one signal ([`grace`]): a FIP no longer wanted (its Service deleted,
+//! no longer a managed LoadBalancer, asking for another address, or gone without a cleanup) is
+//! held for `fipReleaseGracePeriod` (default 10 minutes; the Service's
+//! `baton.dev/fip-release-grace-period` wins, `0` releases at once) and released only if it is
+//! still unwanted then: a Service deleted and re-created meanwhile finds it by its tags and keeps
+//! its address. An IP annotation baton cannot parse is a Warning Event; the FIP stays.
 //!
 //! Crash safety: the finalizer is in place before any FIP is reserved; a FIP is found again by
 //! its three tags (`usage`, `service`, `cluster`) whatever baton recorded, so a kill between the
@@ -28,8 +36,10 @@
 //! [`RESYNC`] reads the cached list only.
 
 pub mod budget;
+pub mod grace;
 mod plan;
 
+pub use grace::GRACE_ANNOTATION;
 pub use plan::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,6 +53,7 @@ use baton_cloud::tags::{
     CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
 };
 use baton_core::LoadBalancerMode;
+use baton_core::duration::format_duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
@@ -195,6 +206,10 @@ pub struct ServiceContext {
     index: std::sync::Mutex<IpIndex>,
     /// Services whose reconcile was skipped while this replica did not lead.
     skipped: Arc<Skipped<Service>>,
+    /// FIPs no longer wanted, kept for their grace period ([`grace`]).
+    holds: std::sync::Mutex<grace::Holds>,
+    /// Wakes the release loop when a hold starts.
+    held: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -220,6 +235,34 @@ impl ServiceContext {
             skipped: Arc::new(Skipped::new(store.store())),
             store,
             index: std::sync::Mutex::new(IpIndex::default()),
+            holds: std::sync::Mutex::new(grace::Holds::default()),
+            held: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, grace::Holds> {
+        self.holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The grace period of `svc`'s FIP: its annotation, else the setting. An annotation that is
+    /// not a duration gets a Warning Event, and the setting applies.
+    async fn grace_of(&self, svc: &Service, facts: &ServiceFacts) -> Duration {
+        let default = self.base.config.fip_release_grace_period;
+        match grace::grace_for(&facts.annotations, default) {
+            Ok(grace) => grace,
+            Err(source) => {
+                let err = ServiceError::InvalidField {
+                    svc: facts.key(),
+                    source,
+                };
+                warn!(error = %err, "invalid grace period annotation");
+                if !facts.deleting {
+                    warn_event(self, svc, "InvalidAnnotation", &err).await;
+                }
+                default
+            }
         }
     }
 
@@ -362,7 +405,96 @@ async fn run(
         () = run => {}
         () = sweeper => {}
         () = pending => {}
+        () = release_held(&svc_ctx, &store) => {}
     }
+}
+
+/// Releases each held FIP once its grace period is over, if it is still unwanted then (its
+/// Service gone, being deleted, not a managed LoadBalancer, or asking for another address); a
+/// FIP wanted again is kept and its hold ends. Only the leader releases; holds live in its memory.
+async fn release_held(ctx: &ServiceContext, store: &Cache<Service>) {
+    let mut leader = ctx.base.leader.clone();
+    loop {
+        let next = ctx.holds().next_due();
+        let wake = next.unwrap_or_else(|| tokio::time::Instant::now() + RELEASE_CHECK);
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = ctx.held.notified() => continue,
+        }
+        leader.wait().await;
+        let due = ctx.holds().due(tokio::time::Instant::now());
+        if due.is_empty() {
+            continue;
+        }
+        if let Err(error) = release_due(ctx, store, &due).await {
+            warn!(%error, "releasing Floating IPs whose grace period is over failed; trying again");
+            tokio::time::sleep(RELEASE_RETRY).await;
+        }
+    }
+}
+
+/// How often the release loop looks when nothing is held (a hold wakes it at once).
+const RELEASE_CHECK: Duration = Duration::from_secs(60);
+/// How long the release loop waits after a failure.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
+
+async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String]) -> Result<(), CloudError> {
+    let ips = ctx.base.cloud.ips().await?;
+    let by_tag: BTreeMap<String, Arc<Service>> = store
+        .state()
+        .into_iter()
+        .map(|svc| {
+            let tag = service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any());
+            (tag, svc)
+        })
+        .collect();
+    for id in due {
+        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
+            // Released elsewhere (by hand, or by an earlier leader).
+            ctx.holds().wanted(id);
+            continue;
+        };
+        let svc = ip.tags.get(SERVICE_KEY).and_then(|t| by_tag.get(t));
+        let facts = svc.map(|s| facts_of(s));
+        if !grace::still_unwanted(facts.as_ref(), ip.address, ctx.mode(), ctx.mirror()) {
+            ctx.holds().wanted(id);
+            info!(fip = %ip.id, address = %ip.address, "held Floating IP wanted again: kept");
+            continue;
+        }
+        if !is_cluster_service_fip(ip, &ctx.base.cluster_id)
+            || ip.target().is_some()
+            || is_control_plane_fip(ctx, ip)
+        {
+            ctx.holds().wanted(id);
+            warn!(fip = %ip.id, address = %ip.address, "not releasing a held Floating IP that is routed to a server or is not a Service FIP of this cluster");
+            continue;
+        }
+        if !ctx.base.leader.is_leader() {
+            return Ok(());
+        }
+        match ctx.base.cloud.delete_ip(&ip.id).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        ctx.holds().wanted(id);
+        info!(fip = %ip.id, address = %ip.address, "Floating IP released: its grace period is over");
+        if let Some(svc) = svc {
+            ctx.base
+                .event(
+                    &**svc,
+                    EventType::Normal,
+                    "FloatingIPReleased",
+                    "ReleaseFloatingIP",
+                    format!(
+                        "released Floating IP {} ({}): no longer used by this Service for its grace period",
+                        ip.address, ip.id
+                    ),
+                )
+                .await;
+        }
+    }
+    Ok(())
 }
 
 /// How often `baton_services_pending` is counted.
@@ -412,6 +544,8 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(
             (service_tag(&facts.namespace, &facts.name), may_own)
         })
         .collect();
+    let grace = ctx.base.config.fip_release_grace_period;
+    let now = tokio::time::Instant::now();
     for id in orphans(&tagged, &owners) {
         let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
             continue;
@@ -422,6 +556,18 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(
         if !ctx.base.leader.is_leader() {
             return Ok(());
         }
+        // Nothing irreversible on one signal: the orphan is held for the grace period first.
+        let held = ctx.holds().is_held(&id);
+        match ctx.holds().unwanted(&id, now, grace) {
+            grace::Verdict::Keep { .. } => {
+                if !held {
+                    warn!(fip = %ip.id, address = %ip.address, grace = %format_duration(grace), "a Floating IP whose Service is gone is held for its grace period");
+                    ctx.held.notify_one();
+                }
+                continue;
+            }
+            grace::Verdict::Release => {}
+        }
         match ctx.base.cloud.delete_ip(&ip.id).await {
             Ok(()) => {
                 warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone");
@@ -429,6 +575,7 @@ async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
+        ctx.holds().wanted(&id);
     }
     Ok(())
 }
@@ -700,6 +847,51 @@ fn owned(ip: &IpAddress) -> OwnedFip {
     }
 }
 
+/// `ip`, a FIP of `svc` that it no longer wants (`why`), is released if its grace period is over
+/// (or zero); otherwise it is held ([`grace::Holds`]): a Normal Event `FloatingIPHeld` says so
+/// once, and the release loop releases it when the grace period ends, if it is still unwanted
+/// then. Returns whether it was released now.
+async fn release_or_hold(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: &IpAddress,
+    grace: Duration,
+    why: &str,
+) -> Result<bool, ServiceError> {
+    let now = tokio::time::Instant::now();
+    let id = ip.id.as_str();
+    let was_held = ctx.holds().is_held(id);
+    let verdict = ctx.holds().unwanted(id, now, grace);
+    match verdict {
+        grace::Verdict::Release => {
+            let released = release(ctx, svc, facts, ip).await?;
+            ctx.holds().wanted(id);
+            Ok(released)
+        }
+        grace::Verdict::Keep { until } => {
+            if !was_held {
+                ctx.held.notify_one();
+                let left = format_duration(until.saturating_duration_since(now));
+                info!(fip = %ip.id, address = %ip.address, %left, why, "Floating IP held for its grace period");
+                ctx.base
+                    .event(
+                        svc,
+                        EventType::Normal,
+                        "FloatingIPHeld",
+                        "ReleaseFloatingIP",
+                        format!(
+                            "Floating IP {} ({}) is no longer used by this Service ({why}): it stays reserved for {left} (the grace period) and is released then unless the Service uses it again; annotate {GRACE_ANNOTATION}: \"0\" to release it at once",
+                            ip.address, ip.id
+                        ),
+                    )
+                    .await;
+            }
+            Ok(false)
+        }
+    }
+}
+
 /// Releases one FIP, after checking it is one baton may delete. Returns whether it was deleted.
 async fn release(
     ctx: &ServiceContext,
@@ -808,6 +1000,10 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     let handoff = !ctx.refused_by_budget(&facts).await;
     match decide(requested, record.as_ref(), chosen) {
         Decision::Publish(fip) => {
+            // Wanted: a hold (the Service was re-created, or its type changed back) ends.
+            if ctx.holds().wanted(&fip.id) {
+                info!(fip = %fip.id, address = %fip.address, "a held Floating IP is used again: kept");
+            }
             publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?;
             // No record of it on the Service: found by its tags (reserved by cloud-provider-cherry,
             // or by a baton that stopped before it wrote the record). Said once, when adopted.
@@ -836,24 +1032,7 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
             set_ingress(ctx, &facts, ip).await?;
         }
         Decision::ReleaseForByoIp { requested, ours } => {
-            if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id)
-                && release(ctx, svc, &facts, ip).await?
-            {
-                ctx.base
-                    .event(
-                        svc,
-                        EventType::Normal,
-                        "FloatingIPReleased",
-                        "ReleaseFloatingIP",
-                        format!(
-                            "released Floating IP {} ({}): the Service asks for {requested}",
-                            ours.address, ours.id
-                        ),
-                    )
-                    .await;
-            }
-            forget(ctx, &facts, false).await?;
-            set_ingress(ctx, &facts, requested).await?;
+            release_for_byo_ip(ctx, svc, &facts, &found, requested, &ours).await?;
         }
     }
     if !handoff && requested.is_none() {
@@ -874,8 +1053,41 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     Ok(Action::requeue(RESYNC))
 }
 
+/// The Service asks for `requested`, not baton's FIP `ours`: the FIP is released (or held for its
+/// grace period: a typo in the annotation must not give the address away), baton's record goes,
+/// and the ingress shows the address asked for.
+async fn release_for_byo_ip(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    found: &[IpAddress],
+    requested: IpAddr,
+    ours: &OwnedFip,
+) -> Result<(), ServiceError> {
+    if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id) {
+        let grace = ctx.grace_of(svc, facts).await;
+        if release_or_hold(ctx, svc, facts, ip, grace, &format!("it asks for {requested}")).await? {
+            ctx.base
+                .event(
+                    svc,
+                    EventType::Normal,
+                    "FloatingIPReleased",
+                    "ReleaseFloatingIP",
+                    format!(
+                        "released Floating IP {} ({}): the Service asks for {requested}",
+                        ours.address, ours.id
+                    ),
+                )
+                .await;
+        }
+    }
+    forget(ctx, facts, false).await?;
+    set_ingress(ctx, facts, requested).await
+}
+
 /// Publishes the FIP; if the Service is gone (Kubernetes can delete it despite the finalizer,
-/// kubernetes/kubernetes#77988), releases the FIP at once instead of leaking it.
+/// kubernetes/kubernetes#77988), holds the FIP for its grace period (released then, unless a
+/// Service of that name is back) instead of leaking it.
 async fn publish_or_release(
     ctx: &ServiceContext,
     svc: &Service,
@@ -907,7 +1119,8 @@ async fn publish_or_release(
                 },
             };
             if let Some(ip) = ip {
-                release(ctx, svc, facts, &ip).await?;
+                let grace = ctx.grace_of(svc, facts).await;
+                release_or_hold(ctx, svc, facts, &ip, grace, "the Service is gone").await?;
             }
             Ok(())
         }
@@ -1132,15 +1345,26 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
     apply_status(&api, ctx, facts, "clearing the Service's ingress", None).await
 }
 
-/// Cleanup: release every FIP carrying the Service's tags (tolerates an Apply that never ran:
-/// then there is nothing to release). Returns how many were released.
+/// Cleanup: release every FIP carrying the Service's tags, or hold it for its grace period
+/// (tolerates an Apply that never ran: then there is nothing to release). Returns how many were
+/// released.
 async fn cleanup(svc: &Service, ctx: &ServiceContext) -> Result<usize, ServiceError> {
     let facts = facts_of(svc);
     let record = Record::read(&facts);
     let found = find_ours(ctx, &facts, record.as_ref()).await?;
+    let grace = if found.is_empty() {
+        Duration::ZERO
+    } else {
+        ctx.grace_of(svc, &facts).await
+    };
+    let why = if facts.deleting {
+        "the Service is deleted"
+    } else {
+        "the Service is no longer a LoadBalancer baton manages"
+    };
     let mut released = 0;
     for ip in &found {
-        if release(ctx, svc, &facts, ip).await? {
+        if release_or_hold(ctx, svc, &facts, ip, grace, why).await? {
             released += 1;
             ctx.base
                 .event(

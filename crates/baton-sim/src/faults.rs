@@ -18,6 +18,11 @@ pub struct Faults {
     pub error_rate: f64,
     /// Statuses injected errors pick from.
     pub error_statuses: Vec<u16>,
+    /// Routes injected errors are limited to, as `METHOD /v1/path/{id}` templates (the request
+    /// log's `method` and `route`, e.g. `GET /v1/servers/{id}`); empty: every API request.
+    /// A 404 storm on server look-ups is `error_rate: 1, error_statuses: [404],
+    /// error_routes: ["GET /v1/servers/{id}"]`.
+    pub error_routes: Vec<String>,
     /// Fraction of injected errors whose body is HTML instead of JSON.
     pub non_json_ratio: f64,
     /// Fraction of injected errors on writes that happen *after* the write took effect (the
@@ -48,6 +53,7 @@ impl Default for Faults {
             latency_ms: 0,
             error_rate: 0.0,
             error_statuses: vec![502, 503, 504],
+            error_routes: Vec::new(),
             non_json_ratio: 0.5,
             lost_response_ratio: 0.5,
             rate_limit: Some(4.0),
@@ -93,7 +99,40 @@ impl Faults {
         if let Some(bad) = self.error_statuses.iter().find(|s| !(400..=599).contains(*s)) {
             return Err(format!("error status {bad} is not an error"));
         }
+        if let Some(bad) = self
+            .error_routes
+            .iter()
+            .find(|r| !matches!(r.split_once(' '), Some((m, p)) if !m.is_empty() && p.starts_with("/v1")))
+        {
+            return Err(format!(
+                "error route {bad:?} is not `METHOD /v1/...` (e.g. \"GET /v1/servers/{{id}}\")"
+            ));
+        }
         Ok(())
+    }
+}
+
+/// Whether an injected error may hit a request of `method` on `route` (its template, as
+/// [`Faults::error_routes`] names it): any request when no route is listed.
+pub(crate) fn error_route_matches(routes: &[String], method: &str, route: &str) -> bool {
+    routes.is_empty()
+        || routes.iter().any(|r| {
+            r.split_once(' ')
+                .is_some_and(|(m, p)| m.eq_ignore_ascii_case(method) && p == route)
+        })
+}
+
+/// The message the real API gives with a 404 on `route` (the same as the simulator's own for a
+/// missing object): an injected 404 must not be told apart from a real one by its body.
+pub(crate) fn not_found_message(route: &str) -> &'static str {
+    if route.starts_with("/v1/servers/") {
+        "Server not found"
+    } else if route.starts_with("/v1/ips/") {
+        "IP address not found"
+    } else if route.starts_with("/v1/projects/") {
+        "Project not found"
+    } else {
+        "Not found"
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::faults::{Faults, RateLimiter};
+use super::faults::{Faults, RateLimiter, error_route_matches, not_found_message};
 use super::paths::FipPaths;
 use super::stats::{LogEntry, Recorder, route_template};
 use super::world::{ApiErr, World};
@@ -146,11 +146,13 @@ async fn faults_layer(
             }
             break 'answer (resp, Some("rate_limited"));
         }
+        let route = route_template(&path);
         let dice = {
             let mut rng = lock(&shared.rng);
             Dice {
                 hang: rng.random::<f64>() < faults.hang_rate,
-                error: rng.random::<f64>() < faults.error_rate,
+                error: rng.random::<f64>() < faults.error_rate
+                    && error_route_matches(&faults.error_routes, method.as_str(), &route),
                 lost: rng.random::<f64>() < faults.lost_response_ratio,
                 non_json: rng.random::<f64>() < faults.non_json_ratio,
                 status_pick: rng.random_range(0..faults.error_statuses.len().max(1)),
@@ -180,7 +182,16 @@ async fn faults_layer(
                 let _applied = next.run(req).await;
                 fault = "lost_response";
             }
-            let resp = if dice.non_json {
+            // A 4xx comes from the API itself, answered as the API answers (JSON, the message of
+            // a real 404); only a 5xx may come from a proxy in front of it (HTML).
+            let resp = if status < 500 {
+                let message = if status == 404 {
+                    not_found_message(&route)
+                } else {
+                    "Injected failure"
+                };
+                api_error(status, message)
+            } else if dice.non_json {
                 let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
                 let body =
                     format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");

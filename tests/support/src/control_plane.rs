@@ -63,6 +63,9 @@ pub struct Options {
     pub proxy_mode: ProxyMode,
     /// OCI image archives loaded into every node's runtime (with `kubelets`).
     pub images: Vec<NodeImage>,
+    /// Every API server writes an audit log (level Metadata: who did what to which object, and
+    /// the answer's code), read back by [`ControlPlane::audit_events`].
+    pub audit: bool,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             kubelets: false,
             proxy_mode: ProxyMode::default(),
             images: Vec::new(),
+            audit: false,
         }
     }
 }
@@ -137,6 +141,7 @@ pub struct ControlPlane {
     ca_der: Vec<u8>,
     admin_cert: (String, String),
     etcd_prefix: String,
+    audit: bool,
     etcd: Proc,
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
@@ -253,6 +258,7 @@ impl ControlPlane {
             ca_pem: pki.ca_pem,
             admin_cert: (pki.admin_pem, pki.admin_key),
             etcd_prefix: opts.etcd_prefix.clone(),
+            audit: opts.audit,
             etcd,
             apiservers: opts
                 .servers
@@ -785,8 +791,36 @@ impl ControlPlane {
             "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
             format!("--cert-dir={}", p(&format!("certs-{i}"))),
         ]);
+        if self.audit {
+            std::fs::write(
+                d.join("audit-policy.yaml"),
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+            )?;
+            cmd.args([
+                format!("--audit-policy-file={}", p("audit-policy.yaml")),
+                format!("--audit-log-path={}", p(&format!("audit-{i}.log"))),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ]);
+        }
         self.apiservers[i].proc = Some(Proc::spawn(&format!("apiserver-{i}"), d, &mut cmd)?);
         Ok(())
+    }
+
+    /// Every audit event the API servers logged so far (with [`Options::audit`]), in no
+    /// particular order: JSON objects of `audit.k8s.io/v1` `Event`.
+    pub fn audit_events(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let mut out = Vec::new();
+        for i in 0..self.apiservers.len() {
+            let path = self.dir.path().join(format!("audit-{i}.log"));
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                out.push(serde_json::from_str(line).with_context(|| format!("{}: {line}", path.display()))?);
+            }
+        }
+        Ok(out)
     }
 
     async fn wait_ready(&mut self, i: usize, timeout: Duration) -> anyhow::Result<()> {
