@@ -700,14 +700,14 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
         // comes from the FIP (the client's connection works).
         let t = std::time::Instant::now();
         name_holder(&admin, Some((names[0], ip[0]))).await;
-        let named = t.elapsed();
+        let write_took = t.elapsed();
         let after = answered_by_after(&netns[0], "node-cp-0".into(), t, Duration::from_secs(10))
             .await
             .expect("cp-0 reaches its own FIP once named its holder");
         eprintln!(
             "cp-0's own connection to its FIP answered {} ms after the annotation write started (the write took {} ms)",
             after.as_millis(),
-            named.as_millis()
+            write_took.as_millis()
         );
         let (peer, local) = *servers[0].seen().last().unwrap();
         assert_eq!((peer.ip(), local), (ip[0], SocketAddr::new(ip[0], PORT)));
