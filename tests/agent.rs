@@ -14,20 +14,23 @@
 //!
 //! The real binary programs the real kernel (nftables in each node's namespace); the clients
 //! and servers are real sockets, each on a thread inside its namespace. A second test runs the
-//! agent against a real API server with the shipped RBAC and follows Services.
+//! agent on the testbed's lab nodes, each with its own API server, and moves the holder
+//! annotations the controller writes: the holder's own connections to its FIP are delivered on
+//! the holder. Another runs the agent against a real API server with the shipped RBAC and
+//! follows Services.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // in tests a panic is the failure report
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_testbed::control_plane::{Proc, kubeconfig};
-use baton_testbed::{ControlPlane, Options, lab};
+use baton_testbed::control_plane::{Proc, ProxyMode, kubeconfig};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use kube::Api;
@@ -227,6 +230,9 @@ async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
         let Some(exprs) = item["rule"]["expr"].as_array() else {
             continue;
         };
+        if item["rule"]["chain"] != "prerouting" {
+            continue;
+        }
         assert!(
             exprs.iter().any(|e| e.get("redirect").is_some()),
             "a rule that does not redirect: {item}"
@@ -238,6 +244,41 @@ async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
         }
     }
     Some(fips)
+}
+
+/// The rules of `table ip baton`'s chain `output` in `netns`: FIP → the address its packets
+/// are sent to (`dnat to`); `None` without the table.
+async fn nft_held(netns: &str) -> Option<BTreeMap<String, String>> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["--", "nft", "-j", "list", "table", "ip", "baton"])
+        .output()
+        .await
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut held = BTreeMap::new();
+    for item in v["nftables"].as_array().unwrap() {
+        let rule = &item["rule"];
+        let (Some(exprs), "output") = (
+            rule["expr"].as_array(),
+            rule["chain"].as_str().unwrap_or_default(),
+        ) else {
+            continue;
+        };
+        let fip = exprs
+            .iter()
+            .find(|e| e["match"]["left"]["payload"]["field"] == "daddr")
+            .and_then(|e| e["match"]["right"].as_str());
+        let to = exprs.iter().find_map(|e| e["dnat"]["addr"].as_str());
+        let (Some(fip), Some(to)) = (fip, to) else {
+            panic!("an output rule that is not a FIP's dnat: {item}");
+        };
+        held.insert(fip.to_owned(), to.to_owned());
+    }
+    Some(held)
 }
 
 /// Runs `f` on a thread of its own inside the network namespace `netns` (a current-thread
@@ -270,12 +311,13 @@ struct NodeServer {
 }
 
 impl NodeServer {
-    async fn start(node: &NodeNs) -> Self {
+    /// The server of node `name`, in the network namespace `netns`.
+    async fn start(name: &str, netns: &str) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
         let (ready_tx, ready) = tokio::sync::oneshot::channel();
-        let (name, record, token) = (node.name, Arc::clone(&seen), stop.clone());
-        let _done = in_netns(&node.netns, move || async move {
+        let (name, record, token) = (name.to_owned(), Arc::clone(&seen), stop.clone());
+        let _done = in_netns(netns, move || async move {
             let listener = tokio::net::TcpListener::bind(("0.0.0.0", PORT)).await.unwrap();
             let _ = ready_tx.send(());
             loop {
@@ -284,6 +326,7 @@ impl NodeServer {
                     r = listener.accept() => r.unwrap(),
                 };
                 record.lock().unwrap().push((peer, s.local_addr().unwrap()));
+                let name = name.clone();
                 tokio::spawn(async move {
                     let _ = s.write_all(format!("node-{name}\n").as_bytes()).await;
                     let (mut r, mut w) = s.split();
@@ -321,10 +364,48 @@ async fn who_answers() -> std::io::Result<(String, BufReader<TcpStream>)> {
     Ok((line.trim().to_owned(), stream))
 }
 
-/// [`who_answers`] from inside `node` (its own traffic, not the cloud's).
-async fn who_answers_from(node: &NodeNs) -> std::io::Result<String> {
-    in_netns(&node.netns, || async {
-        who_answers().await.map(|(name, _)| name)
+/// [`who_answers`] from inside the node of network namespace `netns` (its own traffic, not
+/// the cloud's).
+async fn who_answers_from(netns: &str) -> std::io::Result<String> {
+    in_netns(netns, || async { who_answers().await.map(|(name, _)| name) })
+        .await
+        .unwrap()
+}
+
+/// From inside `netns`, a new connection to the FIP every 10 ms (each on a socket of its own,
+/// given 300 ms) until one is answered by `want`: how long after `since` that connection was
+/// started; `None` if none was within `limit`. A connection started before the node's rules
+/// changed keeps its conntrack entry (its retransmitted SYNs follow it), so only connections
+/// started afterwards can be answered differently: the first one that is dates the change.
+async fn answered_by_after(
+    netns: &str,
+    want: String,
+    since: std::time::Instant,
+    limit: Duration,
+) -> Option<Duration> {
+    in_netns(netns, move || async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if since.elapsed() > limit {
+                        return None;
+                    }
+                    let (tx, started) = (tx.clone(), std::time::Instant::now());
+                    tokio::spawn(async move {
+                        if let Ok(Ok((name, _))) = tokio::time::timeout(Duration::from_millis(300), who_answers()).await {
+                            let _ = tx.send((started, name));
+                        }
+                    });
+                }
+                Some((started, name)) = rx.recv() => {
+                    if name == want {
+                        return Some(started.saturating_duration_since(since));
+                    }
+                }
+            }
+        }
     })
     .await
     .unwrap()
@@ -347,8 +428,8 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
         router().await;
         let a = NodeNs::create(dir.path(), "a", 11).await;
         let b = NodeNs::create(dir.path(), "b", 12).await;
-        let server_a = NodeServer::start(&a).await;
-        let server_b = NodeServer::start(&b).await;
+        let server_a = NodeServer::start(a.name, &a.netns).await;
+        let server_b = NodeServer::start(b.name, &b.netns).await;
         route_fip_to(&a).await;
 
         // Without the agent the node drops what the cloud routes to it: the FIP is not one of
@@ -412,17 +493,26 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
 
         // A node's own connection to the FIP leaves the node: b, which accepts the FIP too and
         // has its own server on the port, reaches a's (what keeps a probe of the FIP honest).
-        assert_eq!(who_answers_from(&b).await.unwrap(), "node-a");
+        assert_eq!(who_answers_from(&b.netns).await.unwrap(), "node-a");
         assert!(server_b.seen().is_empty(), "b short-circuited its own connection");
-        // The holder's own connection to its FIP goes out too, and the router sends it back,
-        // but a does not accept it: it carries a's own address as source (a martian without
-        // accept_local), and conntrack already knows its tuple from the way out, so the NAT
-        // chain never sees it (the rule's counter stays). A controller on the holder cannot
-        // probe its own FIP through the cloud (docs/agent.md, "The holder's own traffic").
+        // With --no-kube nothing tells a that it holds the FIP: its own connection to its FIP
+        // goes out too, and the router sends it back, but a does not accept it: it carries a's
+        // own address as source (a martian without accept_local), and conntrack already knows
+        // its tuple from the way out, so the NAT chain never sees it (the rule's counter stays).
+        // With Services, the holder annotations fix this (the next test; docs/agent.md, "The
+        // holder's own traffic").
         let redirected = a.nft_connections().await;
-        let own = who_answers_from(&a).await;
-        assert!(own.is_err(), "the holder reached its own FIP: {own:?}");
+        let own = who_answers_from(&a.netns).await;
+        assert!(
+            own.is_err(),
+            "the holder reached its own FIP with --no-kube: {own:?}"
+        );
         assert_eq!(a.nft_connections().await, redirected);
+        assert_eq!(
+            nft_held(&a.netns).await,
+            Some(BTreeMap::new()),
+            "no output rule without holders"
+        );
 
         // The cloud moves the FIP to b: new connections land there at once, with nothing to
         // do on b (its rule is already in place); the connection open to a is reset by b,
@@ -431,7 +521,7 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
         let (name, _) = who_answers().await.expect("the FIP answers after the move");
         assert_eq!(name, "node-b");
         assert_eq!(
-            who_answers_from(&a).await.unwrap(),
+            who_answers_from(&a.netns).await.unwrap(),
             "node-b",
             "a's own traffic leaves a"
         );
@@ -478,6 +568,227 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
             .await
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    });
+}
+
+/// Service `default/api` names `holder` (node name, address) as its FIP's holder, as the
+/// controller's leader writes it after the cloud routed the FIP there; `None` removes both
+/// annotations.
+async fn name_holder(client: &kube::Client, holder: Option<(&str, IpAddr)>) {
+    let (name, address) = holder.map_or((Value::Null, Value::Null), |(n, a)| {
+        (json!(n), json!(a.to_string()))
+    });
+    Api::<Service>::namespaced(client.clone(), "default")
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "baton.dev/fip-holder": name,
+                "baton.dev/fip-holder-address": address,
+            }}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// `baton_agent_<name>` of the agent whose health server is on `addr`.
+async fn agent_metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let client = baton_testbed::http_client(None).unwrap();
+    let text = client
+        .get(format!("http://{addr}/metrics"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    common::metric_sum(&text, &format!("baton_agent_{name}"))
+}
+
+/// The holder's own traffic to its FIP (docs/agent.md, "The holder's own traffic"), on the
+/// testbed's lab nodes: two nodes, each its own network namespace with its API server and
+/// `baton agent` watching it (the DaemonSet's job), a TCP server on `0.0.0.0:7443` greeting
+/// with the node's name. The test plays the cloud (the FIP's route in the hub) and the
+/// controller's leader (the holder annotations on the endpoint Service).
+#[test]
+fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
+    lab::run(|| async {
+        let cp = ControlPlane::start(Options {
+            nodes: true,
+            proxy_mode: ProxyMode::None,
+            ..Options::servers(2)
+        })
+        .await
+        .unwrap();
+        let admin = cp.client(0).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let fip_s = fip().to_string();
+        create_service(
+            &admin,
+            "default",
+            "api",
+            json!({"annotations": {"baton.dev/control-plane-endpoint": "true"},
+                   "spec": {"loadBalancerIP": fip_s}}),
+        )
+        .await;
+        let names = ["cp-0", "cp-1"];
+        let ip = [cp.addresses()[0], cp.addresses()[1]];
+        let netns = names.map(|n| format!("/run/netns/{}", cp.node_netns(n).unwrap()));
+        let servers = [
+            NodeServer::start(names[0], &netns[0]).await,
+            NodeServer::start(names[1], &netns[1]).await,
+        ];
+        let health = ip.map(|a| SocketAddr::new(a, 9592));
+        let mut agents = Vec::new();
+        for i in 0..2 {
+            let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
+            let mut cmd = cp.node_command(names[i], baton()).unwrap();
+            cmd.arg("agent")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args([
+                    "--health-listen",
+                    &health[i].to_string(),
+                    "--recheck-interval-ms",
+                    "500",
+                ])
+                .env("RUST_LOG", "info");
+            agents.push(Proc::spawn(&format!("agent-{}", names[i]), dir.path(), &mut cmd).unwrap());
+        }
+        let route = |to: IpAddr| async move {
+            run(
+                None,
+                "ip",
+                &[
+                    "route",
+                    "replace",
+                    &format!("{}/32", fip()),
+                    "via",
+                    &to.to_string(),
+                ],
+            )
+            .await;
+        };
+        route(ip[0]).await;
+        let want = BTreeSet::from([fip_s.clone()]);
+        for i in 0..2 {
+            common::wait_for(
+                &format!("{}'s agent healthy", names[i]),
+                Duration::from_secs(30),
+                || healthy(health[i]),
+            )
+            .await;
+            assert_eq!(nft_fips(Some(&netns[i])).await, Some(want.clone()));
+        }
+        let held = |fip: &str, to: IpAddr| Some(BTreeMap::from([(fip.to_owned(), to.to_string())]));
+        let none = Some(BTreeMap::new());
+
+        // The cloud routes the FIP to cp-0; no Service names a holder yet. The lab host reaches
+        // cp-0; cp-1's own connection leaves and reaches cp-0; cp-0's own comes back to it and
+        // is dropped (what every node did before the annotations).
+        assert_eq!(who_answers().await.unwrap().0, "node-cp-0");
+        assert_eq!(who_answers_from(&netns[1]).await.unwrap(), "node-cp-0");
+        assert!(
+            who_answers_from(&netns[0]).await.is_err(),
+            "cp-0 reached its own FIP unnamed"
+        );
+        assert_eq!(nft_held(&netns[0]).await, none);
+
+        // The leader names cp-0: cp-0 now delivers its own connections to the FIP to itself,
+        // from its own address to its own address (the server sees no FIP), and the reply
+        // comes from the FIP (the client's connection works).
+        let t = std::time::Instant::now();
+        name_holder(&admin, Some((names[0], ip[0]))).await;
+        let write_took = t.elapsed();
+        let after = answered_by_after(&netns[0], "node-cp-0".into(), t, Duration::from_secs(10))
+            .await
+            .expect("cp-0 reaches its own FIP once named its holder");
+        eprintln!(
+            "cp-0's own connection to its FIP answered {} ms after the annotation write started (the write took {} ms)",
+            after.as_millis(),
+            write_took.as_millis()
+        );
+        let (peer, local) = *servers[0].seen().last().unwrap();
+        assert_eq!((peer.ip(), local), (ip[0], SocketAddr::new(ip[0], PORT)));
+        assert_eq!(nft_held(&netns[0]).await, held(&fip_s, ip[0]));
+        assert_eq!(nft_held(&netns[1]).await, none, "cp-1 does not hold the FIP");
+        // A non-holder's own connection still leaves and crosses the cloud's route.
+        let before = servers[1].seen().len();
+        assert_eq!(who_answers_from(&netns[1]).await.unwrap(), "node-cp-0");
+        assert_eq!(servers[0].seen().last().unwrap().0.ip(), ip[1]);
+        assert_eq!(
+            servers[1].seen().len(),
+            before,
+            "cp-1 short-circuited its own connection"
+        );
+        assert_eq!(who_answers().await.unwrap().0, "node-cp-0");
+        common::wait_for("the metrics", Duration::from_secs(5), || async {
+            agent_metric(health[0], "held_fips").await == Some(1.0)
+                && agent_metric(health[1], "held_fips").await == Some(0.0)
+                && agent_metric(health[0], "own_connections_total").await >= Some(1.0)
+        })
+        .await;
+
+        // A failover: the cloud routes the FIP to cp-1 first; until the leader's annotation
+        // reaches the nodes, cp-1's own connections come back to it and are dropped, and cp-0's
+        // still go to cp-0's own server.
+        route(ip[1]).await;
+        assert_eq!(who_answers().await.unwrap().0, "node-cp-1");
+        assert_eq!(who_answers_from(&netns[0]).await.unwrap(), "node-cp-0");
+        assert!(
+            who_answers_from(&netns[1]).await.is_err(),
+            "cp-1 reached its FIP before it was named"
+        );
+        let t = std::time::Instant::now();
+        name_holder(&admin, Some((names[1], ip[1]))).await;
+        let (new_holder, old_holder) = tokio::join!(
+            answered_by_after(&netns[1], "node-cp-1".into(), t, Duration::from_secs(10)),
+            answered_by_after(&netns[0], "node-cp-1".into(), t, Duration::from_secs(10)),
+        );
+        eprintln!(
+            "after the move, {} ms from the annotation write: cp-1's own connection to the FIP answered by cp-1; \
+             {} ms: cp-0's own answered by cp-1 (through the cloud's route)",
+            new_holder
+                .expect("the new holder reaches its own FIP")
+                .as_millis(),
+            old_holder
+                .expect("the old holder's own traffic follows the FIP")
+                .as_millis()
+        );
+        assert_eq!(nft_held(&netns[1]).await, held(&fip_s, ip[1]));
+        assert_eq!(nft_held(&netns[0]).await, none);
+
+        // Someone flushes the holder's output chain: its own connections fail again until the
+        // agent puts the rule back (every --recheck-interval-ms, here 500 ms).
+        run(
+            Some(&netns[1]),
+            "nft",
+            &["flush", "chain", "ip", "baton", "output"],
+        )
+        .await;
+        assert_eq!(nft_held(&netns[1]).await, none);
+        common::wait_for("cp-1's output rule restored", Duration::from_secs(10), || async {
+            nft_held(&netns[1]).await == held(&fip_s, ip[1])
+        })
+        .await;
+        assert_eq!(who_answers_from(&netns[1]).await.unwrap(), "node-cp-1");
+        assert!(agent_metric(health[1], "repairs_total").await >= Some(1.0));
+
+        // No holder named (the FIP is not routed to a known server): no node delivers its own
+        // packets for the FIP locally.
+        name_holder(&admin, None).await;
+        for ns in &netns {
+            common::wait_for("no output rule", Duration::from_secs(10), || async {
+                nft_held(ns).await == none
+            })
+            .await;
+        }
+        for agent in agents {
+            agent.terminate(Duration::from_secs(5)).await;
+        }
+        let logs = std::fs::read_to_string(dir.path().join("agent-cp-1.log")).unwrap();
+        assert!(logs.contains("now_held=203.0.113.5"), "{logs}");
     });
 }
 

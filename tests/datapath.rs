@@ -119,6 +119,34 @@ fn holder(sim: &SimHandle, fip: &baton_cloud::model::IpAddress) -> Option<usize>
     CP.iter().position(|&c| c == id)
 }
 
+/// The window in which the new holder's own packets for the FIP are not delivered yet
+/// (docs/agent.md, "The holder's own traffic"): when, after `t0`, the cloud routed the FIP away
+/// from `victim`, and when the annotation named the new holder (its agent then needs a few ms
+/// more: tests/agent.rs). Polled every 5 ms, through an API server that is not the victim's.
+async fn move_then_naming(
+    cp: &ControlPlane,
+    sim: &SimHandle,
+    fip: &baton_cloud::model::IpAddress,
+    victim: usize,
+    t0: tokio::time::Instant,
+) -> (Duration, Duration) {
+    let survivor = cp.client(usize::from(victim == 0)).unwrap();
+    let mut moved = None;
+    while t0.elapsed() < Duration::from_secs(30) {
+        let now = holder(sim, fip).filter(|h| *h != victim);
+        if moved.is_none() && now.is_some() {
+            moved = Some(t0.elapsed());
+        }
+        if let Some(h) = now
+            && holder_annotations(&survivor).await == Some((format!("cp-{h}"), cp.addresses()[h].to_string()))
+        {
+            return (moved.unwrap_or_default(), t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the FIP was not moved and its new holder named within 30 s (moved: {moved:?})");
+}
+
 fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
     lab::run(move || async move {
         let mut cp = ControlPlane::start(Options {
@@ -180,6 +208,13 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         let victim = holder(&sim, &fip).expect("the FIP is routed");
         let t0 = tokio::time::Instant::now();
         cp.kill_apiserver(victim).await;
+        let (moved, named) = move_then_naming(&cp, &sim, &fip, victim, t0).await;
+        eprintln!(
+            "{mode:?}: the cloud routed the FIP away {} ms after cp-{victim}'s API server died; \
+             the annotation named the new holder {} ms after that",
+            moved.as_millis(),
+            named.saturating_sub(moved).as_millis()
+        );
         common::wait_for(
             "the FIP answers from another node",
             Duration::from_secs(30),

@@ -108,11 +108,14 @@ struct FipLabel {
 pub struct Metrics {
     registry: Registry,
     fips: Gauge,
+    held: Gauge,
     in_sync: Gauge,
     updates: Family<ResultLabel, Counter>,
     repairs: Counter,
     connections: Family<FipLabel, Counter<u64, AtomicU64>>,
-    shown: Mutex<BTreeSet<IpAddr>>,
+    own_connections: Family<FipLabel, Counter<u64, AtomicU64>>,
+    /// The FIPs shown in `connections` and in `own_connections`.
+    shown: Mutex<(BTreeSet<IpAddr>, BTreeSet<IpAddr>)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -127,16 +130,24 @@ impl Default for Metrics {
         let m = Self {
             registry: Registry::default(),
             fips: Gauge::default(),
+            held: Gauge::default(),
             in_sync: Gauge::default(),
             updates: Family::default(),
             repairs: Counter::default(),
             connections: Family::default(),
-            shown: Mutex::new(BTreeSet::new()),
+            own_connections: Family::default(),
+            shown: Mutex::new((BTreeSet::new(), BTreeSet::new())),
         };
         registry.register(
             "fips",
             "Floating IPs this node accepts now (rules in its nftables table)",
             m.fips.clone(),
+        );
+        registry.register(
+            "held_fips",
+            "Floating IPs this node holds, whose own packets it delivers to itself (rules in the \
+             output chain)",
+            m.held.clone(),
         );
         registry.register(
             "in_sync",
@@ -159,31 +170,51 @@ impl Default for Metrics {
              (the rule's nftables counter: NAT chains see the first packet of a connection)",
             m.connections.clone(),
         );
+        registry.register(
+            "own_connections",
+            "This node's own connections to each Floating IP it holds, delivered to itself since \
+             the output rule was created (the rule's nftables counter)",
+            m.own_connections.clone(),
+        );
         Self { registry, ..m }
     }
 }
 
 impl Metrics {
-    /// Records what the kernel holds: the FIP count and each rule's counter.
+    /// Records what the kernel holds: the FIP counts and each rule's counter.
     pub fn observe(&self, observed: &Observed, in_sync: bool) {
         let accepted = plan::accepted(observed);
-        self.fips.set(i64::try_from(accepted.len()).unwrap_or(i64::MAX));
+        let held: BTreeSet<IpAddr> = accepted.held.keys().copied().collect();
+        self.fips
+            .set(i64::try_from(accepted.fips.len()).unwrap_or(i64::MAX));
+        self.held.set(i64::try_from(held.len()).unwrap_or(i64::MAX));
         self.in_sync.set(i64::from(in_sync));
         let mut shown = self.shown.lock().unwrap_or_else(PoisonError::into_inner);
-        for gone in shown.difference(&accepted) {
+        for gone in shown.0.difference(&accepted.fips) {
             self.connections.remove(&FipLabel {
                 fip: gone.to_string(),
             });
         }
+        for gone in shown.1.difference(&held) {
+            self.own_connections.remove(&FipLabel {
+                fip: gone.to_string(),
+            });
+        }
+        let store = |family: &Family<FipLabel, Counter<u64, AtomicU64>>, ip: &IpAddr, n: u64| {
+            family
+                .get_or_create(&FipLabel { fip: ip.to_string() })
+                .inner()
+                .store(n, Ordering::Relaxed);
+        };
         for table in observed.values() {
             for (ip, n) in &table.fips {
-                self.connections
-                    .get_or_create(&FipLabel { fip: ip.to_string() })
-                    .inner()
-                    .store(*n, Ordering::Relaxed);
+                store(&self.connections, ip, *n);
+            }
+            for (ip, local) in &table.local {
+                store(&self.own_connections, ip, local.connections);
             }
         }
-        *shown = accepted;
+        *shown = (accepted.fips, held);
     }
 
     pub fn updated(&self, ok: bool) {

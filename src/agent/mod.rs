@@ -2,16 +2,21 @@
 //! control-plane Floating IP. Cherry Servers delivers a FIP's packets with the FIP as their
 //! destination; the agent keeps one nftables rule per FIP in the prerouting hook, `daddr FIP
 //! redirect`, which rewrites the destination to the address the packet arrived on (ports kept),
-//! where the API server listens. docs/agent.md says why this way and not another.
+//! where the API server listens. On the FIP's holder (the Services' annotation
+//! `baton.dev/fip-holder-address` is one of this node's addresses) it also keeps `daddr FIP dnat
+//! to <that address>` in the output hook: the node's own packets for its FIP would come back
+//! from the cloud's router with the node's own source address, and be dropped.
+//! docs/agent.md says why this way and not another.
 //!
 //! ```text
-//!  --fip (static) ───────────────────────────────┐
-//!  Services (watch.rs; services.rs, pure) ─► FIPs ┼─► plan.rs: wanted(), plan() ─► InSync
-//!  kernel state at start (kept until listed) ─────┘        ▲                  └─► Replace
-//!                                                          │ read back                │
-//!  netlink.rs (NETLINK_NETFILTER socket) ◄── nft.rs (pure encoder/decoder) ◄──────────┘
-//!     table ip|ip6 baton, chain prerouting (nat, hook prerouting, priority -100),
-//!     one rule per FIP, replaced in one transaction; re-read every --recheck-interval-ms
+//!  --fip (static) ───────────────────────────────────────┐
+//!  Services (watch.rs; services.rs, pure) ─► FIPs+holders ┼─► plan.rs: wanted(), plan() ─► InSync
+//!  kernel state at start (kept until listed) ─────────────┤        ▲                  └─► Replace
+//!  this node's addresses (getifaddrs, every pass) ────────┘        │ read back                │
+//!  netlink.rs (NETLINK_NETFILTER socket) ◄── nft.rs (pure encoder/decoder) ◄──────────────────┘
+//!     table ip|ip6 baton: chain prerouting (nat, hook prerouting, priority -100), one rule
+//!     per FIP; chain output (nat, hook output, priority -100), one rule per FIP held here;
+//!     replaced in one transaction; re-read every --recheck-interval-ms
 //!  admin.rs: /health /ready /metrics on --health-listen
 //! ```
 //!
@@ -36,7 +41,8 @@ use tracing::{Instrument as _, error, info, warn};
 
 use self::admin::{Health, Metrics};
 use self::netlink::KernelError;
-use self::plan::Plan;
+use self::plan::{Pairs, Plan, Source, Wanted};
+use self::services::FipSet;
 
 /// Flags of `baton agent`.
 #[derive(Debug, Args)]
@@ -207,11 +213,12 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         None => None,
     };
     // Whatever the kernel accepts now stays until the Services are listed.
-    let held = plan::accepted(&netlink::run(netlink::Socket::read).await?);
+    let at_start = plan::accepted(&netlink::run(netlink::Socket::read).await?);
     info!(
         version = env!("CARGO_PKG_VERSION"),
         fips = %list(&settings.fips),
-        held = %list(&held),
+        kept = %list(&at_start.fips),
+        held_here = %Pairs(&at_start.held),
         services = client.is_some(),
         "baton agent starting"
     );
@@ -232,7 +239,7 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
             .instrument(tracing::info_span!("health")),
         );
     }
-    let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(BTreeSet::new));
+    let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(FipSet::default));
     // With --no-kube nobody sends; the sender lives as long as the loop.
     let _no_watch = match (client, settings.mirror.clone(), status) {
         (Some(client), Some(mirror), Some(status)) => {
@@ -251,7 +258,7 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
     };
     let inputs = Inputs {
         fixed: settings.fips,
-        held,
+        at_start,
     };
     reconcile(inputs, rx, &health, &metrics, settings.recheck, &shutdown).await;
     info!("stopping; the FIP rules stay in place");
@@ -266,18 +273,19 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
     kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))
 }
 
-/// What the wanted set is made of, besides the Services.
+/// What the wanted set is made of, besides the Services and this node's addresses.
 struct Inputs {
     fixed: BTreeSet<IpAddr>,
-    held: BTreeSet<IpAddr>,
+    /// What the kernel held when the agent started (kept until the Services are listed).
+    at_start: Wanted,
 }
 
 /// Keeps the kernel's tables equal to the wanted FIPs: at once when they change, and every
-/// `recheck` (someone may flush the ruleset); after a failure again within a second, doubling
-/// up to `recheck`.
+/// `recheck` (someone may flush the ruleset, this node's addresses may change); after a failure
+/// again within a second, doubling up to `recheck`.
 async fn reconcile(
     inputs: Inputs,
-    mut rx: tokio::sync::watch::Receiver<Option<BTreeSet<IpAddr>>>,
+    mut rx: tokio::sync::watch::Receiver<Option<FipSet>>,
     health: &Health,
     metrics: &Metrics,
     recheck: Duration,
@@ -285,11 +293,11 @@ async fn reconcile(
 ) {
     let first_retry = Duration::from_millis(500).min(recheck);
     let mut retry = first_retry;
-    let mut applied: Option<BTreeSet<IpAddr>> = None;
+    let mut applied: Option<Wanted> = None;
     let mut open = true;
     loop {
-        let want = plan::wanted(&inputs.fixed, rx.borrow_and_update().as_ref(), &inputs.held);
-        let pause = if once(&want, &mut applied, health, metrics).await {
+        let services = rx.borrow_and_update().clone();
+        let pause = if once(&inputs, services.as_ref(), &mut applied, health, metrics).await {
             retry = first_retry;
             recheck
         } else {
@@ -307,14 +315,16 @@ async fn reconcile(
     }
 }
 
-/// One pass: read the kernel, replace what differs, read it back. True when it holds `want`.
+/// One pass: read the kernel and this node's addresses, replace what differs, read it back.
+/// True when the kernel holds what is wanted.
 async fn once(
-    want: &BTreeSet<IpAddr>,
-    applied: &mut Option<BTreeSet<IpAddr>>,
+    inputs: &Inputs,
+    services: Option<&FipSet>,
+    applied: &mut Option<Wanted>,
     health: &Health,
     metrics: &Metrics,
 ) -> bool {
-    let observed = match netlink::run(netlink::Socket::read).await {
+    let (observed, local) = match netlink::run(|s| Ok((s.read()?, netlink::local_addresses()?))).await {
         Ok(o) => o,
         Err(error) => {
             warn!(%error, "reading the FIP rules failed");
@@ -322,17 +332,21 @@ async fn once(
             return false;
         }
     };
+    let source = services.map_or(Source::HeldAtStart(&inputs.at_start), Source::Services);
+    let want = &plan::wanted(&inputs.fixed, &source, &local);
     let Plan::Replace {
         families,
         added,
         removed,
+        now_held,
+        no_longer_held,
         reasons,
     } = plan::plan(want, &observed)
     else {
         metrics.observe(&observed, true);
         health.in_sync();
         if applied.as_ref() != Some(want) {
-            info!(fips = %list(want), "FIP acceptance in place");
+            info!(fips = %list(&want.fips), held_here = %Pairs(&want.held), "FIP acceptance in place");
             *applied = Some(want.clone());
         }
         return true;
@@ -351,7 +365,14 @@ async fn once(
     let after = match result {
         Ok(after) => after,
         Err(error) => {
-            error!(%error, added = %list(&added), removed = %list(&removed), "FIP acceptance not updated");
+            error!(
+                %error,
+                added = %list(&added),
+                removed = %list(&removed),
+                now_held = %list(&now_held),
+                no_longer_held = %list(&no_longer_held),
+                "FIP acceptance not updated"
+            );
             health.failed(error.to_string());
             metrics.observe(&observed, false);
             return false;
@@ -365,7 +386,15 @@ async fn once(
         health.failed(why);
         return false;
     }
-    info!(added = %list(&added), removed = %list(&removed), fips = %list(want), "FIP acceptance updated");
+    info!(
+        added = %list(&added),
+        removed = %list(&removed),
+        now_held = %list(&now_held),
+        no_longer_held = %list(&no_longer_held),
+        fips = %list(&want.fips),
+        held_here = %Pairs(&want.held),
+        "FIP acceptance updated"
+    );
     health.in_sync();
     *applied = Some(want.clone());
     true

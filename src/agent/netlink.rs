@@ -2,10 +2,12 @@
 //! here), over which the messages `nft.rs` builds are sent and the answers read back.
 //!
 //! ```text
-//!  replace(fips, families) ─► one sendto: the whole batch ─► one ack per message
-//!                                                            (an error names its step + errno)
-//!  read() ─► per family: GETTABLE · GETCHAIN · GETRULE dump ─► plan::Observed
+//!  replace(wanted, families) ─► one sendto: the whole batch ─► one ack per message
+//!                                                              (an error names its step + errno)
+//!  read() ─► per family: GETTABLE · per chain (prerouting, output): GETCHAIN · GETRULE dump
+//!        ─► plan::Observed
 //!  remove_all() ─► read(), then replace(∅, the families that have a table)
+//!  local_addresses() ─► getifaddrs(3): this node's addresses (which FIPs it holds)
 //! ```
 //!
 //! Calls block (a few system calls, microseconds; every receive times out after
@@ -23,8 +25,8 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::nft::{self, Answer, ChainInfo, DecodeError, Family, RuleInfo, Step};
-use super::plan::{Chain, Observed, TableState};
+use super::nft::{self, Answer, ChainInfo, DecodeError, Family, Hook, RuleInfo, Step};
+use super::plan::{Chain, Local, Observed, TableState, Wanted};
 
 /// The longest wait for one answer of the kernel (it answers within the send call; this only
 /// bounds a kernel that never does).
@@ -45,6 +47,8 @@ pub enum KernelError {
     Decode { step: Step, source: DecodeError },
     #[error("nftables: the netlink task failed: {0}")]
     Task(String),
+    #[error("reading this node's addresses (getifaddrs): {0}")]
+    Addresses(Errno),
 }
 
 impl KernelError {
@@ -56,6 +60,7 @@ impl KernelError {
             Self::Send { .. } | Self::Receive { .. } => "io",
             Self::Decode { .. } => "decode",
             Self::Task(_) => "task",
+            Self::Addresses(_) => "addresses",
         }
     }
 }
@@ -72,11 +77,14 @@ fn receive_reason(e: Errno) -> String {
 fn hint(step: Option<&Step>, e: Errno) -> &'static str {
     match (step, e) {
         (_, Errno::EPERM) => " (the agent needs CAP_NET_ADMIN in the node's network namespace)",
-        (Some(Step::CreateChain(_)), Errno::ENOENT | Errno::EOPNOTSUPP) => {
+        (Some(Step::CreateChain(..)), Errno::ENOENT | Errno::EOPNOTSUPP) => {
             " (no nat chain type: is the kernel module nft_chain_nat available?)"
         }
         (Some(Step::AddRule(_)), Errno::ENOENT | Errno::EOPNOTSUPP) => {
             " (no redir expression: is the kernel module nft_redir available?)"
+        }
+        (Some(Step::AddLocalRule { .. }), Errno::ENOENT | Errno::EOPNOTSUPP) => {
+            " (no nat expression: is the kernel module nft_nat available?)"
         }
         (_, Errno::EAFNOSUPPORT | Errno::EPROTONOSUPPORT) => {
             " (does this kernel have nf_tables for this address family?)"
@@ -162,9 +170,10 @@ impl Socket {
     }
 
     /// Replaces the `baton` table of each of `families` so that it accepts exactly the FIPs of
-    /// that family in `fips` (none: the table is removed), in one transaction.
-    pub fn replace(&mut self, fips: &BTreeSet<IpAddr>, families: &[Family]) -> Result<(), KernelError> {
-        let batch = nft::replace_batch(fips, families, self.seq);
+    /// that family in `want` and delivers the held ones locally (no FIPs: the table is
+    /// removed), in one transaction.
+    pub fn replace(&mut self, want: &Wanted, families: &[Family]) -> Result<(), KernelError> {
+        let batch = nft::replace_batch(&want.fips, &want.held, families, self.seq);
         self.seq = self
             .seq
             .wrapping_add(u32::try_from(batch.steps.len() + 2).unwrap_or(u32::MAX));
@@ -250,28 +259,42 @@ impl Socket {
             Err(e) => return Err(e),
         }
         let mut state = TableState::default();
-        let seq = self.next_seq();
-        match self.request(&nft::get_chain(family, seq), seq, &Step::ReadChain(family)) {
-            Ok(answers) => {
-                state.chain = answers
-                    .into_iter()
-                    .find_map(|a| match a {
-                        Answer::Chain(c) => Some(chain_state(&c)),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-            }
-            Err(e) if absent(&e) => return Ok(Some(state)),
-            Err(e) => return Err(e),
-        }
-        let seq = self.next_seq();
-        for a in self.request(&nft::get_rules(family, seq), seq, &Step::ReadRules(family))? {
-            match a {
-                Answer::Rule(RuleInfo::Fip { ip, connections }) => {
-                    state.fips.insert(ip, connections);
+        for hook in Hook::ALL {
+            let seq = self.next_seq();
+            match self.request(
+                &nft::get_chain(family, hook, seq),
+                seq,
+                &Step::ReadChain(family, hook),
+            ) {
+                Ok(answers) => {
+                    *state.chain_mut(hook) = answers
+                        .into_iter()
+                        .find_map(|a| match a {
+                            Answer::Chain(c) => Some(chain_state(&c, hook)),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
                 }
-                Answer::Rule(RuleInfo::Other(what)) => state.other.push(what),
-                _ => {}
+                Err(e) if absent(&e) => continue,
+                Err(e) => return Err(e),
+            }
+            let seq = self.next_seq();
+            for a in self.request(
+                &nft::get_rules(family, hook, seq),
+                seq,
+                &Step::ReadRules(family, hook),
+            )? {
+                match (hook, a) {
+                    (Hook::Prerouting, Answer::Rule(RuleInfo::Fip { ip, connections })) => {
+                        state.fips.insert(ip, connections);
+                    }
+                    (Hook::Output, Answer::Rule(RuleInfo::Local { fip, to, connections })) => {
+                        state.local.insert(fip, Local { to, connections });
+                    }
+                    (_, Answer::Rule(RuleInfo::Other(what))) => state.other.push(format!("{hook}: {what}")),
+                    (_, Answer::Rule(rule)) => state.other.push(format!("{hook}: {rule:?}")),
+                    _ => {}
+                }
             }
         }
         Ok(Some(state))
@@ -281,14 +304,27 @@ impl Socket {
     pub fn remove_all(&mut self) -> Result<Vec<Family>, KernelError> {
         let families: Vec<Family> = self.read()?.into_keys().collect();
         if !families.is_empty() {
-            self.replace(&BTreeSet::new(), &families)?;
+            self.replace(&Wanted::default(), &families)?;
         }
         Ok(families)
     }
 }
 
-fn chain_state(c: &ChainInfo) -> Chain {
-    if c.is_ours() {
+/// This node's addresses (every interface's), as getifaddrs(3) lists them.
+pub fn local_addresses() -> Result<BTreeSet<IpAddr>, KernelError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(KernelError::Addresses)?;
+    Ok(addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect())
+}
+
+fn chain_state(c: &ChainInfo, hook: Hook) -> Chain {
+    if c.is_ours(hook) {
         return Chain::Ours;
     }
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());

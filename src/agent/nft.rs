@@ -3,7 +3,7 @@
 //! `netlink.rs` sends what this builds and hands back what the kernel answered.
 //!
 //! ```text
-//!  FIPs ─► replace_batch ─► BATCH_BEGIN
+//!  FIPs, held FIPs ─► replace_batch ─► BATCH_BEGIN
 //!                           per family touched:  NEWTABLE baton   (creates it if absent)
 //!                                                DELTABLE baton   (so the next one starts empty)
 //!                                                if it has FIPs:  NEWTABLE baton
@@ -11,9 +11,13 @@
 //!                                                                          prerouting, prio -100)
 //!                                                                 NEWRULE  daddr FIP counter redirect
 //!                                                                          … one per FIP
+//!                                                                 NEWCHAIN output (nat, hook output,
+//!                                                                          prio -100)
+//!                                                                 NEWRULE  daddr FIP counter dnat to ADDR
+//!                                                                          … one per FIP held here
 //!                           BATCH_END      ─► the kernel commits all of it, or none of it
 //!  get_table / get_chain / get_rules ─► the kernel's NEWTABLE / NEWCHAIN / NEWRULE answers
-//!                                    ─► answer(): Chain, Rule (its FIP and counter), Ack, Error
+//!                                    ─► answer(): Chain, Rule (its FIP, target and counter), Ack, Error
 //! ```
 //!
 //! Every message of a batch asks for an acknowledgement and carries its own sequence number, so
@@ -21,15 +25,13 @@
 //! (`linux/netlink.h`, `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`); the unit
 //! tests compare them with the bytes `nft` 1.0.6 sends and kernel 6.18 answers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
 /// The table baton owns in each family (`ip baton`, `ip6 baton`).
 pub const TABLE: &str = "baton";
-/// Its one chain.
-pub const CHAIN: &str = "prerouting";
-/// The chain's priority: dstnat, where kube-proxy's and every other destination NAT runs.
+/// Its chains' priority: dstnat, where kube-proxy's and every other destination NAT runs.
 pub const PRIORITY: i32 = -100;
 
 // linux/netlink.h
@@ -84,12 +86,25 @@ const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
+const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_NAT_TYPE: u16 = 1;
+const NFTA_NAT_FAMILY: u16 = 2;
+const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+const NFTA_NAT_REG_ADDR_MAX: u16 = 4;
+const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
+const NFTA_NAT_REG_PROTO_MAX: u16 = 6;
+const NFTA_NAT_FLAGS: u16 = 7;
 
 const NF_INET_PRE_ROUTING: u32 = 0;
+const NF_INET_LOCAL_OUT: u32 = 3;
 const NF_ACCEPT: u32 = 1;
 const NFT_REG_1: u32 = 1;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_CMP_EQ: u32 = 0;
+const NFT_NAT_DNAT: u32 = 1;
+// linux/netfilter/nf_nat.h
+const NF_NAT_RANGE_MAP_IPS: u32 = 1;
 
 /// An address family baton keeps a table in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -143,6 +158,43 @@ impl fmt::Display for Family {
     }
 }
 
+/// baton's chains in each table, one per hook (type nat, priority -100, policy accept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Hook {
+    /// `prerouting`: packets from the network addressed to a FIP, `redirect`ed to the node.
+    Prerouting,
+    /// `output`: the node's own packets to a FIP the node holds, `dnat`ed to its own address
+    /// (the cloud's router would send them back to it, and it drops its own source address).
+    Output,
+}
+
+impl Hook {
+    /// Both, in the order the batch creates them.
+    pub const ALL: [Self; 2] = [Self::Prerouting, Self::Output];
+
+    /// The chain's name (the hook's, as `nft` calls it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prerouting => "prerouting",
+            Self::Output => "output",
+        }
+    }
+
+    /// `NF_INET_PRE_ROUTING`, `NF_INET_LOCAL_OUT`.
+    fn number(self) -> u32 {
+        match self {
+            Self::Prerouting => NF_INET_PRE_ROUTING,
+            Self::Output => NF_INET_LOCAL_OUT,
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What one netlink message asks the kernel to do: the step an error names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -152,11 +204,17 @@ pub enum Step {
     AddTable(Family),
     DeleteTable(Family),
     CreateTable(Family),
-    CreateChain(Family),
+    CreateChain(Family, Hook),
+    /// The FIP's `redirect` in prerouting.
     AddRule(IpAddr),
+    /// The held FIP's `dnat to` the node's address in output.
+    AddLocalRule {
+        fip: IpAddr,
+        to: IpAddr,
+    },
     ReadTable(Family),
-    ReadChain(Family),
-    ReadRules(Family),
+    ReadChain(Family, Hook),
+    ReadRules(Family, Hook),
 }
 
 impl fmt::Display for Step {
@@ -166,18 +224,25 @@ impl fmt::Display for Step {
             Self::AddTable(fam) => write!(f, "add table {fam} {TABLE}"),
             Self::DeleteTable(fam) => write!(f, "delete table {fam} {TABLE}"),
             Self::CreateTable(fam) => write!(f, "create table {fam} {TABLE}"),
-            Self::CreateChain(fam) => write!(
+            Self::CreateChain(fam, hook) => write!(
                 f,
-                "add chain {fam} {TABLE} {CHAIN} (type nat hook prerouting priority {PRIORITY})"
+                "add chain {fam} {TABLE} {hook} (type nat hook {hook} priority {PRIORITY})"
             ),
             Self::AddRule(ip) => write!(
                 f,
-                "add rule {fam} {TABLE} {CHAIN} {fam} daddr {ip} counter redirect",
-                fam = Family::of(*ip)
+                "add rule {fam} {TABLE} {hook} {fam} daddr {ip} counter redirect",
+                fam = Family::of(*ip),
+                hook = Hook::Prerouting,
+            ),
+            Self::AddLocalRule { fip, to } => write!(
+                f,
+                "add rule {fam} {TABLE} {hook} {fam} daddr {fip} counter dnat to {to}",
+                fam = Family::of(*fip),
+                hook = Hook::Output,
             ),
             Self::ReadTable(fam) => write!(f, "read table {fam} {TABLE}"),
-            Self::ReadChain(fam) => write!(f, "read chain {fam} {TABLE} {CHAIN}"),
-            Self::ReadRules(fam) => write!(f, "read the rules of {fam} {TABLE} {CHAIN}"),
+            Self::ReadChain(fam, hook) => write!(f, "read chain {fam} {TABLE} {hook}"),
+            Self::ReadRules(fam, hook) => write!(f, "read the rules of {fam} {TABLE} {hook}"),
         }
     }
 }
@@ -203,11 +268,19 @@ impl Batch {
     }
 }
 
-/// The transaction that leaves, for each of `families`, exactly `fips`' rules of that family:
-/// the table is created (if absent) and deleted, then created again with the chain and one
-/// rule per FIP when the family has any. A family not in `families` is not touched. Sequence
-/// numbers start at `seq`.
-pub fn replace_batch(fips: &BTreeSet<IpAddr>, families: &[Family], seq: u32) -> Batch {
+/// The transaction that leaves, for each of `families`, exactly `fips`' and `held`'s rules of
+/// that family: the table is created (if absent) and deleted, then, when the family has FIPs,
+/// created again with the chain `prerouting` and one `redirect` rule per FIP, and the chain
+/// `output` (always, so that the table has one shape) and one `dnat` rule per held FIP (FIP →
+/// the node's address it goes to; an entry whose two addresses are not of one family is
+/// skipped: no rule can hold it). A family not in `families` is not touched. Sequence numbers
+/// start at `seq`.
+pub fn replace_batch(
+    fips: &BTreeSet<IpAddr>,
+    held: &BTreeMap<IpAddr, IpAddr>,
+    families: &[Family],
+    seq: u32,
+) -> Batch {
     let mut w = Writer::default();
     let mut steps = Vec::new();
     let mut next = seq;
@@ -237,12 +310,23 @@ pub fn replace_batch(fips: &BTreeSet<IpAddr>, families: &[Family], seq: u32) -> 
         w.table(NFT_MSG_NEWTABLE, NLM_F_CREATE, s, family);
         steps.push((s, Step::CreateTable(family)));
         let s = take();
-        w.chain(s, family);
-        steps.push((s, Step::CreateChain(family)));
+        w.chain(s, family, Hook::Prerouting);
+        steps.push((s, Step::CreateChain(family, Hook::Prerouting)));
         for ip in own {
             let s = take();
             w.rule(s, ip);
             steps.push((s, Step::AddRule(ip)));
+        }
+        let s = take();
+        w.chain(s, family, Hook::Output);
+        steps.push((s, Step::CreateChain(family, Hook::Output)));
+        for (&fip, &to) in held
+            .iter()
+            .filter(|(fip, to)| Family::of(**fip) == family && Family::of(**to) == family)
+        {
+            let s = take();
+            w.local_rule(s, fip, to);
+            steps.push((s, Step::AddLocalRule { fip, to }));
         }
     }
     let end = take();
@@ -269,8 +353,8 @@ pub fn get_table(family: Family, seq: u32) -> Vec<u8> {
     w.buf
 }
 
-/// `GETCHAIN ip|ip6 baton prerouting`: answered by the chain and an acknowledgement, or ENOENT.
-pub fn get_chain(family: Family, seq: u32) -> Vec<u8> {
+/// `GETCHAIN ip|ip6 baton <hook>`: answered by the chain and an acknowledgement, or ENOENT.
+pub fn get_chain(family: Family, hook: Hook, seq: u32) -> Vec<u8> {
     let mut w = Writer::default();
     w.message(
         nft_type(NFT_MSG_GETCHAIN),
@@ -279,14 +363,14 @@ pub fn get_chain(family: Family, seq: u32) -> Vec<u8> {
         family,
         |w| {
             w.attr_str(NFTA_CHAIN_TABLE, TABLE);
-            w.attr_str(NFTA_CHAIN_NAME, CHAIN);
+            w.attr_str(NFTA_CHAIN_NAME, hook.name());
         },
     );
     w.buf
 }
 
-/// A dump of the rules of `ip|ip6 baton prerouting`: one NEWRULE each, then DONE.
-pub fn get_rules(family: Family, seq: u32) -> Vec<u8> {
+/// A dump of the rules of `ip|ip6 baton <hook>`: one NEWRULE each, then DONE.
+pub fn get_rules(family: Family, hook: Hook, seq: u32) -> Vec<u8> {
     let mut w = Writer::default();
     w.message(
         nft_type(NFT_MSG_GETRULE),
@@ -295,7 +379,7 @@ pub fn get_rules(family: Family, seq: u32) -> Vec<u8> {
         family,
         |w| {
             w.attr_str(NFTA_RULE_TABLE, TABLE);
-            w.attr_str(NFTA_RULE_CHAIN, CHAIN);
+            w.attr_str(NFTA_RULE_CHAIN, hook.name());
         },
     );
     w.buf
@@ -355,34 +439,53 @@ impl Writer {
         });
     }
 
-    fn chain(&mut self, seq: u32, family: Family) {
+    fn chain(&mut self, seq: u32, family: Family, hook: Hook) {
         let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
         self.message(nft_type(NFT_MSG_NEWCHAIN), flags, seq, family, |w| {
             w.attr_str(NFTA_CHAIN_TABLE, TABLE);
-            w.attr_str(NFTA_CHAIN_NAME, CHAIN);
+            w.attr_str(NFTA_CHAIN_NAME, hook.name());
             w.attr_str(NFTA_CHAIN_TYPE, "nat");
             w.attr_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
             w.nested(NFTA_CHAIN_HOOK, |w| {
-                w.attr_u32(NFTA_HOOK_HOOKNUM, NF_INET_PRE_ROUTING);
+                w.attr_u32(NFTA_HOOK_HOOKNUM, hook.number());
                 w.attr_u32(NFTA_HOOK_PRIORITY, PRIORITY.cast_unsigned());
             });
         });
     }
 
-    /// `<family> daddr <ip> counter redirect`: payload load of the destination address into
-    /// register 1, compare equal, count, redirect (to the primary address of the interface the
-    /// packet came in on, ports kept).
+    /// `<family> daddr <ip> counter redirect` in prerouting: payload load of the destination
+    /// address into register 1, compare equal, count, redirect (to the primary address of the
+    /// interface the packet came in on, ports kept).
     fn rule(&mut self, seq: u32, ip: IpAddr) {
+        self.fip_rule(seq, ip, Hook::Prerouting, |w| w.expr("redir", |_| {}));
+    }
+
+    /// `<family> daddr <fip> counter dnat to <to>` in output: the same match and counter, then
+    /// `to` loaded into register 1 and a destination NAT to the address in it (ports kept).
+    fn local_rule(&mut self, seq: u32, fip: IpAddr, to: IpAddr) {
+        let family = Family::of(fip);
+        self.fip_rule(seq, fip, Hook::Output, |w| {
+            w.expr("immediate", |w| {
+                w.attr_u32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+                w.nested(NFTA_IMMEDIATE_DATA, |w| w.attr(NFTA_DATA_VALUE, &octets(to)));
+            });
+            w.expr("nat", |w| {
+                w.attr_u32(NFTA_NAT_TYPE, NFT_NAT_DNAT);
+                w.attr_u32(NFTA_NAT_FAMILY, u32::from(family.nfproto()));
+                w.attr_u32(NFTA_NAT_REG_ADDR_MIN, NFT_REG_1);
+            });
+        });
+    }
+
+    /// A rule in `hook`'s chain: `daddr <ip>` (payload, cmp), `counter`, then `action`'s
+    /// expressions.
+    fn fip_rule(&mut self, seq: u32, ip: IpAddr, hook: Hook, action: impl FnOnce(&mut Self)) {
         let family = Family::of(ip);
         let (offset, len) = family.daddr();
         let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND;
-        let value = match ip {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        };
         self.message(nft_type(NFT_MSG_NEWRULE), flags, seq, family, |w| {
             w.attr_str(NFTA_RULE_TABLE, TABLE);
-            w.attr_str(NFTA_RULE_CHAIN, CHAIN);
+            w.attr_str(NFTA_RULE_CHAIN, hook.name());
             w.nested(NFTA_RULE_EXPRESSIONS, |w| {
                 w.expr("payload", |w| {
                     w.attr_u32(NFTA_PAYLOAD_DREG, NFT_REG_1);
@@ -393,10 +496,10 @@ impl Writer {
                 w.expr("cmp", |w| {
                     w.attr_u32(NFTA_CMP_SREG, NFT_REG_1);
                     w.attr_u32(NFTA_CMP_OP, NFT_CMP_EQ);
-                    w.nested(NFTA_CMP_DATA, |w| w.attr(NFTA_DATA_VALUE, &value));
+                    w.nested(NFTA_CMP_DATA, |w| w.attr(NFTA_DATA_VALUE, &octets(ip)));
                 });
                 w.expr("counter", |_| {});
-                w.expr("redir", |_| {});
+                action(w);
             });
         });
     }
@@ -505,10 +608,10 @@ pub struct ChainInfo {
 }
 
 impl ChainInfo {
-    /// Whether it is the chain baton creates: type nat, hook prerouting, priority -100, policy
-    /// accept.
-    pub fn is_ours(&self) -> bool {
-        self.hook == Some(NF_INET_PRE_ROUTING)
+    /// Whether it is the chain baton creates for `hook`: type nat, that hook, priority -100,
+    /// policy accept.
+    pub fn is_ours(&self, hook: Hook) -> bool {
+        self.hook == Some(hook.number())
             && self.priority == Some(PRIORITY)
             && self.kind.as_deref() == Some("nat")
             && self.policy.is_none_or(|p| p == NF_ACCEPT)
@@ -518,9 +621,17 @@ impl ChainInfo {
 /// A rule as the kernel describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RuleInfo {
-    /// One of baton's: `daddr <ip> counter redirect`, and the counter's packets (NAT chains
-    /// see only the first packet of each connection: the connections redirected).
+    /// One of baton's prerouting rules: `daddr <ip> counter redirect`, and the counter's
+    /// packets (NAT chains see only the first packet of each connection: the connections
+    /// redirected).
     Fip { ip: IpAddr, connections: u64 },
+    /// One of baton's output rules: `daddr <fip> counter dnat to <to>`, and its counter (the
+    /// node's own connections to the FIP delivered to `to`).
+    Local {
+        fip: IpAddr,
+        to: IpAddr,
+        connections: u64,
+    },
     /// Any other rule, described.
     Other(String),
 }
@@ -636,39 +747,77 @@ fn rule_info(family: Family, attrs: &[(u16, &[u8])]) -> Result<RuleInfo, DecodeE
     }))
 }
 
-/// `payload (daddr) · cmp eq <ip> · counter · redir` with no port: one of baton's rules.
+/// `payload (daddr) · cmp eq <ip> · counter`, then `redir` with no port (a prerouting rule of
+/// baton's) or `immediate <to> · nat dnat` to that address alone (an output rule of baton's).
 fn fip_rule(family: Family, exprs: &[Expr<'_>]) -> Option<RuleInfo> {
-    let [
-        (load, payload),
-        (compare, cmp),
-        (count, counter),
-        (redirect, redir),
-    ] = exprs
-    else {
+    let [(load, payload), (compare, cmp), (count, counter), action @ ..] = exprs else {
         return None;
     };
-    let names = (load.as_str(), compare.as_str(), count.as_str(), redirect.as_str());
-    if names != ("payload", "cmp", "counter", "redir") {
+    if (load.as_str(), compare.as_str(), count.as_str()) != ("payload", "cmp", "counter") {
         return None;
     }
     let (offset, len) = family.daddr();
-    let num = |attrs: &[(u16, &[u8])], ty| find(attrs, ty).and_then(be_u32);
     let reg = num(payload, NFTA_PAYLOAD_DREG)?;
     let loads_daddr = num(payload, NFTA_PAYLOAD_BASE) == Some(NFT_PAYLOAD_NETWORK_HEADER)
         && num(payload, NFTA_PAYLOAD_OFFSET) == Some(offset)
         && num(payload, NFTA_PAYLOAD_LEN) == Some(len);
     let compares = num(cmp, NFTA_CMP_SREG) == Some(reg) && num(cmp, NFTA_CMP_OP) == Some(NFT_CMP_EQ);
-    if !loads_daddr || !compares || !redir.is_empty() {
+    if !loads_daddr || !compares {
         return None;
     }
-    let data = self::attrs(find(cmp, NFTA_CMP_DATA)?).ok()?;
+    let ip = address(family, find(cmp, NFTA_CMP_DATA)?)?;
+    let connections = find(counter, NFTA_COUNTER_PACKETS).and_then(be_u64).unwrap_or(0);
+    match action {
+        [(redirect, redir)] if redirect == "redir" && redir.is_empty() => {
+            Some(RuleInfo::Fip { ip, connections })
+        }
+        [(load, immediate), (translate, nat)] if load == "immediate" && translate == "nat" => {
+            let to = dnat_target(family, immediate, nat)?;
+            Some(RuleInfo::Local {
+                fip: ip,
+                to,
+                connections,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The address of `immediate <to> · nat dnat <family> addr reg` (ports kept, no other flag
+/// than the one the kernel adds for an address range): where the rule sends the packet.
+fn dnat_target(family: Family, immediate: &[(u16, &[u8])], nat: &[(u16, &[u8])]) -> Option<IpAddr> {
+    let reg = num(immediate, NFTA_IMMEDIATE_DREG)?;
+    let to = address(family, find(immediate, NFTA_IMMEDIATE_DATA)?)?;
+    let dnat = num(nat, NFTA_NAT_TYPE) == Some(NFT_NAT_DNAT)
+        && num(nat, NFTA_NAT_FAMILY) == Some(u32::from(family.nfproto()))
+        && num(nat, NFTA_NAT_REG_ADDR_MIN) == Some(reg)
+        && num(nat, NFTA_NAT_REG_ADDR_MAX).is_none_or(|r| r == reg)
+        && num(nat, NFTA_NAT_FLAGS).is_none_or(|f| f == NF_NAT_RANGE_MAP_IPS)
+        && find(nat, NFTA_NAT_REG_PROTO_MIN).is_none()
+        && find(nat, NFTA_NAT_REG_PROTO_MAX).is_none();
+    dnat.then_some(to)
+}
+
+/// A `u32` attribute.
+fn num(attrs: &[(u16, &[u8])], ty: u16) -> Option<u32> {
+    find(attrs, ty).and_then(be_u32)
+}
+
+/// The address in a nested `NFTA_DATA_VALUE` of `family`'s length.
+fn address(family: Family, data: &[u8]) -> Option<IpAddr> {
+    let data = self::attrs(data).ok()?;
     let value = find(&data, NFTA_DATA_VALUE)?;
-    let ip = match family {
+    Some(match family {
         Family::V4 => IpAddr::from(<[u8; 4]>::try_from(value).ok()?),
         Family::V6 => IpAddr::from(<[u8; 16]>::try_from(value).ok()?),
-    };
-    let connections = find(counter, NFTA_COUNTER_PACKETS).and_then(be_u64).unwrap_or(0);
-    Some(RuleInfo::Fip { ip, connections })
+    })
+}
+
+fn octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
 }
 
 fn align4(n: usize) -> usize {

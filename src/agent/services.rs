@@ -5,28 +5,50 @@
 //!                                                    or spec.loadBalancerClass baton.dev/control-plane
 //!                                                    or kube-system/<prefix>-kubernetes-external
 //!                 ─► its addresses: spec.loadBalancerIP, status.loadBalancer.ingress[].ip
-//!                 ─► FipSet { fips, problems }   (an address that does not parse is a problem,
-//!                                                 named with its Service and field, and skipped)
+//!                 ─► its FIPs' holder: annotation baton.dev/fip-holder-address (the controller's)
+//!                 ─► FipSet { fips, holders, problems }   (an address that does not parse is a
+//!                                   problem, named with its Service and field, and skipped)
 //! ```
 //!
 //! These are the Services whose FIP `baton controller` routes to a healthy control-plane node
 //! (docs/controller.md); workload Services' FIPs are announced by BGP and reach the nodes
 //! through kube-proxy or the load-balancer implementation, not through this agent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt as _;
 
-use crate::names::{CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION};
+use crate::names::{CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, FIP_HOLDER_ADDRESS_ANNOTATION};
 
-/// The FIPs of the control-plane endpoint Services, and what was wrong with some of them.
+/// The FIPs of the control-plane endpoint Services, who holds them, and what was wrong with
+/// some of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FipSet {
     pub fips: BTreeSet<IpAddr>,
+    /// FIP → the address of the server the cloud routes it to, as the Services' annotation
+    /// `baton.dev/fip-holder-address` says (written by the controller's leader). A set: two
+    /// Services with one FIP may disagree for a moment, while the leader rewrites both. Only
+    /// addresses of the FIP's own family: the node's packets to an IPv6 FIP cannot be
+    /// delivered to an IPv4 address.
+    pub holders: BTreeMap<IpAddr, BTreeSet<IpAddr>>,
     pub problems: Vec<Problem>,
+}
+
+impl FipSet {
+    /// Adds `other`'s FIPs, holders and problems.
+    pub fn merge(&mut self, other: &Self) {
+        self.fips.extend(other.fips.iter().copied());
+        for (fip, holders) in &other.holders {
+            self.holders
+                .entry(*fip)
+                .or_default()
+                .extend(holders.iter().copied());
+        }
+        self.problems.extend(other.problems.iter().cloned());
+    }
 }
 
 /// An address of a control-plane endpoint Service that cannot be accepted.
@@ -42,6 +64,14 @@ pub enum Problem {
     Unusable {
         service: String,
         field: String,
+        value: IpAddr,
+        why: &'static str,
+    },
+    #[error(
+        "Service {service}: annotation {FIP_HOLDER_ADDRESS_ANNOTATION} {value} cannot be a server's address ({why})"
+    )]
+    UnusableHolder {
+        service: String,
         value: IpAddr,
         why: &'static str,
     },
@@ -62,11 +92,12 @@ pub fn is_control_plane_endpoint(svc: &Service, mirror: &str) -> bool {
         || (svc.namespace().as_deref() == Some("kube-system") && svc.name_any() == mirror)
 }
 
-/// The FIPs of every control-plane endpoint among `services` (`mirror`: the mirror Service's
-/// name, see [`mirror_name`]).
+/// The FIPs of every control-plane endpoint among `services`, and their holders (`mirror`:
+/// the mirror Service's name, see [`mirror_name`]).
 pub fn control_plane_fips(services: &[Arc<Service>], mirror: &str) -> FipSet {
     let mut out = FipSet::default();
     for svc in services.iter().filter(|s| is_control_plane_endpoint(s, mirror)) {
+        let mut own = BTreeSet::new();
         let service = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
         let spec_ip = svc
             .spec
@@ -93,7 +124,7 @@ pub fn control_plane_fips(services: &[Arc<Service>], mirror: &str) -> FipSet {
             }
             match check(value) {
                 Ok(ip) => {
-                    out.fips.insert(ip);
+                    own.insert(ip);
                 }
                 Err(Bad::NotAnAddress) => out.problems.push(Problem::NotAnAddress {
                     service: service.clone(),
@@ -108,8 +139,42 @@ pub fn control_plane_fips(services: &[Arc<Service>], mirror: &str) -> FipSet {
                 }),
             }
         }
+        if let Some(holder) = holder_address(svc, &service, &mut out.problems) {
+            for fip in own.iter().filter(|fip| fip.is_ipv4() == holder.is_ipv4()) {
+                out.holders.entry(*fip).or_default().insert(holder);
+            }
+        }
+        out.fips.extend(own);
     }
     out
+}
+
+/// The Service's `baton.dev/fip-holder-address`, if it has a usable one; a bad one is a
+/// problem named with the Service.
+fn holder_address(svc: &Service, service: &str, problems: &mut Vec<Problem>) -> Option<IpAddr> {
+    let value = svc.annotations().get(FIP_HOLDER_ADDRESS_ANNOTATION)?.trim();
+    if value.is_empty() {
+        return None;
+    }
+    match check(value) {
+        Ok(ip) => Some(ip),
+        Err(Bad::NotAnAddress) => {
+            problems.push(Problem::NotAnAddress {
+                service: service.to_owned(),
+                field: format!("annotation {FIP_HOLDER_ADDRESS_ANNOTATION}"),
+                value: value.to_owned(),
+            });
+            None
+        }
+        Err(Bad::Unusable(ip, why)) => {
+            problems.push(Problem::UnusableHolder {
+                service: service.to_owned(),
+                value: ip,
+                why,
+            });
+            None
+        }
+    }
 }
 
 enum Bad {

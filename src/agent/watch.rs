@@ -1,6 +1,6 @@
 //! The Service watch: every Service of the cluster, through the node's own API server (the
 //! manifest points `KUBERNETES_SERVICE_HOST` at the node's address, never at the FIP), reduced to
-//! the control-plane FIPs.
+//! the control-plane FIPs and their holders.
 //!
 //! ```text
 //!  watch Services (kube-runtime watcher, all namespaces, its default backoff)
@@ -8,17 +8,18 @@
 //!     │ Apply / Delete: one entry updated
 //!     ▼
 //!  index: namespace/name ─► services::control_plane_fips(that Service)   (only endpoints kept)
-//!     │ union, after every change once listed
+//!     │ union (FIPs, holder addresses), after every change once listed
 //!     ▼
-//!  watch::Sender<Option<FIPs>>  (None until the first full list)   ─► the reconcile loop
+//!  watch::Sender<Option<FipSet>>  (None until the first full list)  ─► the reconcile loop
 //!  WatchStatus: listed? last watch error?                          ─► /ready
 //! ```
 //!
 //! Only the control-plane endpoints' addresses are kept, not the Services themselves, so the
-//! agent's memory does not grow with the cluster's workload Services.
+//! agent's memory does not grow with the cluster's workload Services. The controller's leader
+//! rewrites an endpoint's holder annotations after a failover: that update reaches the agent as
+//! one more Apply, and the reconcile loop acts on it at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt as _;
@@ -115,11 +116,14 @@ impl Index {
         }
     }
 
-    fn fips(&self) -> BTreeSet<IpAddr> {
-        self.current
-            .values()
-            .flat_map(|s| s.fips.iter().copied())
-            .collect()
+    /// The FIPs and holders of every control-plane endpoint (without the problems).
+    fn fips(&self) -> FipSet {
+        let mut all = FipSet::default();
+        for set in self.current.values() {
+            all.merge(set);
+        }
+        all.problems.clear();
+        all
     }
 
     fn problems(&self) -> BTreeSet<String> {
@@ -130,12 +134,12 @@ impl Index {
     }
 }
 
-/// Watches Services until `shutdown`, publishing the control-plane FIPs on `tx` after the
-/// first full list and after every change.
+/// Watches Services until `shutdown`, publishing the control-plane FIPs and their holders on
+/// `tx` after the first full list and after every change.
 pub async fn watch_services(
     client: kube::Client,
     mirror: String,
-    tx: watch::Sender<Option<BTreeSet<IpAddr>>>,
+    tx: watch::Sender<Option<FipSet>>,
     status: Arc<WatchStatus>,
     shutdown: CancellationToken,
 ) {

@@ -1,4 +1,4 @@
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -136,6 +136,101 @@ fn bad_addresses_are_named_and_skipped(
     // The good addresses are still accepted.
     assert!(got.fips.contains(&"203.0.113.11".parse::<IpAddr>().unwrap()));
     assert!(got.fips.iter().all(|ip| usable(*ip).is_ok()));
+}
+
+/// An annotated endpoint Service with these FIPs (spec, ingress) and holder address annotation.
+fn held(name: &str, lb_ip: Option<&str>, ingress: &[&str], holder: Option<&str>) -> Arc<Service> {
+    let svc = svc("default", name, Some("true"), None, lb_ip, ingress);
+    let mut svc = Arc::unwrap_or_clone(svc);
+    if let Some(h) = holder {
+        svc.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend([
+                ("baton.dev/fip-holder".to_owned(), "cp-1".to_owned()),
+                ("baton.dev/fip-holder-address".to_owned(), h.to_owned()),
+            ]);
+    }
+    Arc::new(svc)
+}
+
+fn holders(list: &[(&str, &[&str])]) -> BTreeMap<IpAddr, BTreeSet<IpAddr>> {
+    list.iter()
+        .map(|(fip, addrs)| (fip.parse().unwrap(), ips(addrs)))
+        .collect()
+}
+
+#[rstest]
+#[case::named(held("api", Some("203.0.113.10"), &[], Some("198.51.100.11")), &[("203.0.113.10", &["198.51.100.11"][..])])]
+#[case::every_fip_of_the_service(
+    held("api", Some("203.0.113.10"), &["203.0.113.11"], Some("198.51.100.11")),
+    &[("203.0.113.10", &["198.51.100.11"][..]), ("203.0.113.11", &["198.51.100.11"][..])]
+)]
+#[case::only_fips_of_its_family(
+    held("api", None, &["203.0.113.10", "2001:db8::10"], Some("198.51.100.11")),
+    &[("203.0.113.10", &["198.51.100.11"][..])]
+)]
+#[case::not_named(held("api", Some("203.0.113.10"), &[], None), &[])]
+#[case::empty(held("api", Some("203.0.113.10"), &[], Some(" ")), &[])]
+#[case::no_fip_yet(held("api", None, &[], Some("198.51.100.11")), &[])]
+fn the_holder_annotation_names_each_fips_holder(
+    #[case] service: Arc<Service>,
+    #[case] want: &[(&str, &[&str])],
+) {
+    let got = control_plane_fips(&[service], MIRROR);
+    assert_eq!(got.holders, holders(want));
+    assert!(got.problems.is_empty(), "{:?}", got.problems);
+}
+
+#[test]
+fn a_workload_services_holder_annotation_does_not_count() {
+    let mut svc = Arc::unwrap_or_clone(svc("default", "web", None, None, Some("203.0.113.30"), &[]));
+    svc.metadata.annotations = Some(BTreeMap::from([(
+        "baton.dev/fip-holder-address".to_owned(),
+        "198.51.100.11".to_owned(),
+    )]));
+    assert_eq!(control_plane_fips(&[Arc::new(svc)], MIRROR), FipSet::default());
+}
+
+#[test]
+fn services_that_disagree_about_a_holder_give_both() {
+    let mut all = FipSet::default();
+    for s in [
+        held("api", Some("203.0.113.10"), &[], Some("198.51.100.11")),
+        held("api-copy", Some("203.0.113.10"), &[], Some("198.51.100.12")),
+    ] {
+        all.merge(&control_plane_fips(&[s], MIRROR));
+    }
+    assert_eq!(
+        all.holders,
+        holders(&[("203.0.113.10", &["198.51.100.11", "198.51.100.12"][..])])
+    );
+    assert_eq!(all.fips, ips(&["203.0.113.10"]));
+}
+
+#[rstest]
+#[case::garbage(
+    "cp-1",
+    "Service default/api: annotation baton.dev/fip-holder-address \"cp-1\" is not an IP address"
+)]
+#[case::cidr(
+    "198.51.100.11/32",
+    "Service default/api: annotation baton.dev/fip-holder-address \"198.51.100.11/32\" is not an IP address"
+)]
+#[case::loopback(
+    "127.0.0.1",
+    "Service default/api: annotation baton.dev/fip-holder-address 127.0.0.1 cannot be a server's address (loopback)"
+)]
+#[case::unspecified(
+    "0.0.0.0",
+    "Service default/api: annotation baton.dev/fip-holder-address 0.0.0.0 cannot be a server's address (unspecified)"
+)]
+fn a_bad_holder_address_is_named_and_the_fip_still_accepted(#[case] holder: &str, #[case] problem: &str) {
+    let got = control_plane_fips(&[held("api", Some("203.0.113.10"), &[], Some(holder))], MIRROR);
+    assert_eq!(got.fips, ips(&["203.0.113.10"]));
+    assert!(got.holders.is_empty(), "{:?}", got.holders);
+    assert_eq!(got.problems.len(), 1, "{:?}", got.problems);
+    assert_eq!(got.problems[0].to_string(), problem);
 }
 
 #[test]
