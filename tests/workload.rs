@@ -60,8 +60,12 @@ const GOBGP_API: &str = "127.0.0.1:50051";
 const MLB: &str = "metallb-system";
 /// The nftables table counting, on a node, the packets arriving for port 80 of any FIP.
 const COUNTER_TABLE: &str = "table ip baton_workload {
-  counter fip80 {}
-  chain pre { type filter hook prerouting priority raw; ip daddr 203.0.113.0/24 tcp dport 80 counter name fip80 }
+  counter fip80 {
+  }
+  chain pre {
+    type filter hook prerouting priority raw;
+    ip daddr 203.0.113.0/24 tcp dport 80 counter name fip80
+  }
 }
 ";
 
@@ -273,6 +277,18 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             );
             speakers.push(Proc::spawn(&format!("speaker-{name}"), logs.path(), &mut cmd).unwrap());
             cp.node_nft(&name, COUNTER_TABLE).await.unwrap();
+            // A node forwards (kubeadm's preflight requires net.ipv4.ip_forward=1): kube-proxy's
+            // DNAT to a pod on another node is forwarded. The lab's node namespaces start with
+            // 0, and only the CNI bridge plugin turns it on, when the node runs a pod on the pod
+            // network; the workload's pods may all land on one node.
+            let status = cp
+                .node_command(&name, "sysctl")
+                .unwrap()
+                .args(["-qw", "net.ipv4.ip_forward=1"])
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success(), "sysctl on {name}");
         }
         let diag = || {
             use std::fmt::Write as _;
@@ -359,8 +375,10 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         })
         .await;
         assert_eq!(shown.ip, Some(byo.address.to_string()));
+        // baton sets no ipMode; the API server fills in the default, VIP.
         assert_eq!(
-            shown.ip_mode, None,
+            shown.ip_mode.as_deref().unwrap_or("VIP"),
+            "VIP",
             "VIP mode: kube-proxy only accepts VIP ingresses"
         );
         let (cp0, cp1) = (fip_packets(&cp, "cp-0").await, fip_packets(&cp, "cp-1").await);
