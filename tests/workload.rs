@@ -277,18 +277,6 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             );
             speakers.push(Proc::spawn(&format!("speaker-{name}"), logs.path(), &mut cmd).unwrap());
             cp.node_nft(&name, COUNTER_TABLE).await.unwrap();
-            // A node forwards (kubeadm's preflight requires net.ipv4.ip_forward=1): kube-proxy's
-            // DNAT to a pod on another node is forwarded. The lab's node namespaces start with
-            // 0, and only the CNI bridge plugin turns it on, when the node runs a pod on the pod
-            // network; the workload's pods may all land on one node.
-            let status = cp
-                .node_command(&name, "sysctl")
-                .unwrap()
-                .args(["-qw", "net.ipv4.ip_forward=1"])
-                .status()
-                .await
-                .unwrap();
-            assert!(status.success(), "sysctl on {name}");
         }
         let diag = || {
             use std::fmt::Write as _;
