@@ -293,7 +293,11 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
         for ns in ["metallb-system", "apps", "tenants"] {
             namespace(&admin, ns).await;
         }
-        common::apply_shipped_manifests(&admin, &["rbac.yaml", "rbac-metallb.yaml", "sni-router.yaml", "agent.yaml"]).await;
+        common::apply_shipped_manifests(
+            &admin,
+            &["rbac.yaml", "rbac-metallb.yaml", "sni-router.yaml", "agent.yaml"],
+        )
+        .await;
         let baton_token = sa_token(&admin, "kube-system", "baton").await;
         let sni_token = sa_token(&admin, "kube-system", "baton-sni").await;
         let agent_token = sa_token(&admin, "kube-system", "baton-agent").await;
@@ -332,7 +336,10 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
             let sni = can_i_list(&cp, &sni_token, ns);
             assert!(deletes(&sni).is_empty(), "baton-sni may delete in {ns}: {sni:#?}");
             let agent = can_i_list(&cp, &agent_token, ns);
-            assert!(deletes(&agent).is_empty(), "baton-agent may delete in {ns}: {agent:#?}");
+            assert!(
+                deletes(&agent).is_empty(),
+                "baton-agent may delete in {ns}: {agent:#?}"
+            );
         }
 
         // ---- The opt-in: deleting Nodes. ----

@@ -29,7 +29,10 @@
 //! that finds the Service gone releases the FIP at once, and a sweep at start and every
 //! [`RESYNC`] releases FIPs of this cluster whose Service is gone ([`orphans`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
-//! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) are never touched.
+//! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) and Services asking for a
+//! control-plane FIP's address are never touched. A Service asking for a FIP the cloud routes to
+//! a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any bring-your-own
+//! address, and an Event saying it is not handed to the load balancer.
 //!
 //! Economy: reads come from the client's shared IP-list cache (writes patch it), so a created
 //! Service costs one cloud write (the `POST`) and no read of its own; a steady-state resync every
@@ -285,11 +288,13 @@ impl ServiceContext {
         let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
         // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
         // for the cloud anyway).
-        let control_plane = match self.base.cloud.ips().await {
-            Ok(ips) => control_plane_addresses(self.base.config.fip_tag.as_ref(), &ips, &all),
+        let never_announced = match self.base.cloud.ips().await {
+            Ok(ips) => {
+                FipRoles::of(self.base.config.fip_tag.as_ref(), &ips, &all, self.mirror()).never_announced()
+            }
             Err(_) => BTreeSet::new(),
         };
-        budget::admitted(&all, self.mirror(), &control_plane, limit).refuses(&facts.key())
+        budget::admitted(&all, self.mirror(), &never_announced, limit).refuses(&facts.key())
     }
 }
 
@@ -391,7 +396,7 @@ async fn run(
             // The control-plane addresses the Services show (the mirror's and every endpoint
             // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
             // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
-            let control_plane = control_plane_addresses::<IpAddress>(None, &[], &all);
+            let control_plane = control_plane_addresses::<IpAddress>(None, &[], &all, mirror);
             let extra = svc_ctx.mode().map(ip_annotation);
             let n = all
                 .iter()
@@ -624,14 +629,14 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
     }
     // A Service asking for a control-plane FIP's address is a control-plane endpoint whatever
     // its name (CPEM #258); judged only while it lives, so a deletion always finishes.
-    let control_plane = if facts.deleting {
-        BTreeSet::new()
+    let roles = if facts.deleting {
+        FipRoles::default()
     } else {
-        control_plane_for(&ctx, &facts).await?
+        roles_for(&ctx, &facts).await?
     };
     let extra = ctx.mode().map(ip_annotation);
     let result = match (
-        scope_excluding(&facts, ctx.mirror(), &control_plane, extra),
+        scope_excluding(&facts, ctx.mirror(), &roles.control_plane, extra),
         ctx.mode(),
     ) {
         (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => {
@@ -672,7 +677,8 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
                         && find_ours(&ctx, &facts, None).await?.is_empty() =>
                 {
                     debug!(%ip, "bring-your-own IP");
-                    set_ingress(&ctx, &facts, ip).await?;
+                    let roles = byo_roles(&ctx, &facts, ip).await?;
+                    byo_ingress(&ctx, &svc, &facts, ip, &roles).await?;
                     ctx.retries.succeeded(&facts.key());
                     return Ok(Action::await_change());
                 }
@@ -1029,7 +1035,8 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
             forget(ctx, &facts, false).await?;
-            set_ingress(ctx, &facts, ip).await?;
+            let roles = byo_roles(ctx, &facts, ip).await?;
+            byo_ingress(ctx, svc, &facts, ip, &roles).await?;
         }
         Decision::ReleaseForByoIp { requested, ours } => {
             release_for_byo_ip(ctx, svc, &facts, &found, requested, &ours).await?;
@@ -1082,7 +1089,8 @@ async fn release_for_byo_ip(
         }
     }
     forget(ctx, facts, false).await?;
-    set_ingress(ctx, facts, requested).await
+    let roles = byo_roles(ctx, facts, requested).await?;
+    byo_ingress(ctx, svc, facts, requested, &roles).await
 }
 
 /// Publishes the FIP; if the Service is gone (Kubernetes can delete it despite the finalizer,
@@ -1261,25 +1269,89 @@ async fn apply_status(
 }
 
 /// A bring-your-own IP's ingress: the address the Service asks for, as the Cherry CCM reports
-/// it (written only when it differs).
-async fn set_ingress(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<(), ServiceError> {
+/// it (written only when it differs; VIP mode, no `ipMode`). Returns whether it was written.
+async fn set_ingress(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<bool, ServiceError> {
     if facts.ingress_ips == [ip.to_string()] {
-        return Ok(());
+        return Ok(false);
     }
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     apply_ingress(&api, ctx, facts, ip).await?;
     info!(%ip, "bring-your-own IP: ingress set");
+    Ok(true)
+}
+
+/// [`set_ingress`], and when the address is a FIP the cloud routes to a server (a bring-your-own
+/// routed FIP, [`FipRoles::routed`]) says once, as the ingress is written, that it is not handed
+/// to the load balancer: the cloud delivers it to that server, where kube-proxy accepts it (the
+/// ingress is in VIP mode); a BGP announcement from other nodes would fight the cloud's route.
+async fn byo_ingress(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: IpAddr,
+    roles: &FipRoles,
+) -> Result<(), ServiceError> {
+    if set_ingress(ctx, facts, ip).await?
+        && let Some(server) = roles.routed_to(ip)
+    {
+        info!(%ip, server, "bring-your-own Floating IP routed to a server by the cloud: not handed to the load balancer");
+        ctx.base
+            .event(
+                svc,
+                EventType::Normal,
+                "RoutedFloatingIP",
+                "HandOffToLoadBalancer",
+                format!(
+                    "Floating IP {ip} is routed to server {server} by the cloud: ingress set (VIP mode, kube-proxy accepts it on that server); it is not handed to the load balancer, a BGP announcement would fight the cloud's route"
+                ),
+            )
+            .await;
+    }
     Ok(())
 }
 
-/// The control-plane FIPs' addresses ([`control_plane_addresses`]) when the Service asks for
-/// any address at all; otherwise none, without a cloud read. The IP list is the shared cache.
-async fn control_plane_for(
-    ctx: &ServiceContext,
-    facts: &ServiceFacts,
-) -> Result<BTreeSet<IpAddr>, ServiceError> {
+/// [`roles_for`] a Service bringing its own address `ip`, with the cloud's view of `ip` read
+/// fresh where the shared list may be behind (it is up to its TTL old): an address the list
+/// does not show (a FIP reserved since) has the list read again, and a FIP it shows unrouted is
+/// read by id (the operator may have routed it since). So the ingress of a FIP routed to a
+/// server is never written on a stale belief that it is announced by BGP, and the BGP
+/// controller, which hands MetalLB only addresses the ingress shows, reads the same fresh list.
+async fn byo_roles(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<FipRoles, ServiceError> {
+    let cloud_err = |step| {
+        let svc = facts.key();
+        move |source| ServiceError::Cloud {
+            svc,
+            step,
+            source: Box::new(source),
+        }
+    };
+    let ips = ctx
+        .base
+        .cloud
+        .ips()
+        .await
+        .map_err(cloud_err("listing Floating IPs"))?;
+    let shown = ips
+        .iter()
+        .find(|x| x.address == ip && x.ip_type == IpType::FloatingIp)
+        .map(|x| (x.id.clone(), x.target().is_some()));
+    match shown {
+        None => ctx.base.cloud.invalidate_ips(),
+        Some((id, false)) => match ctx.base.cloud.ip(&id).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => ctx.base.cloud.invalidate_ips(),
+            Err(e) => return Err(cloud_err("reading the Floating IP the Service asks for")(e)),
+        },
+        Some((_, true)) => {}
+    }
+    roles_for(ctx, facts).await
+}
+
+/// The roles of the cloud's FIPs ([`FipRoles`]) when the Service asks for any address at all;
+/// otherwise none, without a cloud read. The IP list is the shared cache.
+async fn roles_for(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<FipRoles, ServiceError> {
     if asked_addresses(facts, ctx.mode().map(ip_annotation)).is_empty() {
-        return Ok(BTreeSet::new());
+        return Ok(FipRoles::default());
     }
     let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
         svc: facts.key(),
@@ -1287,10 +1359,11 @@ async fn control_plane_for(
         source: Box::new(source),
     })?;
     let services: Vec<ServiceFacts> = ctx.store.state().iter().map(|s| facts_of(s)).collect();
-    Ok(control_plane_addresses(
+    Ok(FipRoles::of(
         ctx.base.config.fip_tag.as_ref(),
         &ips,
         &services,
+        ctx.mirror(),
     ))
 }
 

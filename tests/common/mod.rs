@@ -187,15 +187,23 @@ where
 /// cloud Secret of `manifests/secret.yaml` (`cherry-cloud-config`) filled in for `sim`, with
 /// `fip_tag` naming the control-plane FIP and no client rate limit.
 pub async fn apply_rbac_and_cloud_secret(client: &kube::Client, sim: &SimHandle, fip_tag: &str) {
+    apply_rbac_and_cloud_config(client, sim, &serde_json::json!({"fipTag": fip_tag})).await;
+}
+
+/// [`apply_rbac_and_cloud_secret`] with the keys of `extra` (an object) in `cloud-sa.json`
+/// instead of `fipTag` (e.g. `{"loadbalancer": "metallb:///"}`).
+pub async fn apply_rbac_and_cloud_config(client: &kube::Client, sim: &SimHandle, extra: &serde_json::Value) {
     use k8s_openapi::api::core::v1::Secret;
-    let cloud_sa = serde_json::json!({
+    let mut cloud_sa = serde_json::json!({
         "apiKey": sim.api_key(),
         "projectID": sim.project_id(),
         "region": "LT-Siauliai",
-        "fipTag": fip_tag,
         "base-url": sim.base_url().as_str(),
         "apiRateLimit": 0,
     });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        cloud_sa[k] = v.clone();
+    }
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
         "stringData": {"cloud-sa.json": cloud_sa.to_string()},

@@ -8,6 +8,9 @@
 //!                    ├──────────► Record          what baton wrote last time (id, address)
 //!  cloud FIPs ─► matching ──► pick()            ours (+ duplicates to release)
 //!                    └──────────► decide()        Publish | Create(region) | ByoIp | ReleaseForByoIp
+//!  cloud FIPs + every Service ──► FipRoles::of()  control-plane addresses (never touched)
+//!                                                 | routed to a server (bring-your-own routed:
+//!                                                   ingress, never announced by BGP)
 //! ```
 //!
 //! No I/O here: everything is a function of plain values, unit-tested in `tests.rs`.
@@ -181,38 +184,99 @@ pub fn asked_addresses(svc: &ServiceFacts, extra: Option<&str>) -> BTreeSet<IpAd
         .collect()
 }
 
-/// The control-plane FIPs' addresses: the FIP named by `fipTag`, every FIP routed (targeted) to a
-/// server — workload FIPs are announced by BGP and never targeted — and the `loadBalancerIP` of
-/// every Service annotated as a control-plane endpoint. A Service of any name asking for one of
-/// them is never handed to a load balancer (CPEM #258: MetalLB announcing the control-plane FIP,
-/// e.g. through cloud-provider-cherry's leftover mirror Service).
+/// Whether `svc` is a control-plane endpoint Service: annotated
+/// `baton.dev/control-plane-endpoint: "true"`, of class `baton.dev/control-plane` (the Services
+/// baton creates for that: the mirror, the bootstrap's API Services), baton's mirror (`mirror`,
+/// even if its annotation were lost), or cloud-provider-cherry's mirror
+/// (`kube-system/cloud-provider-cherry-kubernetes-external`, left behind on a switch).
+pub fn is_control_plane_service(svc: &ServiceFacts, mirror: (&str, &str)) -> bool {
+    svc.annotation(crate::names::CONTROL_PLANE_ENDPOINT_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || svc.class.as_deref() == Some(crate::names::CONTROL_PLANE_CLASS)
+        || (svc.namespace == mirror.0 && svc.name == mirror.1)
+        || (svc.namespace == "kube-system" && svc.name == crate::names::CCM_MIRROR_SERVICE)
+}
+
+/// The control-plane FIPs' addresses: the FIP named by `fipTag`, and every address a
+/// control-plane endpoint Service asks for ([`is_control_plane_service`]). A Service of any name
+/// asking for one of them is never handed to a load balancer (CPEM #258: MetalLB announcing the
+/// control-plane FIP, e.g. through cloud-provider-cherry's leftover mirror Service).
+///
+/// A FIP routed (targeted) to a server is **not** one by that alone: an operator may route a FIP
+/// to a node for a workload Service (a bring-your-own routed FIP, see [`routed_addresses`]).
 pub fn control_plane_addresses<B: std::borrow::Borrow<IpAddress>>(
     fip_tag: Option<&FipTag>,
     ips: &[B],
     services: &[ServiceFacts],
+    mirror: (&str, &str),
 ) -> BTreeSet<IpAddr> {
     let mut out: BTreeSet<IpAddr> = each_ip(ips)
         .filter(|ip| ip.ip_type == IpType::FloatingIp)
         .filter(|ip| {
-            ip.target().is_some()
-                || fip_tag.is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+            fip_tag.is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
         })
         .map(|ip| ip.address)
         .collect();
-    for svc in services {
-        let annotated = svc
-            .annotation(crate::controller::mirror::CONTROL_PLANE_ENDPOINT_ANNOTATION)
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        if annotated
-            && let Some(ip) = svc
-                .load_balancer_ip
-                .as_deref()
-                .and_then(|v| v.trim().parse().ok())
-        {
-            out.insert(ip);
-        }
+    for svc in services.iter().filter(|s| is_control_plane_service(s, mirror)) {
+        out.extend(asked_addresses(svc, None));
     }
     out
+}
+
+/// The addresses of the FIPs the cloud routes (targets) to a server. A managed Service asking
+/// for one that is not a control-plane address brings its own *routed* FIP: baton sets its
+/// ingress (VIP mode, so kube-proxy accepts it on the node the cloud routes it to) and never
+/// hands it to a BGP load balancer: the cloud already routes it to one server, and an
+/// announcement from other nodes would fight that route.
+pub fn routed_addresses<B: std::borrow::Borrow<IpAddress>>(ips: &[B]) -> BTreeMap<IpAddr, u64> {
+    each_ip(ips)
+        .filter(|ip| ip.ip_type == IpType::FloatingIp)
+        .filter_map(|ip| Some((ip.address, ip.target()?.0)))
+        .collect()
+}
+
+/// What the FIPs of the cloud are to the Service and BGP controllers, from one read of the
+/// (cached) IP list and the Services.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FipRoles {
+    /// Control-plane addresses ([`control_plane_addresses`]): a Service asking for one is never
+    /// touched.
+    pub control_plane: BTreeSet<IpAddr>,
+    /// The other FIPs routed to a server, with the server's id ([`routed_addresses`]): a
+    /// Service asking for one gets its ingress, never an announcement.
+    pub routed: BTreeMap<IpAddr, u64>,
+}
+
+impl FipRoles {
+    /// Sorts the FIPs of `ips` by role.
+    pub fn of<B: std::borrow::Borrow<IpAddress>>(
+        fip_tag: Option<&FipTag>,
+        ips: &[B],
+        services: &[ServiceFacts],
+        mirror: (&str, &str),
+    ) -> Self {
+        let control_plane = control_plane_addresses(fip_tag, ips, services, mirror);
+        let mut routed = routed_addresses(ips);
+        routed.retain(|ip, _| !control_plane.contains(ip));
+        Self {
+            control_plane,
+            routed,
+        }
+    }
+
+    /// Every address no load balancer may announce: the control-plane ones and the routed ones.
+    pub fn never_announced(&self) -> BTreeSet<IpAddr> {
+        self.control_plane
+            .iter()
+            .chain(self.routed.keys())
+            .copied()
+            .collect()
+    }
+
+    /// The server `ip` is routed to, when it is a bring-your-own routed FIP.
+    pub fn routed_to(&self, ip: IpAddr) -> Option<u64> {
+        self.routed.get(&ip).copied()
+    }
 }
 
 /// [`scope`], and a Service that asks for a control-plane FIP's address (see

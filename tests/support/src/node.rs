@@ -260,6 +260,10 @@ impl Node {
             ip(&["-n", &ns, "addr", "add", &format!("{a}/24"), "dev", "eth0"]).await?;
         }
         ip(&["-n", &ns, "route", "add", "default", "via", &GATEWAY.to_string()]).await?;
+        // A node forwards (kubeadm's preflight requires it): kube-proxy's DNAT of a Service
+        // address to a pod on another node is forwarded. A new namespace starts without it, and
+        // the CNI bridge plugin turns it on only once a pod runs on the node.
+        ip(&["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"]).await?;
         // The hub routes the node's pods, as a cloud's router does a node's routed subnet.
         ip(&[
             "route",
@@ -405,6 +409,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "docker.io/library/pause:3.10"
   # The lab runs without CAP_SYS_RESOURCE: a container's oom_score_adj cannot go below ours.
   restrict_oom_score_adj = true
+  # Pods' network namespaces under the state directory (the node's private /run/containerd),
+  # not in the host's /run/netns: they go with the node.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
     default_runtime_name = "runc"
@@ -638,19 +645,33 @@ conntrack:
         self.partitioned
     }
 
-    /// The pids of every process in the node's network namespace.
+    /// The pids of every process of the node: in its network namespace, and in its cgroup tree
+    /// (the containers of pods on the pod network have a network namespace of their own).
     pub(crate) fn pids(&self) -> Vec<i32> {
-        let Ok(out) = std::process::Command::new("ip")
+        let mut pids: Vec<i32> = std::process::Command::new("ip")
             .args(["netns", "pids", &self.netns])
             .stderr(Stdio::null())
             .output()
-        else {
-            return Vec::new();
-        };
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+            .map(|out| {
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // cgroup v1 (these machines): the pids hierarchy; v2: the unified one.
+        let mut dirs = Vec::new();
+        for hierarchy in ["pids", "unified", ""] {
+            let root = Path::new("/sys/fs/cgroup").join(hierarchy);
+            collect_dirs(&root.join(self.cgroup.trim_start_matches('/')), &mut dirs);
+        }
+        for d in dirs {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Powers the node off: the link goes down and every process in it (API server, kubelet,
