@@ -214,7 +214,7 @@ async fn run_class(class: String, a: Args) -> Report {
     let mut cp = ControlPlane::start(Options::servers(3)).await.unwrap();
     let sim = common::sim(
         Faults {
-            latency_ms: a.latency_ms,
+            latency_ms: a.latency_ms.into(),
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
         },
