@@ -279,8 +279,24 @@ impl CherryClient {
     /// read in a new term (this replica leads, and did not at its previous read) waits for a
     /// list fetched after the previous holder stopped writing, so no decision of a new leader
     /// rests on a list older than its predecessor's last writes. Keeps priority and fence.
+    ///
+    /// Leadership is looked at every 100 ms as well (a task on the current runtime, ending with
+    /// the client): renewals a reader does not see between two reads must not look like a lapse.
     #[must_use]
     pub fn led_by(&self, leadership: Arc<dyn Leadership>) -> Self {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let inner = Arc::downgrade(&self.inner);
+            let lead = Arc::clone(&leadership);
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = inner.upgrade() else { break };
+                    inner.store.observe(&*lead);
+                }
+            });
+        }
         Self {
             inner: self.inner.clone(),
             priority: self.priority,

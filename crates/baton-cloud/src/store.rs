@@ -322,6 +322,13 @@ impl IpStore {
         self.record(Change::Remove(id.clone()));
     }
 
+    /// Follows `leadership` without reading (the client's watcher calls this every 100 ms): a
+    /// reader that reads less often than the lease is renewed would otherwise take continuous
+    /// leadership for a new term.
+    pub(crate) fn observe(&self, leadership: &dyn Leadership) {
+        self.lock().observe(leadership, Instant::now());
+    }
+
     /// The next read uses a list whose fetch started at or after `at`.
     pub(crate) fn require_since(&self, at: Instant) {
         self.lock().require_since(at);

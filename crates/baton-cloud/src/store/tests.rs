@@ -241,3 +241,21 @@ async fn a_list_read_after_the_previous_holder_stopped_serves_the_new_term() {
     ids(&store, &api, Some(&lead)).await;
     assert_eq!(api.calls(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn renewals_seen_between_reads_keep_the_term() {
+    let store = IpStore::new(RESYNC, LAG);
+    let api = Api::default();
+    let lead = Lead::default();
+    lead.set(Some(Instant::now() + Duration::from_millis(600)), None);
+    ids(&store, &api, Some(&lead)).await;
+    // Renewed every 200 ms, read only every 2 s (a list call under way, say): the watcher's
+    // looks keep the term.
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_millis(200)).await;
+        lead.set(Some(Instant::now() + Duration::from_millis(600)), None);
+        store.observe(&lead);
+    }
+    ids(&store, &api, Some(&lead)).await;
+    assert_eq!(api.calls(), 1, "no new term, no list call");
+}
