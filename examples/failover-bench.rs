@@ -230,7 +230,7 @@ async fn run_class(class: String, a: Args) -> Report {
     .unwrap();
     let sim = common::routed_sim(
         Faults {
-            latency_ms: a.latency_ms,
+            latency_ms: a.latency_ms.into(),
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
         },

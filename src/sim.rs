@@ -9,7 +9,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use baton_sim::{Faults, SimError, SimOptions};
+use std::collections::BTreeMap;
+
+use baton_sim::{Faults, Latency, RouteFaults, SimError, SimOptions};
 use tracing::info;
 
 /// `baton sim` arguments. Every flag also reads a `BATON_SIM_*` variable.
@@ -48,9 +50,29 @@ pub struct SimArgs {
     /// `baton0`); packets keep the FIP as their destination. Needs iproute2 and CAP_NET_ADMIN.
     #[arg(long, env = "BATON_SIM_ROUTE_FIPS", value_name = "DEV")]
     pub route_fips: Option<String>,
-    /// Latency added to every API request, in milliseconds.
-    #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
-    pub latency_ms: u64,
+    /// How long every API request takes, in milliseconds: `N`, `P50,P99` (a log-normal with
+    /// that median and 99th percentile), or percentiles `p50:300,p90:800,p99:2000`.
+    #[arg(long, env = "BATON_SIM_LATENCY_MS", value_name = "SPEC", default_value = "0")]
+    pub latency_ms: Latency,
+    /// A route's own latency, `ROUTE=SPEC` with the route as `/_sim/stats` names it, e.g.
+    /// `'POST /v1/projects/{id}/ips=300,2000'`; repeatable (`;`-separated in the variable).
+    #[arg(
+        long,
+        env = "BATON_SIM_ROUTE_LATENCY_MS",
+        value_name = "ROUTE=SPEC",
+        value_delimiter = ';',
+        value_parser = parse_route_latency
+    )]
+    pub route_latency_ms: Vec<(String, Latency)>,
+    /// Fraction (0..=1) of each request's latency spent before it takes effect (the server's
+    /// processing time); the rest before the answer. A request takes effect once received,
+    /// whether its client still waits or not.
+    #[arg(long, env = "BATON_SIM_PROCESSING_RATIO", default_value_t = 0.0)]
+    pub processing_ratio: f64,
+    /// The IP list does not show IP writes of the last this many milliseconds (an eventually
+    /// consistent list); reads of one IP are current.
+    #[arg(long, env = "BATON_SIM_LIST_LAG_MS", default_value_t = 0)]
+    pub list_lag_ms: u64,
     /// Fraction (0..=1) of API requests answered with an injected error.
     #[arg(long, env = "BATON_SIM_ERROR_RATE", default_value_t = 0.0)]
     pub error_rate: f64,
@@ -107,6 +129,9 @@ impl SimArgs {
             forward_ports,
             route_fips,
             latency_ms,
+            route_latency_ms,
+            processing_ratio,
+            list_lag_ms,
             error_rate,
             error_statuses,
             error_routes,
@@ -119,8 +144,21 @@ impl SimArgs {
             seed,
             retarget_delay_ms,
         } = self;
+        let routes: BTreeMap<String, RouteFaults> = route_latency_ms
+            .into_iter()
+            .map(|(route, latency)| {
+                let faults = RouteFaults {
+                    latency_ms: Some(latency),
+                    ..RouteFaults::default()
+                };
+                (route, faults)
+            })
+            .collect();
         let faults = Faults {
             latency_ms,
+            processing_ratio,
+            list_lag_ms,
+            routes,
             error_rate,
             error_statuses,
             error_routes,
@@ -166,6 +204,24 @@ fn parse_ports(text: &str) -> Result<PortList, String> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map(PortList)
+}
+
+/// Parses `ROUTE=SPEC`: a route key as `/_sim/stats` shows it (`METHOD /v1/...`) and a
+/// latency ([`Latency`]).
+fn parse_route_latency(text: &str) -> Result<(String, Latency), String> {
+    let (route, spec) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ROUTE=SPEC"))?;
+    let route = route.trim();
+    let valid = route
+        .split_once(' ')
+        .is_some_and(|(method, path)| !method.is_empty() && path.starts_with("/v1/"));
+    if !valid {
+        return Err(format!(
+            "route {route:?} is not \"METHOD /v1/...\" as /_sim/stats names it"
+        ));
+    }
+    Ok((route.to_owned(), spec.parse()?))
 }
 
 /// Runs `baton sim` until SIGINT or SIGTERM.

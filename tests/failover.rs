@@ -37,7 +37,7 @@ async fn bed_with(latency_ms: u64, opts: Options) -> Bed {
     let cp = ControlPlane::start(opts).await.unwrap();
     let sim = common::sim(
         Faults {
-            latency_ms,
+            latency_ms: latency_ms.into(),
             ..Faults::none()
         },
         common::spliced(Topology::default()),

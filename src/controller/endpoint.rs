@@ -36,7 +36,7 @@ use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Handover, object_ref};
+use super::context::{TAKEOVER_MARGIN, object_ref};
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
@@ -386,62 +386,45 @@ impl ServerList {
 }
 
 /// A new leader must not act on a holder the previous leader changed a moment before it
-/// stopped, so it reads the FIP list afresh. That read costs a cloud round trip (and a slot of
-/// the rate limit) on the failover path when the previous leader's node died. So a follower
-/// makes it *before* it takes over: once the holder has not renewed for `leaseRenewDeadline` +
-/// [`Takeover::MARGIN`], the holder has stopped writing (its fence) and its last writes have
-/// landed; the list read then is as good as one read at the takeover, 250 ms later. Without
-/// such a read (a graceful release, say), the new leader reads at once when it wins.
+/// stopped: the shared IP store makes the first read of a new term wait for a list fetched after
+/// the previous holder stopped writing (`baton_cloud::Leadership`). That read costs a cloud round
+/// trip (and a slot of the rate limit) on the failover path when the previous leader's node died.
+/// So a follower makes it *before* it takes over: once the holder has not renewed for
+/// `leaseRenewDeadline` + [`TAKEOVER_MARGIN`], the holder has stopped writing (its fence) and its
+/// last writes have landed; the list read then is as good as one read at the takeover, 250 ms
+/// later, and the store takes it for the new term. Without such a read (a graceful release, say),
+/// the new leader's first read fetches the list.
 #[derive(Default)]
 struct Takeover {
     leading: bool,
-    /// When the list was read ahead, for which holder's stop.
-    prefetched: Option<(Instant, Instant)>,
-    /// What this replica last knew of the previous holder.
-    last: Option<Handover>,
+    /// For which holder's stop the list was read ahead.
+    prefetched: Option<Instant>,
 }
 
 impl Takeover {
-    /// After the holder's fence, a request it sent just before may still be on its way.
-    const MARGIN: Duration = Duration::from_millis(150);
-
     /// When to read the list ahead, if a takeover is coming and it has not been read for it.
     fn prefetch_at(&self, leader: &LeaderGate) -> Option<Instant> {
         let h = leader.handover()?;
-        let at = h.holder_stopped + Self::MARGIN;
-        (!self.leading && at < h.takeover && self.prefetched.is_none_or(|(_, stop)| stop != h.holder_stopped))
-            .then_some(at)
+        let at = h.holder_stopped + TAKEOVER_MARGIN;
+        (!self.leading && at < h.takeover && self.prefetched != Some(h.holder_stopped)).then_some(at)
     }
 
-    /// Follows leadership; returns whether the IP list was dropped for a fresh read now (ahead
-    /// of a takeover, or on winning the Lease).
+    /// Follows leadership; returns whether the IP list is to be read now (ahead of a takeover).
     fn step(&mut self, ctx: &Context) -> bool {
         let mut read_now = false;
         let now_leading = ctx.leader.is_leader();
-        if !now_leading {
-            if let Some(h) = ctx.leader.handover() {
-                self.last = Some(h);
-                if self
-                    .prefetch_at(&ctx.leader)
-                    .is_some_and(|at| Instant::now() >= at)
-                {
-                    tracing::debug!(
-                        "the leader has stopped renewing: reading the FIP list ahead of a takeover"
-                    );
-                    ctx.cloud.invalidate_ips();
-                    read_now = true;
-                    self.prefetched = Some((Instant::now(), h.holder_stopped));
-                }
-            }
-        } else if !self.leading {
-            let fresh = matches!(
-                (self.prefetched, self.last),
-                (Some((_, stop)), Some(h)) if stop == h.holder_stopped
-            );
-            if !fresh {
-                ctx.cloud.invalidate_ips();
-                read_now = true;
-            }
+        if !now_leading
+            && let Some(h) = ctx.leader.handover()
+            && self
+                .prefetch_at(&ctx.leader)
+                .is_some_and(|at| Instant::now() >= at)
+        {
+            tracing::debug!("the leader has stopped renewing: reading the FIP list ahead of a takeover");
+            ctx.cloud.invalidate_ips();
+            read_now = true;
+            self.prefetched = Some(h.holder_stopped);
+        }
+        if now_leading && !self.leading {
             self.prefetched = None;
         }
         self.leading = now_leading;

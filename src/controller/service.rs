@@ -6,7 +6,7 @@
 //!                          │ managed
 //!                          ▼
 //!                 kube::runtime::finalizer("baton.dev/service-fip")
-//!                   Apply:   FIP by tags in ctx.cloud.ips() (cached, coalesced)
+//!                   Apply:   FIP by tags: ctx.cloud.ips_tagged() (the shared IP store's index)
 //!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
 //!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
 //!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
@@ -26,17 +26,18 @@
 //! create and the record, or a lost record, neither leaks nor duplicates (the Kuryr seed's
 //! "rediscover, else recreate"). Kubernetes can delete a Service whose finalizer was added
 //! concurrently with the delete (kubernetes/kubernetes#77988, found by the crash test): a publish
-//! that finds the Service gone releases the FIP at once, and a sweep at start and every
-//! [`RESYNC`] releases FIPs of this cluster whose Service is gone ([`orphans`]). Only FIPs carrying all three tags, never targeted to a server and
+//! that finds the Service gone releases the FIP at once, and a sweep every [`RESYNC`] (the first
+//! one [`SWEEP_QUIET`] into a term) releases FIPs of this cluster whose Service is gone
+//! ([`orphans`]), each checked again right before its delete ([`sweep_decision`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
 //! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) and Services asking for a
 //! control-plane FIP's address are never touched. A Service asking for a FIP the cloud routes to
 //! a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any bring-your-own
 //! address, and an Event saying it is not handed to the load balancer.
 //!
-//! Economy: reads come from the client's shared IP-list cache (writes patch it), so a created
-//! Service costs one cloud write (the `POST`) and no read of its own; a steady-state resync every
-//! [`RESYNC`] reads the cached list only.
+//! Economy: reads come from the client's shared IP store (writes are applied to it, lookups use
+//! its tag index), so a created Service costs one cloud write (the `POST`), no read of its own
+//! and no pass over the list; a steady-state resync every [`RESYNC`] reads the store only.
 
 pub mod budget;
 pub mod grace;
@@ -45,13 +46,14 @@ mod plan;
 pub use grace::GRACE_ANNOTATION;
 pub use plan::*;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
-use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpList, IpType, Tags, each_ip};
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
 use baton_cloud::tags::{
     CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
 };
@@ -205,8 +207,6 @@ pub struct ServiceContext {
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
     store: Cache<Service>,
-    /// The cached IP list, indexed (rebuilt when the list changes).
-    index: std::sync::Mutex<IpIndex>,
     /// Services whose reconcile was skipped while this replica did not lead.
     skipped: Arc<Skipped<Service>>,
     /// FIPs no longer wanted, kept for their grace period ([`grace`]).
@@ -237,7 +237,6 @@ impl ServiceContext {
             mirror,
             skipped: Arc::new(Skipped::new(store.store())),
             store,
-            index: std::sync::Mutex::new(IpIndex::default()),
             holds: std::sync::Mutex::new(grace::Holds::default()),
             held: tokio::sync::Notify::new(),
         }
@@ -363,18 +362,13 @@ async fn run(
                 }
             }
         });
-    let sweeper = async {
-        if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
-            return futures::future::pending().await;
-        }
-        let mut leader = svc_ctx.base.leader.clone();
-        loop {
-            // Only the leader reads the cloud for orphans.
-            leader.wait().await;
-            if let Err(error) = sweep_orphans(&svc_ctx, &store).await {
-                warn!(%error, "sweeping orphaned Floating IPs failed");
+    let sweeper = {
+        let changes = changes.clone();
+        async {
+            if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
+                return futures::future::pending().await;
             }
-            tokio::time::sleep(RESYNC).await;
+            Sweeper::new(&svc_ctx, &store, changes).run().await;
         }
     };
     // Every replica counts from its own store: the gauge does not depend on who leads.
@@ -487,7 +481,7 @@ async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String
         if let Some(svc) = svc {
             ctx.base
                 .event(
-                    &**svc,
+                    svc.as_ref(),
                     EventType::Normal,
                     "FloatingIPReleased",
                     "ReleaseFloatingIP",
@@ -518,71 +512,209 @@ pub fn is_cluster_service_fip(ip: &IpAddress, cluster_id: &str) -> bool {
         && ip.tags.get(CLUSTER_KEY).map(String::as_str) == Some(cluster_id)
 }
 
-/// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
-/// [`orphans`]). Reads the cached FIP list first, then the Services.
-async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(), CloudError> {
-    let ips = ctx.base.cloud.ips().await?;
-    let cluster = &ctx.base.cluster_id;
-    let tagged: Vec<TaggedFip> = ips
-        .iter()
-        .filter(|ip| is_cluster_service_fip(ip, cluster))
-        .filter_map(|ip| {
-            Some(TaggedFip {
-                id: ip.id.to_string(),
-                service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
-            })
-        })
-        .collect();
-    if tagged.is_empty() {
-        return Ok(());
+/// The orphan sweep: every [`RESYNC`], on the leader, releases the FIPs of this cluster whose
+/// Service is gone ([`orphans`]). The candidates are picked from the shared IP list and the
+/// Service store; each is then checked again right before its delete, against the live Service
+/// store and the cloud (read by id), by [`sweep_decision`]: nothing in the first
+/// [`SWEEP_QUIET`] of a term (a new leader's watch may not show every Service yet), nothing whose
+/// Service exists or was seen within [`SWEEP_QUIET`], nothing routed or control-plane.
+struct Sweeper<'a> {
+    ctx: &'a ServiceContext,
+    store: &'a Cache<Service>,
+    /// Bumped by the shared watch whenever a Service changes.
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// The `service` tags of the Services in the store, as of `indexed`.
+    owners: std::collections::HashSet<String>,
+    indexed: Option<u64>,
+    /// When each `service` tag was last seen in the store (kept [`SWEEP_QUIET`]).
+    last_seen: std::collections::HashMap<String, tokio::time::Instant>,
+    term: TermClock,
+}
+
+/// Tells when this replica's current term began, from its leadership deadline looked at often
+/// (at least every second while the sweeper runs). A lapse of the lead, however short, starts a
+/// new term; a deadline that passed unseen counts as a lapse (so a term is never taken for older
+/// than it is).
+#[derive(Debug, Default)]
+struct TermClock {
+    led_until: Option<tokio::time::Instant>,
+    started: Option<tokio::time::Instant>,
+}
+
+impl TermClock {
+    /// Looks at the deadline; returns how long the current term has lasted (`None`: not leading).
+    fn age(&mut self, until: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Option<Duration> {
+        let until = until.filter(|u| *u > now);
+        if self.led_until.is_none_or(|u| u <= now) {
+            self.started = until.map(|_| now);
+        }
+        self.led_until = until;
+        let started = self.started?;
+        until.map(|_| now.saturating_duration_since(started))
     }
-    let mirror = ctx.mirror();
-    let owners: BTreeMap<String, bool> = store
-        .state()
-        .iter()
-        .map(|svc| {
-            let facts = facts_of(svc);
-            let may_own = matches!(
-                scope(&facts, mirror),
-                Scope::Managed | Scope::Ignored(Ignored::ControlPlaneEndpoint)
-            ) || facts.has_finalizer;
-            (service_tag(&facts.namespace, &facts.name), may_own)
-        })
-        .collect();
-    let grace = ctx.base.config.fip_release_grace_period;
-    let now = tokio::time::Instant::now();
-    for id in orphans(&tagged, &owners) {
-        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
-            continue;
-        };
-        if ip.target().is_some() || is_control_plane_fip(ctx, ip) {
-            continue;
+}
+
+impl<'a> Sweeper<'a> {
+    fn new(
+        ctx: &'a ServiceContext,
+        store: &'a Cache<Service>,
+        changes: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
+        Self {
+            ctx,
+            store,
+            changes,
+            owners: std::collections::HashSet::new(),
+            indexed: None,
+            last_seen: std::collections::HashMap::new(),
+            term: TermClock::default(),
         }
-        if !ctx.base.leader.is_leader() {
-            return Ok(());
-        }
-        // Nothing irreversible on one signal: the orphan is held for the grace period first.
-        let held = ctx.holds().is_held(&id);
-        match ctx.holds().unwanted(&id, now, grace) {
-            grace::Verdict::Keep { .. } => {
-                if !held {
-                    warn!(fip = %ip.id, address = %ip.address, grace = %format_duration(grace), "a Floating IP whose Service is gone is held for its grace period");
-                    ctx.held.notify_one();
-                }
+    }
+
+    fn term_age(&mut self) -> Option<Duration> {
+        let until = *self.ctx.base.leader.receiver().borrow();
+        self.term.age(until, tokio::time::Instant::now())
+    }
+
+    /// Sweeps every [`RESYNC`] while leading, never before a term is [`SWEEP_QUIET`] old.
+    async fn run(mut self) {
+        let mut last: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(age) = self.term_age() else {
+                continue;
+            };
+            let due = last.is_none_or(|t| t.elapsed() >= RESYNC);
+            if !due || age < SWEEP_QUIET {
                 continue;
             }
-            grace::Verdict::Release => {}
-        }
-        match ctx.base.cloud.delete_ip(&ip.id).await {
-            Ok(()) => {
-                warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone");
+            last = Some(tokio::time::Instant::now());
+            if let Err(error) = self.sweep().await {
+                warn!(%error, "sweeping orphaned Floating IPs failed");
             }
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
         }
-        ctx.holds().wanted(&id);
     }
-    Ok(())
+
+    /// The owners as the store shows them now (rebuilt only when a Service changed).
+    fn refresh_owners(&mut self) {
+        let version = *self.changes.borrow_and_update();
+        if self.indexed == Some(version) {
+            return;
+        }
+        self.indexed = Some(version);
+        let now = tokio::time::Instant::now();
+        self.owners = self
+            .store
+            .state()
+            .iter()
+            .map(|svc| service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any()))
+            .collect();
+        for tag in &self.owners {
+            self.last_seen.insert(tag.clone(), now);
+        }
+        self.last_seen
+            .retain(|_, seen| now.saturating_duration_since(*seen) < SWEEP_QUIET);
+    }
+
+    fn owner(&self, tag: &str) -> Owner {
+        if self.owners.contains(tag) {
+            Owner::Exists
+        } else {
+            self.last_seen
+                .get(tag)
+                .map_or(Owner::Unseen, |seen| Owner::SeenAgo(seen.elapsed()))
+        }
+    }
+
+    /// One pass: candidates from the shared list, each checked again right before its delete.
+    async fn sweep(&mut self) -> Result<(), CloudError> {
+        let ctx = self.ctx;
+        let ips = ctx.base.cloud.ips().await?;
+        let cluster = &ctx.base.cluster_id;
+        let tagged: Vec<TaggedFip> = ips
+            .iter()
+            .filter(|ip| is_cluster_service_fip(ip, cluster) && ip.target().is_none())
+            .filter_map(|ip| {
+                Some(TaggedFip {
+                    id: ip.id.to_string(),
+                    service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
+                })
+            })
+            .collect();
+        drop(ips);
+        if tagged.is_empty() {
+            return Ok(());
+        }
+        self.refresh_owners();
+        let candidates = orphans(&tagged, &self.owners);
+        let mut released = 0;
+        for candidate in tagged.iter().filter(|f| candidates.contains(&f.id)) {
+            let id = IpId::from(candidate.id.as_str());
+            // Right before the delete: the cloud's view of the FIP (one read), the store's of
+            // its Service, this replica's of its term.
+            let fip = match ctx.base.cloud.ip(&id).await {
+                Ok(ip) => Some(ip),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            };
+            self.refresh_owners();
+            let Some(term_age) = self.term_age() else {
+                return Ok(());
+            };
+            let check = SweepCheck {
+                term_age,
+                fip: fip.as_ref().map(|ip| FipNow {
+                    same_owner_tag: is_cluster_service_fip(ip, cluster)
+                        && ip.tags.get(SERVICE_KEY) == Some(&candidate.service_tag),
+                    routed: ip.target().is_some(),
+                    control_plane: is_control_plane_fip(ctx, ip),
+                }),
+                owner: self.owner(&candidate.service_tag),
+            };
+            match sweep_decision(&check) {
+                Sweep::Keep(Kept::YoungTerm) => return Ok(()),
+                Sweep::Keep(reason) => {
+                    debug!(fip = %candidate.id, ?reason, "orphan candidate kept");
+                }
+                Sweep::Delete => {
+                    if ctx
+                        .base
+                        .leader
+                        .ensure("releasing an orphaned Floating IP")
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                    let address = fip.map(|ip| ip.address.to_string()).unwrap_or_default();
+                    // Nothing irreversible on one signal: the orphan is held for the grace
+                    // period first (docs/services.md).
+                    let grace = ctx.base.config.fip_release_grace_period;
+                    let held = ctx.holds().is_held(&candidate.id);
+                    if let grace::Verdict::Keep { .. } =
+                        ctx.holds()
+                            .unwanted(&candidate.id, tokio::time::Instant::now(), grace)
+                    {
+                        if !held {
+                            warn!(fip = %candidate.id, %address, grace = %format_duration(grace), "a Floating IP whose Service is gone is held for its grace period");
+                            ctx.held.notify_one();
+                        }
+                        continue;
+                    }
+                    match ctx.base.cloud.delete_ip(&id).await {
+                        Ok(()) => {
+                            released += 1;
+                            warn!(fip = %candidate.id, %address, "released a Floating IP whose Service is gone");
+                        }
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    }
+                    ctx.holds().wanted(&candidate.id);
+                }
+            }
+        }
+        debug!(candidates = candidates.len(), released, "orphan sweep done");
+        Ok(())
+    }
 }
 
 fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
@@ -749,8 +881,10 @@ fn is_ours(ip: &IpAddress, tags: &Tags) -> bool {
     ip.ip_type == IpType::FloatingIp && matches_all(&ip.tags, tags)
 }
 
-/// Every FIP carrying the Service's tags, from the cached list. A recorded id the cached list
-/// does not show is asked of the API once (the list may predate the FIP).
+/// Every FIP carrying the Service's tags, from the shared IP list's tag index (no pass over the
+/// list). A recorded id the list does not show is asked of the API once (it may be a FIP the list
+/// cannot show: one created by an earlier leader whose answer this replica never saw, read by a
+/// list older than the API's lag).
 async fn find_ours(
     ctx: &ServiceContext,
     facts: &ServiceFacts,
@@ -765,85 +899,29 @@ async fn find_ours(
             source: Box::new(source),
         }
     };
-    let ips = ctx
-        .base
-        .cloud
-        .ips()
+    let cloud = &ctx.base.cloud;
+    let mut found = cloud
+        .ips_tagged(&tags)
         .await
         .map_err(cloud_err("listing Floating IPs"))?;
-    let (mut found, listed) = {
-        let mut index = ctx
-            .index
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        index.refresh(&ips);
-        let found: Vec<IpAddress> = index
-            .with_service_tag(&ips, tags.get(SERVICE_KEY).map(String::as_str))
-            .filter(|ip| is_ours(ip, &tags))
-            .cloned()
-            .collect();
-        (found, record.is_none_or(|r| index.ids.contains(&r.id)))
-    };
     if let Some(record) = record
-        && !listed
+        && !found.iter().any(|ip| ip.id.as_str() == record.id)
     {
-        match ctx.base.cloud.ip(&IpId::from(record.id.as_str())).await {
-            Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
-            Ok(_) => debug!(fip = %record.id, "the recorded FIP does not carry the Service's tags"),
-            Err(e) if e.is_not_found() => debug!(fip = %record.id, "the recorded FIP is gone"),
-            Err(e) => return Err(cloud_err("reading the recorded Floating IP")(e)),
-        }
-    }
-    Ok(found)
-}
-
-/// The IP list indexed by the `service` tag and by id, for one version of the cached list: each
-/// reconcile looks its FIP up in it, and a reconcile-all of 10,000 Services must not scan 10,000
-/// IPs each time (quadratic; docs/benchmarks.md, "How cost grows").
-#[derive(Debug, Default)]
-struct IpIndex {
-    /// The list indexed (a `Weak` keeps its allocation, so a new list never has its address).
-    list: std::sync::Weak<Vec<Arc<IpAddress>>>,
-    /// Positions in the list of the IPs carrying each `service` tag value.
-    by_service: std::collections::HashMap<String, Vec<usize>>,
-    ids: std::collections::HashSet<String>,
-}
-
-impl IpIndex {
-    /// Indexes `ips` unless it is the list already indexed.
-    fn refresh(&mut self, ips: &IpList) {
-        let list = Arc::downgrade(ips);
-        if self.list.ptr_eq(&list) {
-            return;
-        }
-        self.list = list;
-        self.by_service.clear();
-        self.ids.clear();
-        for (i, ip) in ips.iter().enumerate() {
-            self.ids.insert(ip.id.to_string());
-            if let Some(tag) = ip.tags.get(SERVICE_KEY) {
-                self.by_service.entry(tag.clone()).or_default().push(i);
+        let id = IpId::from(record.id.as_str());
+        let listed = cloud
+            .cached_ip(&id)
+            .await
+            .map_err(cloud_err("listing Floating IPs"))?;
+        if listed.is_none() {
+            match cloud.ip(&id).await {
+                Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
+                Ok(_) => debug!(fip = %record.id, "the recorded FIP does not carry the Service's tags"),
+                Err(e) if e.is_not_found() => debug!(fip = %record.id, "the recorded FIP is gone"),
+                Err(e) => return Err(cloud_err("reading the recorded Floating IP")(e)),
             }
         }
     }
-
-    /// The IPs of `ips` (the list indexed) carrying `service_tag`; every IP without a tag given.
-    fn with_service_tag<'a>(
-        &'a self,
-        ips: &'a [Arc<IpAddress>],
-        service_tag: Option<&str>,
-    ) -> Box<dyn Iterator<Item = &'a IpAddress> + 'a> {
-        match service_tag {
-            Some(tag) => Box::new(
-                self.by_service
-                    .get(tag)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|&i| ips.get(i).map(|ip| &**ip)),
-            ),
-            None => Box::new(each_ip(ips)),
-        }
-    }
+    Ok(found)
 }
 
 fn owned(ip: &IpAddress) -> OwnedFip {

@@ -20,6 +20,7 @@
 mod faults;
 mod forward;
 mod http;
+mod latency;
 mod paths;
 mod route;
 mod stats;
@@ -39,7 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 use url::Url;
 
-pub use faults::Faults;
+pub use faults::{Faults, RouteFaults};
+pub use latency::Latency;
 pub use stats::{LogEntry, RouteStats, Stats};
 pub use topology::{TopoFip, TopoProject, TopoRegion, TopoServer, Topology};
 
@@ -163,7 +165,7 @@ impl SimBuilder {
             route_dev,
         } = self;
         faults.validate().map_err(SimError::Faults)?;
-        let world = match &state_file {
+        let mut world = match &state_file {
             Some(path) if path.exists() => load_state(path)?,
             _ => World::from_topology(&topology).map_err(|reason| SimError::Topology {
                 path: "<given>".into(),
@@ -176,6 +178,8 @@ impl SimBuilder {
             Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
             None => rand::rngs::StdRng::from_os_rng(),
         };
+        world.reset_census();
+        world.list_lag = Duration::from_millis(faults.list_lag_ms);
         let api_key = world.api_key.clone();
         let project_id = world.project_id();
         let paths = paths::FipPaths::new(world.forward_ports.clone(), route_dev, shutdown.clone());
@@ -253,7 +257,7 @@ impl SimHandle {
 
     /// Counters since start or the last reset.
     pub fn stats(&self) -> Stats {
-        lock(&self.shared.recorder).stats.clone()
+        self.shared.stats()
     }
 
     /// Logged requests with `seq >= since`.
@@ -263,14 +267,19 @@ impl SimHandle {
 
     /// Clears counters, log and rate-limit buckets.
     pub fn reset_stats(&self) {
-        lock(&self.shared.recorder).reset();
-        lock(&self.shared.limiter).reset();
+        self.shared.reset_stats();
     }
 
     /// An IP address as the world holds it now, read directly: no latency, no rate limit, not
     /// logged (for harnesses that watch the cloud without using its request budget).
     pub fn peek_ip(&self, id: &str) -> Option<baton_cloud::model::IpAddress> {
         lock(&self.shared.world).get_ip(id).ok()
+    }
+
+    /// Every IP address as the world holds it now (no list lag, latency or rate limit; not
+    /// logged).
+    pub fn peek_ips(&self) -> Vec<baton_cloud::model::IpAddress> {
+        lock(&self.shared.world).current_ips()
     }
 
     /// The current faults.

@@ -648,17 +648,112 @@ pub struct TaggedFip {
     pub service_tag: String,
 }
 
-/// The FIPs whose Service is gone (or no longer a managed LoadBalancer): `owners` maps the
-/// `service` tag of every Service baton knows to whether that Service still may own a FIP.
+/// The candidates of the orphan sweep: the FIPs whose `service` tag names no Service in
+/// `owners` (the `service` tags of every Service the store shows, whatever its type).
 ///
 /// Kubernetes can delete an object whose finalizer was added concurrently with the delete request
 /// (kubernetes/kubernetes#77988), so a FIP can outlive its Service without a Cleanup ever running;
-/// this sweep releases it. Call it with the FIP list read *before* the Services were listed: a
-/// FIP is only created for a Service already seen, so a FIP on the list has its owner on the later
-/// list unless the owner is really gone.
-pub fn orphans(fips: &[TaggedFip], owners: &BTreeMap<String, bool>) -> Vec<String> {
+/// the sweep releases it. A candidate is only that: each is checked again right before it would
+/// be deleted ([`sweep_decision`]), because the list of Services it was picked from ages while
+/// the sweep runs (a Service re-created under the same name adopts its FIP).
+pub fn orphans<S: std::hash::BuildHasher>(
+    fips: &[TaggedFip],
+    owners: &std::collections::HashSet<String, S>,
+) -> Vec<String> {
     fips.iter()
-        .filter(|f| !owners.get(&f.service_tag).copied().unwrap_or(false))
+        .filter(|f| !owners.contains(&f.service_tag))
         .map(|f| f.id.clone())
         .collect()
+}
+
+/// How long a new term waits before its orphan sweep deletes anything (its watches may not show
+/// every Service yet), and how long after a Service was last seen its FIP is safe from the sweep.
+pub const SWEEP_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The FIP of a sweep candidate as the cloud shows it right before the delete (read by id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FipNow {
+    /// Still a Service FIP of this cluster carrying the candidate's `service` tag.
+    pub same_owner_tag: bool,
+    /// Routed (targeted) to a server.
+    pub routed: bool,
+    /// Carries the control-plane FIP tag.
+    pub control_plane: bool,
+}
+
+/// The Service a sweep candidate's `service` tag names, in the live Service store right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// It exists (whatever its type).
+    Exists,
+    /// It does not; it was last seen this long ago.
+    SeenAgo(std::time::Duration),
+    /// Never seen by this replica.
+    Unseen,
+}
+
+/// What the orphan sweep knows of one candidate right before deleting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepCheck {
+    /// How long this replica has led in its current term.
+    pub term_age: std::time::Duration,
+    /// The FIP as the cloud shows it now; `None`: gone.
+    pub fip: Option<FipNow>,
+    /// Its Service.
+    pub owner: Owner,
+}
+
+/// Why the sweep keeps a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// The term is younger than [`SWEEP_QUIET`]: the watches may not show every Service yet.
+    YoungTerm,
+    /// The cloud no longer has it.
+    Gone,
+    /// It no longer carries the tags that made it a candidate.
+    Retagged,
+    /// Routed to a server: never deleted.
+    Routed,
+    /// The control-plane FIP: never deleted.
+    ControlPlane,
+    /// Its Service exists.
+    OwnerExists,
+    /// Its Service was seen less than [`SWEEP_QUIET`] ago (deleted and maybe re-created).
+    OwnerSeenRecently,
+}
+
+/// The sweep's verdict on one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Release it now.
+    Delete,
+    /// Leave it.
+    Keep(Kept),
+}
+
+/// Whether to delete a sweep candidate, on what is known right before the delete: never in the
+/// first [`SWEEP_QUIET`] of a term, never a FIP whose Service exists or was seen within
+/// [`SWEEP_QUIET`], never a routed or control-plane FIP, never one the cloud no longer shows as
+/// the candidate it was.
+pub fn sweep_decision(check: &SweepCheck) -> Sweep {
+    if check.term_age < SWEEP_QUIET {
+        return Sweep::Keep(Kept::YoungTerm);
+    }
+    let Some(fip) = check.fip else {
+        return Sweep::Keep(Kept::Gone);
+    };
+    if !fip.same_owner_tag {
+        return Sweep::Keep(Kept::Retagged);
+    }
+    if fip.routed {
+        return Sweep::Keep(Kept::Routed);
+    }
+    if fip.control_plane {
+        return Sweep::Keep(Kept::ControlPlane);
+    }
+    match check.owner {
+        Owner::Exists => Sweep::Keep(Kept::OwnerExists),
+        Owner::SeenAgo(ago) if ago < SWEEP_QUIET => Sweep::Keep(Kept::OwnerSeenRecently),
+        Owner::SeenAgo(_) | Owner::Unseen => Sweep::Delete,
+    }
 }

@@ -342,7 +342,7 @@ fn removals_keep_a_user_ip() {
 }
 
 #[test]
-fn orphans_are_fips_without_a_managing_service() {
+fn orphans_are_fips_whose_service_is_not_in_the_store() {
     let fip = |id: &str, tag: &str| TaggedFip {
         id: id.into(),
         service_tag: tag.into(),
@@ -353,11 +353,47 @@ fn orphans_are_fips_without_a_managing_service() {
         fip("c", "cluster-ip"),
         fip("d", "live"),
     ];
-    let owners: BTreeMap<String, bool> = [("live".to_owned(), true), ("cluster-ip".to_owned(), false)]
-        .into_iter()
-        .collect();
-    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned(), "c".to_owned()]);
+    let owners: std::collections::HashSet<String> = ["live".to_owned(), "cluster-ip".to_owned()].into();
+    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned()]);
     assert!(orphans(&[], &owners).is_empty());
+}
+
+const OLD_TERM: Duration = Duration::from_secs(600);
+
+const FIP: FipNow = FipNow {
+    same_owner_tag: true,
+    routed: false,
+    control_plane: false,
+};
+
+#[rstest]
+#[case::an_orphan_is_released(OLD_TERM, Some(FIP), Owner::Unseen, Sweep::Delete)]
+#[case::owner_gone_long_ago(OLD_TERM, Some(FIP), Owner::SeenAgo(Duration::from_secs(61)), Sweep::Delete)]
+#[case::never_in_a_young_term(
+    Duration::from_secs(59),
+    Some(FIP),
+    Owner::Unseen,
+    Sweep::Keep(Kept::YoungTerm)
+)]
+#[case::owner_exists_now(OLD_TERM, Some(FIP), Owner::Exists, Sweep::Keep(Kept::OwnerExists))]
+#[case::owner_seen_a_moment_ago(
+    OLD_TERM,
+    Some(FIP),
+    Owner::SeenAgo(Duration::from_secs(5)),
+    Sweep::Keep(Kept::OwnerSeenRecently)
+)]
+#[case::already_gone(OLD_TERM, None, Owner::Unseen, Sweep::Keep(Kept::Gone))]
+#[case::retagged(OLD_TERM, Some(FipNow { same_owner_tag: false, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::Retagged))]
+#[case::routed(OLD_TERM, Some(FipNow { routed: true, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::Routed))]
+#[case::control_plane(OLD_TERM, Some(FipNow { control_plane: true, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::ControlPlane))]
+fn the_sweep_deletes_only_a_fip_orphaned_now(
+    #[case] term_age: Duration,
+    #[case] fip: Option<FipNow>,
+    #[case] owner: Owner,
+    #[case] want: Sweep,
+) {
+    let check = SweepCheck { term_age, fip, owner };
+    assert_eq!(sweep_decision(&check), want);
 }
 
 #[test]
@@ -605,47 +641,22 @@ fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own(
     );
 }
 
-fn cloud_ip(id: &str, tags: Tags) -> IpAddress {
-    IpAddress {
-        id: IpId::from(id),
-        tags,
-        ..cloud_fip("203.0.113.1", None, &[])
-    }
-}
-
 #[test]
-fn the_ip_index_finds_a_services_fips_by_tag_and_follows_a_new_list() {
-    let web = service_fip_tags("apps", "web", "uid-1");
-    let db = service_fip_tags("apps", "db", "uid-1");
-    let list: baton_cloud::model::IpList = Arc::new(
-        [
-            cloud_ip("a", web.clone()),
-            cloud_ip("b", db.clone()),
-            cloud_ip("c", web.clone()),
-            cloud_ip("d", Tags::new()),
-        ]
-        .into_iter()
-        .map(Arc::new)
-        .collect(),
+fn a_term_is_dated_from_its_first_look_and_a_lapse_starts_another() {
+    let t0 = tokio::time::Instant::now();
+    let s = Duration::from_secs;
+    let mut clock = TermClock::default();
+    assert_eq!(clock.age(None, t0), None, "not leading");
+    assert_eq!(clock.age(Some(t0 + s(10)), t0), Some(s(0)), "a term begins");
+    // Renewed before each deadline: one term.
+    assert_eq!(clock.age(Some(t0 + s(15)), t0 + s(8)), Some(s(8)));
+    assert_eq!(clock.age(Some(t0 + s(20)), t0 + s(14)), Some(s(14)));
+    // The deadline passed before the next look (a lapse, or renewals unseen): a new term.
+    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(25)), Some(s(0)));
+    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(30)), Some(s(5)));
+    assert_eq!(
+        clock.age(Some(t0 + s(30)), t0 + s(30)),
+        None,
+        "a deadline that is now has passed"
     );
-    let mut index = IpIndex::default();
-    index.refresh(&list);
-    let ids = |index: &IpIndex, list: &[Arc<IpAddress>], tags: &Tags| -> Vec<String> {
-        index
-            .with_service_tag(list, tags.get(SERVICE_KEY).map(String::as_str))
-            .filter(|ip| is_ours(ip, tags))
-            .map(|ip| ip.id.to_string())
-            .collect()
-    };
-    assert_eq!(ids(&index, &list, &web), ["a", "c"]);
-    assert_eq!(ids(&index, &list, &db), ["b"]);
-    assert!(index.ids.contains("d") && !index.ids.contains("e"));
-
-    // A new version of the list (a create patched the cache) is indexed anew.
-    let mut next = (*list).clone();
-    next.push(Arc::new(cloud_ip("e", db.clone())));
-    let next = Arc::new(next);
-    index.refresh(&next);
-    assert_eq!(ids(&index, &next, &db), ["b", "e"]);
-    assert!(index.ids.contains("e"));
 }
