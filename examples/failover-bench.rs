@@ -78,6 +78,8 @@ struct Args {
     latency_ms: u64,
     svg_dir: Option<String>,
     bin: String,
+    /// Draw the plots again from a log of an earlier run (its per-run lines), run nothing.
+    replot: Option<String>,
 }
 
 fn args() -> Args {
@@ -87,6 +89,7 @@ fn args() -> Args {
         latency_ms: 100,
         svg_dir: None,
         bin: std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into()),
+        replot: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -108,10 +111,14 @@ fn args() -> Args {
             "--latency-ms" => a.latency_ms = value().parse().expect("--latency-ms N"),
             "--svg-dir" => a.svg_dir = Some(value()),
             "--bin" => a.bin = value(),
+            "--replot" => a.replot = Some(value()),
             other => panic!(
-                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N --svg-dir DIR --bin PATH"
+                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N --svg-dir DIR --bin PATH --replot LOG"
             ),
         }
+    }
+    if a.replot.is_some() {
+        return a;
     }
     // The replicas start inside the nodes' namespaces (nsenter), where a relative path would
     // not resolve.
@@ -153,6 +160,10 @@ struct Report {
 
 fn main() {
     let a = args();
+    if let Some(log) = &a.replot {
+        replot(log, a.svg_dir.as_deref().unwrap_or("."));
+        return;
+    }
     for class in a.classes.clone() {
         let a2 = a.clone();
         let c = class.clone();
@@ -664,8 +675,64 @@ async fn churn_services(clients: Vec<kube::Client>, created: Arc<std::sync::atom
     }
 }
 
+/// `--replot LOG`: the plots of every class in a log of an earlier run, from its per-run lines
+/// (`kill run  1:    532 ms (to call  510, call  105, after  -83; client gap ...`).
+fn replot(log: &str, dir: &str) {
+    let text = std::fs::read_to_string(log).unwrap_or_else(|e| panic!("{log}: {e}"));
+    let mut classes: Vec<(String, Vec<Run>)> = Vec::new();
+    for line in text.lines() {
+        let Some((class, rest)) = line.split_once(" run ") else {
+            continue;
+        };
+        if !CLASSES.contains(&class) {
+            continue;
+        }
+        let num = |key: &str| -> Option<f64> {
+            let after = rest.split_once(key)?.1.trim_start();
+            let end = after
+                .find(|c: char| c != '-' && !c.is_ascii_digit())
+                .unwrap_or(after.len());
+            after[..end].parse().ok()
+        };
+        let (Some(total_ms), Some(to_call_ms), Some(call_ms), Some(client_gap_ms)) = (
+            rest.split_once(':')
+                .and_then(|(_, r)| r.trim_start().split(' ').next()?.parse().ok()),
+            num("to call"),
+            num(", call"),
+            num("client gap"),
+        ) else {
+            continue;
+        };
+        let run = Run {
+            total_ms,
+            to_call_ms,
+            call_ms,
+            client_gap_ms,
+            retargets: 0,
+        };
+        match classes.iter_mut().find(|(c, _)| c == class) {
+            Some((_, runs)) => runs.push(run),
+            None => classes.push((class.to_owned(), vec![run])),
+        }
+    }
+    assert!(!classes.is_empty(), "{log}: no per-run lines");
+    for (class, runs) in &classes {
+        let mut sorted: Vec<f64> = runs.iter().map(|r| r.total_ms).collect();
+        sorted.sort_by(f64::total_cmp);
+        let path = format!("{dir}/failover-{class}.svg");
+        std::fs::write(
+            &path,
+            svg(class, runs, percentile(&sorted, 50.0), percentile(&sorted, 99.0)),
+        )
+        .unwrap();
+        eprintln!("wrote {path} ({} runs)", runs.len());
+    }
+}
+
 /// One horizontal bar per run: until the retarget reached the cloud (detection, takeover,
-/// decision), the call itself, and after it (routing, the client seeing it).
+/// decision), then until the FIP answered from another node (the cloud routes the FIP when it
+/// receives the retarget, which can be before its answer comes back); a thin line under the bar
+/// spans the retarget call, from its arrival to its answer.
 fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
     let (w, left, right, top, row) = (720.0, 60.0, 20.0, 40.0, 12.0);
     let h = top + row * runs.len() as f64 + 50.0;
@@ -685,12 +752,10 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
     );
     for (i, r) in runs.iter().enumerate() {
         let y = top + row * i as f64;
-        let after = (r.total_ms - r.to_call_ms - r.call_ms).max(0.0);
         let mut at = 0.0;
         for (len, color) in [
             (r.to_call_ms, "#4a7ebb"),
-            (r.call_ms, "#e6a23c"),
-            (after, "#67c23a"),
+            ((r.total_ms - r.to_call_ms).max(0.0), "#67c23a"),
         ] {
             let _ = write!(
                 s,
@@ -698,10 +763,17 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
                 x(at),
                 y + 1.0,
                 (x(at + len) - x(at)).max(0.0),
-                row - 2.0
+                row - 4.0
             );
             at += len;
         }
+        let _ = write!(
+            s,
+            r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="2" fill="#e6a23c"/>"##,
+            x(r.to_call_ms),
+            y + row - 3.0,
+            (x(r.to_call_ms + r.call_ms) - x(r.to_call_ms)).max(0.0)
+        );
         let _ = write!(
             s,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
@@ -745,13 +817,13 @@ fn svg(class: &str, runs: &[Run], p50: f64, p99: f64) -> String {
     );
     let _ = write!(
         s,
-        r##"<rect x="{left}" y="{:.1}" width="10" height="10" fill="#e6a23c"/><text x="{}" y="{:.1}">retarget call</text><rect x="{}" y="{:.1}" width="10" height="10" fill="#67c23a"/><text x="{}" y="{:.1}">after the call (routing, client)</text></svg>"##,
+        r##"<rect x="{left}" y="{:.1}" width="10" height="10" fill="#e6a23c"/><text x="{}" y="{:.1}">retarget call, arrival → answer</text><rect x="{}" y="{:.1}" width="10" height="10" fill="#67c23a"/><text x="{}" y="{:.1}">retarget at the cloud → the FIP answers (route change, new connection)</text></svg>"##,
         bottom + 36.0,
         left + 14.0,
         bottom + 45.0,
-        left + 120.0,
+        left + 200.0,
         bottom + 36.0,
-        left + 134.0,
+        left + 214.0,
         bottom + 45.0
     );
     s

@@ -371,6 +371,9 @@ async fn delete_all(api: &Api<Service>, sim: &SimHandle, timeout: Duration) -> (
     };
     let cloud = common::unlimited_client(sim);
     loop {
+        // The client keeps the IP list it read (a write-through store, as baton's does): each
+        // look must be a fresh read of the cloud's list, not the list of the look before.
+        baton_cloud::Cloud::invalidate_ips(&cloud);
         let Ok(ips) = baton_cloud::Cloud::ips(&cloud).await else {
             tokio::time::sleep(period).await;
             continue;
