@@ -34,7 +34,7 @@ mod metallb;
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -161,6 +161,9 @@ impl Replicas {
     fn start(cp: &ControlPlane, sim: &SimHandle, params: &Params) -> Self {
         let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
         let limit = params.rate.map_or_else(|| "0".to_owned(), |r| r.to_string());
+        // BENCH_LOG: the replicas' log filter (default warn), to look into a run; BENCH_KEEP_LOGS
+        // (a directory) keeps their logs.
+        let log_level = std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".to_owned());
         let env = common::env_for(
             sim,
             &[
@@ -170,7 +173,7 @@ impl Replicas {
                     "metallb:///metallb-system/?bgp-peer-mode=native",
                 ),
                 ("BATON_API_RATE_LIMIT", &limit),
-                ("BATON_LOG", "warn"),
+                ("BATON_LOG", &log_level),
             ],
         );
         let procs = (0..params.replicas)
@@ -343,6 +346,18 @@ async fn create_all(api: &Api<Service>, names: &[String], timeout: Duration) -> 
 
 /// Deletes every Service of the namespace and waits until the simulator holds no Service FIP;
 /// returns (seconds, FIPs left).
+/// Copies the replicas' logs (`controller-*.log`) to `to`.
+fn keep_logs(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with("controller-") {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+    eprintln!("  replica logs kept in {}", to.display());
+}
+
 async fn delete_all(api: &Api<Service>, sim: &SimHandle, timeout: Duration) -> (f64, usize) {
     let started = tokio::time::Instant::now();
     let names: Vec<String> = api
@@ -513,6 +528,9 @@ fn bench_services() {
             120.0 + params.count as f64 / 20.0 + params.rate.map_or(0.0, |r| params.count as f64 / r * 2.0),
         );
         let (release_s, leaked) = delete_all(&api, &sim, release_timeout).await;
+        if let Ok(keep) = std::env::var("BENCH_KEEP_LOGS") {
+            keep_logs(cp.dir(), Path::new(&keep));
+        }
         // Over the whole run: a duplicate made while releasing counts too.
         let duplicate_fips = sim.stats().duplicate_fips.max(stats.duplicate_fips);
         if scale {
