@@ -470,15 +470,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         ..
     } = args;
     let cas = health_cas(&health_ca)?;
-    let policy = kube::Policy::from_flags(&tenant_namespace, &tenant_namespace_label, &backend_cidr)?;
-    if services && policy.allows_nothing() {
-        warn!(
-            "--services: no namespace is allowed (no --tenant-namespace, no --tenant-namespace-label): no Service is routed"
-        );
-    }
-    if services && policy.backend_cidrs.is_empty() {
-        warn!("--services: no --backend-cidr: no tenant Service's backend is dialled");
-    }
+    let policy = tenant_policy(
+        services,
+        &tenant_namespace,
+        &tenant_namespace_label,
+        &backend_cidr,
+    )?;
     let threads = if threads == 0 {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     } else {
@@ -535,12 +532,11 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         client.map(|c| (c, namespace, policy)),
         &shutdown,
     );
-    let hosts = router_hosts(&router);
     info!(
         version = env!("CARGO_PKG_VERSION"),
         ?listen,
         ?proxy_listen,
-        hosts,
+        hosts = router_hosts(&router),
         services,
         max_connections = limits.caps.max_connections,
         "SNI router serving"
@@ -553,6 +549,25 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         let _ = dns.await;
     }
     Ok(())
+}
+
+/// Who may be a tenant (`--services`), with a warning when nothing can be.
+fn tenant_policy(
+    services: bool,
+    namespaces: &[String],
+    label: &str,
+    cidrs: &[String],
+) -> Result<kube::Policy, SniError> {
+    let policy = kube::Policy::from_flags(namespaces, label, cidrs)?;
+    if services && policy.allows_nothing() {
+        warn!(
+            "--services: no namespace is allowed (no --tenant-namespace, no --tenant-namespace-label): no Service is routed"
+        );
+    }
+    if services && policy.backend_cidrs.is_empty() {
+        warn!("--services: no --backend-cidr: no tenant Service's backend is dialled");
+    }
+    Ok(policy)
 }
 
 /// `--health-ca` parsed: tenant host → CA certificates.
