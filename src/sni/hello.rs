@@ -294,7 +294,7 @@ pub fn client_hello(sni: Option<&str>) -> Vec<u8> {
     // supported_versions, to look like a TLS 1.3 hello.
     exts.extend_from_slice(&[0, 43, 0, 3, 2, 3, 4]);
     if let Some(name) = sni {
-        let name = &name.as_bytes()[..name.len().min(MAX_NAME)];
+        let name = name.as_bytes();
         let mut list = vec![0];
         list.extend_from_slice(&len16(name.len()));
         list.extend_from_slice(name);
