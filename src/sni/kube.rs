@@ -112,6 +112,7 @@ impl Policy {
         };
         let backend_cidrs = cidrs
             .iter()
+            .filter(|c| !c.trim().is_empty())
             .map(|c| {
                 c.trim()
                     .parse::<IpNet>()
