@@ -260,8 +260,14 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
             .find(|e| e["name"] == name)
             .map(|e| e["value"].clone())
     };
-    assert_eq!(value("BATON_SNI_BACKEND_CIDR"), Some(json!("10.244.0.0/16,10.245.0.0/16")));
-    assert_eq!(value("BATON_SNI_TENANT_NAMESPACE"), Some(json!("t1=t1.example.com")));
+    assert_eq!(
+        value("BATON_SNI_BACKEND_CIDR"),
+        Some(json!("10.244.0.0/16,10.245.0.0/16"))
+    );
+    assert_eq!(
+        value("BATON_SNI_TENANT_NAMESPACE"),
+        Some(json!("t1=t1.example.com"))
+    );
     assert_eq!(
         ds["spec"]["template"]["spec"]["containers"][0]["args"],
         json!([

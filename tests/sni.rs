@@ -517,19 +517,31 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
     });
 }
 
-/// A tenant Service in `cp` (selectorless, port `https`) naming `hosts`, and its EndpointSlice
-/// listing `backends` (port 6443), as a hosting platform's operator would create them.
+/// A tenant Service in `cp`'s namespace `default` (selectorless, port `https`) naming `hosts`,
+/// and its EndpointSlice listing `backends` (port 6443), as a hosting platform's operator would
+/// create them.
 async fn tenant_service(cp: &ControlPlane, name: &str, hosts: &str, backends: &[std::net::IpAddr]) {
+    tenant_service_in(cp, "default", name, hosts, backends).await;
+}
+
+/// [`tenant_service`] in namespace `ns`.
+async fn tenant_service_in(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    hosts: &str,
+    backends: &[std::net::IpAddr],
+) {
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let client = cp.client(0).unwrap();
     let svc: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default",
+        "metadata": {"name": name, "namespace": ns,
                      "annotations": {"baton.dev/sni-hosts": hosts}},
         "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 6443}]}
     }))
     .unwrap();
-    Api::<Service>::namespaced(client.clone(), "default")
+    Api::<Service>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
@@ -538,17 +550,61 @@ async fn tenant_service(cp: &ControlPlane, name: &str, hosts: &str, backends: &[
         .map(|ip| serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}}))
         .collect();
     let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-1"), "namespace": "default",
+        "metadata": {"name": format!("{name}-1"), "namespace": ns,
                      "labels": {"kubernetes.io/service-name": name}},
         "addressType": "IPv4",
         "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
         "endpoints": endpoints,
     }))
     .unwrap();
-    Api::<EndpointSlice>::namespaced(client, "default")
+    Api::<EndpointSlice>::namespaced(client, ns)
         .create(&PostParams::default(), &slice)
         .await
         .unwrap();
+}
+
+/// A namespace in `cp`; `domains`: labelled `baton.dev/sni-tenants=true` (allowed to have
+/// tenants) with these domains in `baton.dev/sni-domains`.
+async fn tenant_namespace(cp: &ControlPlane, name: &str, domains: Option<&str>) {
+    let mut meta = serde_json::json!({"name": name});
+    if let Some(d) = domains {
+        meta["labels"] = serde_json::json!({"baton.dev/sni-tenants": "true"});
+        meta["annotations"] = serde_json::json!({"baton.dev/sni-domains": d});
+    }
+    let obj: Namespace = serde_json::from_value(serde_json::json!({ "metadata": meta })).unwrap();
+    Api::<Namespace>::all(cp.client(0).unwrap())
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+/// Waits until namespace `ns` of `cp` has a Warning Event `reason` on Service `service`;
+/// returns its note.
+async fn wait_event(cp: &ControlPlane, ns: &str, service: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(0).unwrap(), ns);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = events.list(&kube::api::ListParams::default()).await.unwrap();
+        if let Some(e) = list.items.iter().find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(service)
+        }) {
+            return e.note.clone().unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no {reason} Event on {ns}/{service}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every Event of namespace `ns` of `cp` about Service `service`.
+async fn events_on(cp: &ControlPlane, ns: &str, service: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(0).unwrap(), ns);
+    let list = events.list(&kube::api::ListParams::default()).await.unwrap();
+    list.items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(service))
+        .map(|e| e.reason.clone().unwrap_or_default())
+        .collect()
 }
 
 /// Polls until `host` answers through the router with `host`'s tenant's namespaces.
@@ -576,6 +632,10 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             "--services".into(),
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
+            "--tenant-namespace".into(),
+            "default=baton.test".into(),
+            "--backend-cidr".into(),
+            lab::PUBLIC_RANGE.into(),
         ];
         let _child = router(None, &log, &flags);
         wait_listening(router_addr()).await;
@@ -619,22 +679,13 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             streaming.await.unwrap()
         );
 
-        // A newer Service claiming t2's name does not take it; it gets a Warning Event.
+        // A newer Service claiming t2's name does not take it; both Services get a Warning
+        // Event naming the other.
         tenant_service(&t1.cp, "t2-dup", &t2.host(), &t1.cp.addresses()).await;
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(t1.cp.client(0).unwrap(), "default");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let list = events.list(&kube::api::ListParams::default()).await.unwrap();
-            if list.items.iter().any(|e| {
-                e.reason.as_deref() == Some("SniHostConflict")
-                    && e.involved_object.name.as_deref() == Some("t2-dup")
-            }) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no SniHostConflict Event on t2-dup");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let refused = wait_event(&t1.cp, "default", "t2-dup", "SniHostConflict").await;
+        assert!(refused.contains("already routed by default/t2-api"), "{refused}");
+        let kept = wait_event(&t1.cp, "default", "t2-api", "SniHostConflict").await;
+        assert!(kept.contains("default/t2-dup also claims"), "{kept}");
         let fresh = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
         only_its_own_namespaces(&t2, &fresh).await;
 
@@ -886,8 +937,29 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
 
         let admin = hosting.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
-        common::apply_shipped_manifests(&admin, &["deployment.yaml", "sni-router.yaml"]).await;
-        tenant_service(&hosting, "t1", &t1.host(), &t1.cp.addresses()).await;
+        common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
+        // The shipped router with the one value an operator must give: its backends' network.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/sni-router.yaml");
+        let shipped = std::fs::read_to_string(&path).unwrap();
+        let unset = "- name: BATON_SNI_BACKEND_CIDR\n              value: \"\"";
+        assert!(
+            shipped.contains(unset),
+            "manifests/sni-router.yaml leaves BATON_SNI_BACKEND_CIDR empty"
+        );
+        let set = shipped.replace(
+            unset,
+            &format!(
+                "- name: BATON_SNI_BACKEND_CIDR\n              value: \"{}\"",
+                lab::PUBLIC_RANGE
+            ),
+        );
+        let objects = baton::bootstrap::config::parse_manifests(&path, &set).unwrap();
+        baton::bootstrap::steps::apply_manifests(&admin, &objects)
+            .await
+            .unwrap();
+        // The tenant lives in a namespace the operator labelled, under its domain.
+        tenant_namespace(&hosting, "tenants", Some("baton.test")).await;
+        tenant_service_in(&hosting, "tenants", "t1", &t1.host(), &t1.cp.addresses()).await;
 
         let shared = SocketAddr::new(fip.address, 443);
         let started = Instant::now();
@@ -939,5 +1011,185 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
         );
         // Every router pod ran with its own service account and the shipped RBAC.
         common::assert_pod_logs_clean(&hosting, "SNI router serving", 3, sim.api_key());
+    });
+}
+
+/// Tenants only where the operator allows them: a Service in a namespace nobody allowed is
+/// ignored (even the oldest claim of a name), a claim outside the namespace's domains is refused
+/// with an Event, and an EndpointSlice address outside `--backend-cidr` is never dialled.
+#[test]
+fn tenants_come_only_from_allowed_namespaces_domains_and_networks() {
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        // t1 is the hosting cluster (the Services live there); t2's API server is the backend.
+        let (t1, t2) = tokio::join!(tenant("t1", &[21]), tenant("t2", &[23]));
+        // A listener on an address outside the allowed network, counting connections.
+        let outside = SocketAddr::new(lab::private_ip(50), baton_testbed::APISERVER_PORT);
+        let dialled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let listener = tokio::net::TcpListener::bind(outside).await.unwrap();
+        let counter = Arc::clone(&dialled);
+        let recording = tokio::spawn(async move {
+            while let Ok((_s, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let kubeconfig = t1.cp.write_kubeconfig(0, baton_testbed::ADMIN_TOKEN).unwrap();
+        let flags = [
+            "--services".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--backend-cidr".into(),
+            lab::PUBLIC_RANGE.into(),
+        ];
+        let _child = router(None, &dir.path().join("router.log"), &flags);
+        wait_listening(router_addr()).await;
+
+        // First (so the oldest claims): a namespace nobody allowed, and one allowed for
+        // another domain, both claiming t2's name.
+        tenant_namespace(&t1.cp, "rogue", None).await;
+        tenant_service_in(&t1.cp, "rogue", "grab", &t2.host(), &t1.cp.addresses()).await;
+        tenant_namespace(&t1.cp, "tenant-a", Some("a.baton.test")).await;
+        tenant_service_in(&t1.cp, "tenant-a", "grab", &t2.host(), &t1.cp.addresses()).await;
+        let note = wait_event(&t1.cp, "tenant-a", "grab", "SniHostNotAllowed").await;
+        assert!(
+            note.contains("not in its namespace's domains (a.baton.test)"),
+            "{note}"
+        );
+        let c2 = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+        assert!(
+            namespaces(&c2, &t2.host()).await.is_err(),
+            "neither claim is routed (else t1's API server would answer t2's name)"
+        );
+
+        // Then t2's own namespace: its Service lists an address outside the allowed network
+        // beside t2's API server.
+        tenant_namespace(&t1.cp, "tenant-t2", Some("t2.baton.test")).await;
+        let mut backends = t2.cp.addresses();
+        backends.insert(0, outside.ip());
+        tenant_service_in(&t1.cp, "tenant-t2", "api", &t2.host(), &backends).await;
+        wait_routed(&c2, &t2.host(), "tenant-t2").await;
+        let note = wait_event(&t1.cp, "tenant-t2", "api", "SniBackendNotAllowed").await;
+        assert!(note.contains(&outside.ip().to_string()), "{note}");
+        for _ in 0..10 {
+            let fresh = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+            only_its_own_namespaces(&t2, &fresh).await;
+        }
+        assert_eq!(
+            dialled.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the address outside --backend-cidr was never dialled"
+        );
+        assert!(
+            events_on(&t1.cp, "rogue", "grab").await.is_empty(),
+            "a Service of a namespace not allowed is ignored, not even told"
+        );
+        let text = metrics().await;
+        assert!(
+            text.lines().any(|l| l == "baton_sni_hosts 1"),
+            "only t2's own Service is routed: {text}"
+        );
+        recording.abort();
+    });
+}
+
+/// With `sniRouterPort` set, the controller probes the router on every control-plane node:
+/// killing only the router on the FIP holder (its API server keeps answering) moves the shared
+/// FIP to a node whose router serves.
+#[test]
+fn killing_only_the_router_on_the_holder_moves_the_shared_fip() {
+    use baton_cloud::Cloud as _;
+    const CP: [u64; 3] = [600_101, 600_102, 600_103];
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let (hosting, t1, t2) = tokio::join!(
+            ControlPlane::start(Options::servers(3)),
+            tenant("t1", &[21]),
+            tenant("t2", &[23])
+        );
+        let hosting = hosting.unwrap();
+        let topology = baton_sim::Topology {
+            forward_ports: vec![6443, 443],
+            ..baton_sim::Topology::default()
+        };
+        let sim = common::sim(baton_sim::Faults::none(), topology).await;
+        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+        let tenant_routes = [t1.route(), t2.route()];
+        let mut routers: Vec<Child> = hosting
+            .addresses()
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| {
+                node_router(
+                    SocketAddr::new(*ip, 443),
+                    &tenant_routes,
+                    &dir.path().join(format!("router-{i}.log")),
+                )
+            })
+            .collect();
+        let kubeconfig = hosting.write_kubeconfig(1, baton_testbed::ADMIN_TOKEN).unwrap();
+        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+        let _controller = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .arg("controller")
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--identity", "replica-a", "--admin-listen", "off"])
+            .env("CHERRY_API_KEY", "sim-token")
+            .env("CHERRY_PROJECT_ID", "123456")
+            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+            .env("CHERRY_BASE_URL", sim.base_url().as_str())
+            .env("BATON_API_RATE_LIMIT", "4")
+            .env("BATON_SNI_ROUTER_PORT", "443")
+            .env("BATON_LOG", "info,baton=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let shared = SocketAddr::new(fip.address, 443);
+        common::wait_for(
+            "both tenants through the shared FIP",
+            Duration::from_secs(30),
+            || tenants_answer(&t1, &t2, shared),
+        )
+        .await;
+        // Let the controller see every router Up before the failure.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0),
+            Some(CP[0])
+        );
+
+        // Only the holder's router dies; its API server answers on.
+        let killed = Instant::now();
+        routers[0].kill().await.unwrap();
+        common::wait_for("the FIP on another node", Duration::from_secs(30), || async {
+            cloud
+                .ip(&fip.id)
+                .await
+                .ok()
+                .and_then(|ip| ip.target())
+                .is_some_and(|t| t.0 != CP[0])
+        })
+        .await;
+        let moved = killed.elapsed();
+        common::wait_for(
+            "both tenants through the FIP again",
+            Duration::from_secs(30),
+            || tenants_answer(&t1, &t2, shared),
+        )
+        .await;
+        eprintln!(
+            "router on the holder killed: FIP moved after {moved:?}, tenants answered after {:?}",
+            killed.elapsed()
+        );
+        let controller_log = std::fs::read_to_string(dir.path().join("controller.log")).unwrap();
+        assert!(
+            controller_log.contains("RouterDown"),
+            "moved because of the router: {controller_log}"
+        );
+        let holder = cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0);
+        assert!(
+            matches!(holder, Some(id) if id == CP[1] || id == CP[2]),
+            "{holder:?}"
+        );
     });
 }
