@@ -476,11 +476,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         &tenant_namespace_label,
         &backend_cidr,
     )?;
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    } else {
-        threads
-    };
+    let threads = thread_count(threads);
     let limits = fit_to_open_files(limits, threads);
     let file = routes_file.as_ref().map(|p| load_file(&flags, p)).transpose()?;
     let client = kube_client(services, kubeconfig.as_deref()).await?;
@@ -520,10 +516,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
     let workers = Workers::start(&router, listeners, &shutdown, &tracker)?;
     if let Some(addr) = admin_listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| SniError::Bind { addr, source })?;
-        tokio::spawn(admin(l, Arc::clone(&metrics), shutdown.clone()));
+        start_admin(addr, &metrics, &shutdown).await?;
     }
     let reload = routes_file.map(|p| (p, Duration::from_millis(reload_interval_ms.max(10))));
     watch_sources(
@@ -548,6 +541,28 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     if let Some(dns) = dns {
         let _ = dns.await;
     }
+    Ok(())
+}
+
+/// `--threads`: 0 is one per CPU the process may use.
+fn thread_count(threads: usize) -> usize {
+    if threads == 0 {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    } else {
+        threads
+    }
+}
+
+/// Binds the admin server and serves it until `shutdown`.
+async fn start_admin(
+    addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Result<(), SniError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| SniError::Bind { addr, source })?;
+    tokio::spawn(admin(l, Arc::clone(metrics), shutdown.clone()));
     Ok(())
 }
 
