@@ -42,7 +42,7 @@ const CHUNK: usize = 64 * 1024;
 /// Pipes and buffers kept per thread for the next burst.
 const KEPT: usize = 64;
 /// The most pipes one thread has in use at once (two descriptors each).
-pub const PIPES_PER_THREAD: usize = 512;
+pub const PIPES_PER_THREAD: usize = 128;
 /// The most fallback buffers one thread has in use at once.
 pub const BUFFERS_PER_THREAD: usize = 256;
 /// How long a burst waits before it looks for a pipe or buffer again, when all are in use.

@@ -189,7 +189,7 @@ impl Router {
                 caps.max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
             sources: Sources::new(caps),
-            pending: Pending::new(caps.max_pending, caps.pending_bytes.max(limits.max_hello)),
+            pending: Pending::new(pending_cap(&caps), caps.pending_bytes.max(limits.max_hello)),
         }
     }
 
@@ -421,6 +421,13 @@ impl Router {
         }
         Err("connect_failed")
     }
+}
+
+/// The most connections not yet routed: `max_pending`, and at most half the connection slots,
+/// so that a flood of connections that never send a ClientHello evicts its own oldest before it
+/// takes every slot (the accept loops would then wait, legitimate clients with them).
+pub fn pending_cap(caps: &Caps) -> usize {
+    caps.max_pending.min(caps.max_connections / 2).max(1)
 }
 
 /// TCP keep-alive probes on `stream` (see [`KEEPALIVE_IDLE`]).

@@ -591,3 +591,15 @@ async fn a_spliced_connection_silent_both_ways_is_closed_after_the_idle_timeout(
         "bytes counted as they went: {text}"
     );
 }
+
+#[test]
+fn connections_not_yet_routed_get_at_most_half_the_slots() {
+    let caps = |max_connections, max_pending| Caps {
+        max_connections,
+        max_pending,
+        ..Caps::default()
+    };
+    assert_eq!(pending_cap(&caps(100_000, 10_000)), 10_000);
+    assert_eq!(pending_cap(&caps(8_848, 10_000)), 4_424);
+    assert_eq!(pending_cap(&caps(1, 10_000)), 1);
+}
