@@ -875,7 +875,9 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.set_tcp_keepalive(&router::keepalive_settings())?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
+    // As many as the kernel allows (somaxconn): a burst of new connections, an attack among
+    // them, waits in the backlog instead of being dropped (a dropped SYN costs a client 1 s).
+    socket.listen(4096)?;
     Ok(socket.into())
 }
 

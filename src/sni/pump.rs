@@ -200,10 +200,14 @@ impl Drop for Buffer {
     }
 }
 
-/// When either direction last moved a byte, in milliseconds since the splice began.
+/// When either direction last moved a byte, and since when each waits for its peer to take
+/// bytes, in milliseconds since the splice began (+1: 0 is "not waiting"). One timer per
+/// connection watches them all (a timer per direction would make every connection's task
+/// larger, idle or not).
 struct Activity {
     start: Instant,
     last_ms: AtomicU64,
+    blocked_ms: [AtomicU64; 2],
 }
 
 impl Activity {
@@ -211,22 +215,49 @@ impl Activity {
         Self {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
+            blocked_ms: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
-    fn touch(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Returns once nothing has moved for `idle`.
-    async fn idle_for(&self, idle: Duration) -> PumpError {
+    fn at(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Direction `dir` waits for its peer to take bytes (`true`) or does not any more.
+    fn blocked(&self, dir: usize, waiting: bool) {
+        let v = if waiting { self.now_ms() + 1 } else { 0 };
+        self.blocked_ms[dir].store(v, Ordering::Relaxed);
+    }
+
+    /// Returns once nothing has moved for `t.idle`, or a direction has waited `t.stall` for
+    /// its peer. Wakes at least every `t.stall` (a direction may start waiting meanwhile).
+    async fn watch(&self, t: Timeouts) -> PumpError {
         loop {
-            let last = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            if last.elapsed() >= idle {
-                return PumpError::Idle(idle);
+            let now = Instant::now();
+            let last = self.at(self.last_ms.load(Ordering::Relaxed));
+            if now.saturating_duration_since(last) >= t.idle {
+                return PumpError::Idle(t.idle);
             }
-            tokio::time::sleep_until(last + idle).await;
+            let mut next = (last + t.idle).min(now + t.stall);
+            for b in &self.blocked_ms {
+                let since = b.load(Ordering::Relaxed);
+                if since != 0 {
+                    let since = self.at(since - 1);
+                    if now.saturating_duration_since(since) >= t.stall {
+                        return PumpError::Stalled(t.stall);
+                    }
+                    next = next.min(since + t.stall);
+                }
+            }
+            tokio::time::sleep_until(next).await;
         }
     }
 }
@@ -252,13 +283,32 @@ pub async fn both_ways(
     let activity = Activity::new();
     let pumps = async {
         tokio::try_join!(
-            pump(a, b, &activity, timeouts.stall, to_b),
-            pump(b, a, &activity, timeouts.stall, to_a)
+            pump(a, b, Direction(&activity, 0), to_b),
+            pump(b, a, Direction(&activity, 1), to_a)
         )
     };
     tokio::select! {
         done = pumps => done.map(|_| ()),
-        idle = activity.idle_for(timeouts.idle) => Err(idle),
+        ended = activity.watch(timeouts) => Err(ended),
+    }
+}
+
+/// One direction of a connection's [`Activity`].
+#[derive(Clone, Copy)]
+struct Direction<'a>(&'a Activity, usize);
+
+impl Direction<'_> {
+    fn touch(self) {
+        self.0.touch();
+    }
+
+    /// Waits until `to` takes bytes again (the watchdog ends the connection if that takes the
+    /// stall timeout).
+    async fn writable(self, to: &TcpStream) -> Result<(), PumpError> {
+        self.0.blocked(self.1, true);
+        let r = to.writable().await;
+        self.0.blocked(self.1, false);
+        Ok(r?)
     }
 }
 
@@ -267,19 +317,20 @@ pub async fn both_ways(
 async fn pump(
     from: &TcpStream,
     to: &TcpStream,
-    activity: &Activity,
-    stall: Duration,
+    dir: Direction<'_>,
     counted: &Counter,
 ) -> Result<(), PumpError> {
     loop {
         from.readable().await?;
+        // A burst's state is boxed: allocated while bytes flow, not held by every idle
+        // connection's task (it is most of a direction's size).
         let burst = if let Some(pipe) = PipeLease::take() {
-            splice_burst(from, to, pipe, activity, stall, counted).await?
+            Box::pin(splice_burst(from, to, pipe, dir, counted)).await?
         } else if let Some(buf) = Buffer::take() {
-            copy_burst(from, to, buf, activity, stall, counted).await?
+            Box::pin(copy_burst(from, to, buf, dir, counted)).await?
         } else {
             // Every pipe and buffer of this thread is out (peers that do not read): wait.
-            tokio::time::sleep(RETRY).await;
+            Box::pin(tokio::time::sleep(RETRY)).await; // rare: kept out of every task's size
             Burst::More
         };
         if let Burst::End = burst {
@@ -295,8 +346,7 @@ async fn splice_burst(
     from: &TcpStream,
     to: &TcpStream,
     mut pipe: PipeLease,
-    activity: &Activity,
-    stall: Duration,
+    dir: Direction<'_>,
     counted: &Counter,
 ) -> Result<Burst, PumpError> {
     let Some(Pipe { read, write }) = pipe.pipe.as_ref() else {
@@ -326,11 +376,11 @@ async fn splice_burst(
                     pipe.held -= m;
                     counted.inc_by(m as u64);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable(to, stall).await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dir.writable(to).await?,
                 Err(e) => return Err(e.into()),
             }
         }
-        activity.touch();
+        dir.touch();
     }
 }
 
@@ -344,8 +394,7 @@ async fn copy_burst(
     from: &TcpStream,
     to: &TcpStream,
     mut buf: Buffer,
-    activity: &Activity,
-    stall: Duration,
+    dir: Direction<'_>,
     counted: &Counter,
 ) -> Result<Burst, PumpError> {
     loop {
@@ -362,19 +411,11 @@ async fn copy_burst(
                     at += m;
                     counted.inc_by(m as u64);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable(to, stall).await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dir.writable(to).await?,
                 Err(e) => return Err(e.into()),
             }
         }
-        activity.touch();
-    }
-}
-
-/// Waits until `to` takes bytes again, at most `stall`.
-async fn writable(to: &TcpStream, stall: Duration) -> Result<(), PumpError> {
-    match tokio::time::timeout(stall, to.writable()).await {
-        Ok(r) => Ok(r?),
-        Err(_) => Err(PumpError::Stalled(stall)),
+        dir.touch();
     }
 }
 

@@ -603,3 +603,33 @@ fn connections_not_yet_routed_get_at_most_half_the_slots() {
     assert_eq!(pending_cap(&caps(8_848, 10_000)), 4_424);
     assert_eq!(pending_cap(&caps(1, 10_000)), 1);
 }
+
+/// What an idle spliced connection holds is mostly its task: the state of `handle`, the splice
+/// (a burst's state is boxed, allocated only while bytes flow) and the one timer. A regression
+/// that puts a buffer, a timer per direction or a burst's state back into it shows here.
+#[tokio::test]
+async fn a_connections_task_stays_small() {
+    let router = Arc::new(Router::new(
+        watch::channel(Arc::new(RouteTable::default())).1,
+        Arc::new(Health::default()),
+        Limits::default(),
+        Arc::new(Metrics::default()),
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let peer = client.local_addr().unwrap();
+    let admission = Admission {
+        _slot: Arc::clone(&router.slots).try_acquire_owned().unwrap(),
+        source: router.sources.admit(peer.ip()).unwrap(),
+    };
+    let handle = router.handle(client, peer, Kind::Sni, 1, admission);
+    let (one, two) = (
+        TcpStream::connect(listener.local_addr().unwrap()).await.unwrap(),
+        listener.accept().await.unwrap().0,
+    );
+    let bytes = prometheus_client::metrics::counter::Counter::<u64>::default();
+    let splice = pump::both_ways(&one, &two, Limits::default().timeouts, &bytes, &bytes);
+    let (handle, splice) = (std::mem::size_of_val(&handle), std::mem::size_of_val(&splice));
+    assert!(splice <= 1024, "the splice's state is {splice} bytes");
+    assert!(handle <= 1536, "a connection's task state is {handle} bytes");
+}
