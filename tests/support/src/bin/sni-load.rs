@@ -6,7 +6,7 @@
 //! ```text
 //! sni-load hold      --target ADDR --sources IP+N --count C [--one-byte]   C connections that send
 //!                    a 5-byte TLS record header claiming 16,379 bytes (or one byte) and stop;
-//!                    one closed by the target is opened again
+//!                    one closed by the target is opened again a second later
 //! sni-load slowloris --target ADDR --sources IP+N --count C --every-ms MS  C connections that
 //!                    send a ClientHello one byte every MS; reopened when closed
 //! sni-load flood     --target ADDR --sources IP+N --rate R                 R new connections a
@@ -136,6 +136,9 @@ async fn connect(src: IpAddr, target: SocketAddr) -> std::io::Result<tokio::net:
     socket.connect(target).await
 }
 
+/// How long a `hold` or `slowloris` connection closed by the target waits before the next.
+const REOPEN: Duration = Duration::from_secs(1);
+
 /// `hold` and `slowloris`: keep `count` connections open that never complete a ClientHello.
 async fn hold(args: &Args, slow: bool) -> anyhow::Result<String> {
     let target: SocketAddr = args.req("target")?;
@@ -192,8 +195,9 @@ async fn hold(args: &Args, slow: bool) -> anyhow::Result<String> {
                 };
                 if tokio::time::timeout_at(deadline, alive).await.is_ok() {
                     closed.fetch_add(1, Ordering::Relaxed);
-                    // An attacker opens another; a short pause keeps this loop from spinning.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // Opens another a second later, as slowloris tools keep their count up
+                    // (slowhttptest: a connection rate); a flood is the flood mode's.
+                    tokio::time::sleep(REOPEN).await;
                 }
             }
         }));
