@@ -2,7 +2,8 @@
 //! the router asks at accept and drops the guards when a connection ends.
 //!
 //! ```text
-//!  accept (global cap: the accept loops wait for a free slot — backpressure, not refusal)
+//!  accept (global cap: the accept loops wait for a free descriptor — backpressure, not
+//!          refusal; a connection not yet routed is evicted to make one)
 //!    ─► Sources::admit(ip) ── per source (IPv4 address, IPv6 /64): open ≤ per_source,
 //!    │                         not yet routed ≤ pending_per_source; else refused at once
 //!    ─► Pending::enter ─ the router-wide queue of connections still reading their first bytes:
@@ -39,7 +40,7 @@ impl Default for Caps {
         Self {
             max_connections: 100_000,
             per_source: 4_096,
-            max_pending: 10_000,
+            max_pending: 20_000,
             pending_per_source: 128,
             pending_bytes: 16 << 20,
         }
@@ -262,6 +263,14 @@ impl Pending {
             },
             evicted,
         )
+    }
+
+    /// Evicts the oldest connection not yet routed, if any; returns whether there was one.
+    pub fn evict_oldest(&self) -> bool {
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .evict_oldest()
     }
 
     /// `(connections, bytes)` pending now.

@@ -167,12 +167,12 @@ pub struct ServeArgs {
     )]
     pub max_connections_per_source: usize,
 
-    /// The most connections not yet routed (reading their ClientHello) at once; a new one
-    /// beyond it evicts the oldest.
+    /// The most connections not yet routed (reading their ClientHello) at once, and at most
+    /// --max-connections; a new one beyond it evicts the oldest.
     #[arg(
         long,
         env = "BATON_SNI_MAX_PENDING",
-        default_value_t = 10_000,
+        default_value_t = 20_000,
         value_name = "N"
     )]
     pub max_pending: usize,

@@ -159,15 +159,18 @@ pub struct Router {
     health: Arc<Health>,
     limits: Limits,
     metrics: Arc<Metrics>,
-    /// One permit per open connection (`caps.max_connections`).
+    /// Descriptors for connections: two per `caps.max_connections`. A connection takes one at
+    /// accept and a second when it is routed (its backend's): one still reading its ClientHello
+    /// costs one descriptor, so as many can wait as could be spliced.
     slots: Arc<Semaphore>,
     sources: Arc<Sources>,
     pending: Arc<Pending>,
 }
 
-/// What a connection holds from accept to its end.
+/// What a connection holds from accept to its end: its descriptors' permits, its place in its
+/// source's counts.
 struct Admission {
-    _slot: OwnedSemaphorePermit,
+    slot: OwnedSemaphorePermit,
     source: Admitted,
 }
 
@@ -186,7 +189,9 @@ impl Router {
             limits,
             metrics,
             slots: Arc::new(Semaphore::new(
-                caps.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+                caps.max_connections
+                    .saturating_mul(2)
+                    .clamp(2, Semaphore::MAX_PERMITS),
             )),
             sources: Sources::new(caps),
             pending: Pending::new(pending_cap(&caps), caps.pending_bytes.max(limits.max_hello)),
@@ -208,12 +213,14 @@ impl Router {
     ) {
         let port = listener.local_addr().map_or(0, |a| a.port());
         loop {
-            // Backpressure: with every slot taken, accept nothing (the kernel's backlog holds
-            // new connections) until one frees. The slot is taken after the accept (an accept
-            // loop waiting for a connection holds none); one lost to another loop meanwhile is
+            // Backpressure: with every descriptor taken, accept nothing (the kernel's backlog
+            // holds new connections) until one frees — at once if a connection not yet routed
+            // is there to evict, its oldest. The slot is taken after the accept (an accept loop
+            // waiting for a connection holds none); one lost to another loop meanwhile is
             // waited for with the connection in hand.
             if self.slots.available_permits() == 0 {
                 self.metrics.accept_waited();
+                self.pending.evict_oldest();
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     freed = self.slots.acquire() => drop(freed),
@@ -234,6 +241,8 @@ impl Router {
             let slot = if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
                 slot
             } else {
+                self.metrics.accept_waited();
+                self.pending.evict_oldest();
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     slot = Arc::clone(&self.slots).acquire_owned() => match slot {
@@ -252,7 +261,7 @@ impl Router {
                 }
             };
             let router = Arc::clone(&self);
-            let admission = Admission { _slot: slot, source };
+            let admission = Admission { slot, source };
             tracker.spawn(async move { router.handle(stream, peer, kind, port, admission).await });
         }
     }
@@ -281,6 +290,9 @@ impl Router {
         };
         drop(slot);
         admission.source.routed();
+        if chosen.is_ok() {
+            self.backend_slot(&mut admission).await;
+        }
         let (set, skip) = match chosen {
             Ok(c) => c,
             Err(why) => {
@@ -388,6 +400,21 @@ impl Router {
         }
     }
 
+    /// The routed connection's second descriptor (its backend's). With every descriptor taken,
+    /// the oldest connection not yet routed makes room (it gives its own back when it ends).
+    async fn backend_slot(&self, admission: &mut Admission) {
+        let more = if let Ok(more) = Arc::clone(&self.slots).try_acquire_owned() {
+            more
+        } else {
+            self.pending.evict_oldest();
+            let Ok(more) = Arc::clone(&self.slots).acquire_owned().await else {
+                return;
+            };
+            more
+        };
+        admission.slot.merge(more);
+    }
+
     /// Connects to the first backend of `set` that accepts; else the reason for the metrics.
     async fn connect(&self, set: &Arc<BackendSet>) -> Result<TcpStream, &'static str> {
         let no_backend = |e: NoBackend| match e {
@@ -423,11 +450,12 @@ impl Router {
     }
 }
 
-/// The most connections not yet routed: `max_pending`, and at most half the connection slots,
-/// so that a flood of connections that never send a ClientHello evicts its own oldest before it
-/// takes every slot (the accept loops would then wait, legitimate clients with them).
+/// The most connections not yet routed: `max_pending`, and at most `max_connections` — half
+/// the descriptors, as each costs one — so that a flood of connections that never send a
+/// ClientHello evicts its own oldest before it takes every descriptor (the accept loops would
+/// then wait, legitimate clients with them).
 pub fn pending_cap(caps: &Caps) -> usize {
-    caps.max_pending.min(caps.max_connections / 2).max(1)
+    caps.max_pending.min(caps.max_connections).max(1)
 }
 
 /// TCP keep-alive probes on `stream` (see [`KEEPALIVE_IDLE`]).

@@ -592,15 +592,53 @@ async fn a_spliced_connection_silent_both_ways_is_closed_after_the_idle_timeout(
     );
 }
 
+#[tokio::test]
+async fn with_every_descriptor_taken_the_oldest_silent_connection_makes_room() {
+    let b1 = backend("b1").await;
+    let limits = Limits {
+        caps: Caps {
+            max_connections: 2, // four descriptors
+            ..Caps::default()
+        },
+        ..Limits::default()
+    };
+    let r = start(&spec(&[format!("one.example={b1}")]), limits).await;
+    let hello = records(&client_hello(Some("one.example")), 16_384);
+    // One spliced (two descriptors), one silent (one): one descriptor left.
+    let (_, _spliced) = exchange(r.sni, &hello, &hello).await;
+    let mut silent = TcpStream::connect(r.sni).await.unwrap();
+    silent.write_all(&[22, 3, 1]).await.unwrap();
+    until("the silent one pending", || {
+        metric(&r.metrics.encode(), "baton_sni_pending_connections") == 1
+    })
+    .await;
+    // A client takes the last descriptor; routed, it needs one more for its backend: the
+    // silent connection gives its own.
+    let (name, _second) = exchange(r.sni, &hello, &hello).await;
+    assert_eq!(name, "b1");
+    assert!(was_reset(silent).await);
+    assert!(r.metrics.encode().contains("reason=\"evicted\"} 1"));
+    // Now every descriptor is a spliced connection's: a silent newcomer evicts nobody routed.
+    let mut late = TcpStream::connect(r.sni).await.unwrap();
+    late.write_all(&hello).await.unwrap();
+    let mut name = [0u8; 2];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), late.read_exact(&mut name))
+            .await
+            .is_err(),
+        "spliced connections keep their descriptors"
+    );
+}
+
 #[test]
-fn connections_not_yet_routed_get_at_most_half_the_slots() {
+fn connections_not_yet_routed_get_at_most_half_the_descriptors() {
     let caps = |max_connections, max_pending| Caps {
         max_connections,
         max_pending,
         ..Caps::default()
     };
-    assert_eq!(pending_cap(&caps(100_000, 10_000)), 10_000);
-    assert_eq!(pending_cap(&caps(8_848, 10_000)), 4_424);
+    assert_eq!(pending_cap(&caps(100_000, 20_000)), 20_000);
+    assert_eq!(pending_cap(&caps(8_848, 10_000)), 8_848);
     assert_eq!(pending_cap(&caps(1, 10_000)), 1);
 }
 
@@ -619,7 +657,7 @@ async fn a_connections_task_stays_small() {
     let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
     let peer = client.local_addr().unwrap();
     let admission = Admission {
-        _slot: Arc::clone(&router.slots).try_acquire_owned().unwrap(),
+        slot: Arc::clone(&router.slots).try_acquire_owned().unwrap(),
         source: router.sources.admit(peer.ip()).unwrap(),
     };
     let handle = router.handle(client, peer, Kind::Sni, 1, admission);
