@@ -1,11 +1,15 @@
 //! Failover benchmark (run through `scripts/bench/failover`), one failure class at a time.
 //!
-//! In a lab: three real API servers on one etcd (the control-plane "nodes" cp-0..2), the
-//! simulator with added API latency, and three `baton controller` replicas (the binary in
-//! `BATON_BIN`), replica i talking only to node i's API server, as the shipped Deployment does
-//! (hostNetwork, `KUBERNETES_SERVICE_HOST` = its host). Each run fails one node in the chosen
-//! class and measures from that moment until `https://<FIP>:6443/readyz` answers from another
-//! node; then it heals the node and lets the replicas see it healthy again.
+//! In a lab with nodes: three control-plane lab nodes cp-0..2 (each its own network namespace on
+//! the lab bridge, with a real API server on one shared etcd and a real kube-proxy), the
+//! simulator with added API latency routing the FIP to its holder as the cloud does (the packets
+//! keep the FIP as their destination), and on every node what ships there: `baton agent` (the
+//! node accepts the control-plane FIPs) and one `baton controller` replica (the binary in
+//! `BATON_BIN`) talking only to its node's API server, as the shipped Deployment does
+//! (hostNetwork, `KUBERNETES_SERVICE_HOST` = its host). The clients that measure run on the lab
+//! host, which is no node. Each run fails one node in the chosen class and measures from that
+//! moment until `https://<FIP>:6443/readyz` answers from another node; then it heals the node and
+//! lets the replicas see it healthy again.
 //!
 //! Classes (the node that fails is the *victim*):
 //! - `kill`: the FIP holder's API server is SIGKILLed (connections refused);
@@ -13,8 +17,9 @@
 //! - `blackhole`: every packet to and from the holder's addresses is dropped;
 //! - `dead-node`: blackhole, and the holder's baton replica is killed;
 //! - `leader-node`: the same, on the node whose replica holds the Lease (CPEM #304/#319);
-//! - `partition`: the holder's API server is unreachable for everyone, its replica (the leader)
-//!   still reaches the cloud — the deposed leader must not write after its lease;
+//! - `partition`: the holder's API server is unreachable for everyone (TCP to it is dropped, and
+//!   so are etcd's answers to it, so its own replica cannot use it either), its replica (the
+//!   leader) still reaches the cloud — the deposed leader must not write after its lease;
 //! - `busy`: `kill` while the simulator enforces 4 requests/s and LoadBalancer Services are
 //!   created (and deleted 40 behind) at 4/s, so the controller's Service work always has more
 //!   queued cloud calls than the limit lets through.
@@ -108,6 +113,12 @@ fn args() -> Args {
             ),
         }
     }
+    // The replicas start inside the nodes' namespaces (nsenter), where a relative path would
+    // not resolve.
+    a.bin = std::fs::canonicalize(&a.bin)
+        .unwrap_or_else(|e| panic!("{}: {e}", a.bin))
+        .display()
+        .to_string();
     a
 }
 
@@ -211,16 +222,22 @@ fn holder_of(sim: &SimHandle, fip: &IpAddress) -> Option<usize> {
 
 async fn run_class(class: String, a: Args) -> Report {
     let busy = class == "busy";
-    let mut cp = ControlPlane::start(Options::servers(3)).await.unwrap();
-    let sim = common::sim(
+    let mut cp = ControlPlane::start(Options {
+        nodes: true,
+        ..Options::servers(3)
+    })
+    .await
+    .unwrap();
+    let sim = common::routed_sim(
         Faults {
-            latency_ms: a.latency_ms,
+            latency_ms: a.latency_ms.into(),
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
         },
         Topology::default(),
     )
     .await;
+    let _agents: Vec<Child> = (0..3).map(|i| start_agent(&cp, &a.bin, i)).collect();
     let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
     let history = LeaseHistory::record(
         (0..3).map(|i| cp.client(i).unwrap()).collect(),
@@ -467,7 +484,31 @@ fn logs_dir() -> std::path::PathBuf {
     .clone()
 }
 
-/// `baton controller` replica `i`: identity cp-i, talking only to API server i.
+/// `baton agent` on node cp-i (the shipped DaemonSet's job): watches the control-plane endpoint
+/// Services through the node's API server and makes the node accept their FIPs.
+fn start_agent(cp: &ControlPlane, bin: &str, i: usize) -> Child {
+    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs_dir().join(format!("agent-cp-{i}.log")))
+        .unwrap();
+    cp.node_command(&format!("cp-{i}"), bin)
+        .unwrap()
+        .arg("agent")
+        .args([
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--health-listen",
+            "off",
+        ])
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {bin} agent: {e}"))
+}
+
+/// `baton controller` replica `i` on node cp-i: identity cp-i, talking only to API server i.
 fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, class: &str) -> Child {
     let busy = class == "busy";
     let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
@@ -476,7 +517,7 @@ fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, class:
         .append(true)
         .open(logs_dir().join(format!("{class}-cp-{i}.log")))
         .unwrap();
-    let mut controller = tokio::process::Command::new(bin);
+    let mut controller = cp.node_command(&format!("cp-{i}"), bin).unwrap();
     if busy {
         // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
         controller

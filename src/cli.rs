@@ -25,6 +25,9 @@ pub enum Command {
     Dns(crate::dns::DnsArgs),
     /// Route TLS by server name (SNI) to many API servers behind one address.
     Sni(crate::sni::SniArgs),
+    /// Run on every control-plane node: accept the packets routed to the control-plane Floating
+    /// IPs (one nftables redirect rule per FIP, kept in sync with the Services).
+    Agent(crate::agent::AgentArgs),
     /// Run the Cherry Servers API simulator.
     Sim(crate::sim::SimArgs),
     /// Inspect the configuration.

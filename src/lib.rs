@@ -8,6 +8,7 @@
 //!                                      ├─ bootstrap on the bootstrap host: FIPs, DNS, API Services, handoff
 //!                                      ├─ controller in the cluster: failover, Service FIPs, BGP, nodes
 //!                                      ├─ sni      many API servers behind one address (TLS SNI router)
+//!                                      ├─ agent    on each control-plane node: accept the FIPs' packets
 //!                                      └─ version
 //! ```
 //!
@@ -16,10 +17,13 @@
 //! this crate wires them to the command line (`sim`, `dns`).
 //!
 //! Both halves use the same tools, from modules below them: `probe` (the one `/readyz` prober),
+//! `admin` (the admin endpoints: loopback plain HTTP, authenticated HTTPS metrics),
 //! `kube` (kubeconfig loader, cluster CA and TLS, the failover client), `names` (what both write
 //! on Kubernetes objects), `exit` (exit codes), `signal` (the one SIGTERM/SIGINT handler) and
 //! `error` (the top-level error). No module imports from one above it.
 
+pub mod admin;
+pub mod agent;
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
@@ -68,6 +72,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }),
         Command::Sim(args) => sim::run(args).await.map_err(subcommand_error),
         Command::Sni(args) => sni::run(args).await.map_err(|e| {
+            if e.is_config() {
+                Error::Usage(Box::new(e))
+            } else {
+                subcommand_error(e)
+            }
+        }),
+        Command::Agent(args) => agent::run(args).await.map_err(|e| {
             if e.is_config() {
                 Error::Usage(Box::new(e))
             } else {

@@ -12,6 +12,14 @@ pub const METALLB_DISABLE_ANNOTATION: (&str, &str) = (
 /// Marks a Service as a control-plane endpoint: its FIP is routed to a healthy API server and
 /// never handed to a load-balancer implementation.
 pub const CONTROL_PLANE_ENDPOINT_ANNOTATION: &str = "baton.dev/control-plane-endpoint";
+/// On every control-plane endpoint Service, written by the controller: the name of the node
+/// (else the server's hostname) the cloud routes the Service's FIP to now.
+pub const FIP_HOLDER_ANNOTATION: &str = "baton.dev/fip-holder";
+/// On every control-plane endpoint Service, written by the controller: the primary address of
+/// the server the cloud routes the Service's FIP to now. The node agent on that server delivers
+/// the server's own packets for the FIP locally: the cloud's router would send them back to the
+/// server, which drops packets carrying its own address as their source.
+pub const FIP_HOLDER_ADDRESS_ANNOTATION: &str = "baton.dev/fip-holder-address";
 /// The label EndpointSlices use to name their Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// cloud-provider-cherry's mirror Service (`kube-system`), left behind on a switch to baton.

@@ -9,7 +9,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use baton_sim::{Faults, SimError, SimOptions};
+use std::collections::BTreeMap;
+
+use baton_sim::{Faults, Latency, RouteFaults, SimError, SimOptions};
 use tracing::info;
 
 /// `baton sim` arguments. Every flag also reads a `BATON_SIM_*` variable.
@@ -30,9 +32,10 @@ pub struct SimArgs {
     /// CIDR new FIPs are allocated from (overrides the topology's; default 203.0.113.0/24).
     #[arg(long, env = "BATON_SIM_FIP_POOL")]
     pub fip_pool: Option<String>,
-    /// TCP ports forwarded from a targeted FIP to its server, comma-separated (overrides the
-    /// topology's; default 6443). An empty value (`--forward-ports ''`, or the flag alone)
-    /// disables forwarding.
+    /// TCP ports spliced from a targeted FIP to its server, comma-separated (overrides the
+    /// topology's; default none). For labs without nodes only: the server then sees
+    /// connections to its own address, a path no real node has. An empty value
+    /// (`--forward-ports ''`, or the flag alone) disables the splice.
     #[arg(
         long,
         env = "BATON_SIM_FORWARD_PORTS",
@@ -42,9 +45,34 @@ pub struct SimArgs {
         value_parser = parse_ports
     )]
     pub forward_ports: Option<PortList>,
-    /// Latency added to every API request, in milliseconds.
-    #[arg(long, env = "BATON_SIM_LATENCY_MS", default_value_t = 0)]
-    pub latency_ms: u64,
+    /// Route every targeted FIP through this network device, as the cloud does: `<fip>/32 via
+    /// <server primary IP> dev DEV` in the simulator's network namespace (the lab's hub, e.g.
+    /// `baton0`); packets keep the FIP as their destination. Needs iproute2 and CAP_NET_ADMIN.
+    #[arg(long, env = "BATON_SIM_ROUTE_FIPS", value_name = "DEV")]
+    pub route_fips: Option<String>,
+    /// How long every API request takes, in milliseconds: `N`, `P50,P99` (a log-normal with
+    /// that median and 99th percentile), or percentiles `p50:300,p90:800,p99:2000`.
+    #[arg(long, env = "BATON_SIM_LATENCY_MS", value_name = "SPEC", default_value = "0")]
+    pub latency_ms: Latency,
+    /// A route's own latency, `ROUTE=SPEC` with the route as `/_sim/stats` names it, e.g.
+    /// `'POST /v1/projects/{id}/ips=300,2000'`; repeatable (`;`-separated in the variable).
+    #[arg(
+        long,
+        env = "BATON_SIM_ROUTE_LATENCY_MS",
+        value_name = "ROUTE=SPEC",
+        value_delimiter = ';',
+        value_parser = parse_route_latency
+    )]
+    pub route_latency_ms: Vec<(String, Latency)>,
+    /// Fraction (0..=1) of each request's latency spent before it takes effect (the server's
+    /// processing time); the rest before the answer. A request takes effect once received,
+    /// whether its client still waits or not.
+    #[arg(long, env = "BATON_SIM_PROCESSING_RATIO", default_value_t = 0.0)]
+    pub processing_ratio: f64,
+    /// The IP list does not show IP writes of the last this many milliseconds (an eventually
+    /// consistent list); reads of one IP are current.
+    #[arg(long, env = "BATON_SIM_LIST_LAG_MS", default_value_t = 0)]
+    pub list_lag_ms: u64,
     /// Fraction (0..=1) of API requests answered with an injected error.
     #[arg(long, env = "BATON_SIM_ERROR_RATE", default_value_t = 0.0)]
     pub error_rate: f64,
@@ -56,6 +84,10 @@ pub struct SimArgs {
         default_value = "502,503,504"
     )]
     pub error_statuses: Vec<u16>,
+    /// Routes injected errors are limited to (`METHOD /v1/path/{id}`, comma-separated, e.g.
+    /// `GET /v1/servers/{id}`); none: every API request.
+    #[arg(long, env = "BATON_SIM_ERROR_ROUTES", value_delimiter = ',')]
+    pub error_routes: Vec<String>,
     /// Fraction of injected errors with an HTML (non-JSON) body.
     #[arg(long, env = "BATON_SIM_NON_JSON_RATIO", default_value_t = 0.5)]
     pub non_json_ratio: f64,
@@ -95,9 +127,14 @@ impl SimArgs {
             api_key,
             fip_pool,
             forward_ports,
+            route_fips,
             latency_ms,
+            route_latency_ms,
+            processing_ratio,
+            list_lag_ms,
             error_rate,
             error_statuses,
+            error_routes,
             non_json_ratio,
             lost_response_ratio,
             rate_limit,
@@ -107,10 +144,24 @@ impl SimArgs {
             seed,
             retarget_delay_ms,
         } = self;
+        let routes: BTreeMap<String, RouteFaults> = route_latency_ms
+            .into_iter()
+            .map(|(route, latency)| {
+                let faults = RouteFaults {
+                    latency_ms: Some(latency),
+                    ..RouteFaults::default()
+                };
+                (route, faults)
+            })
+            .collect();
         let faults = Faults {
             latency_ms,
+            processing_ratio,
+            list_lag_ms,
+            routes,
             error_rate,
             error_statuses,
+            error_routes,
             non_json_ratio,
             lost_response_ratio,
             rate_limit: (rate_limit > 0.0).then_some(rate_limit),
@@ -127,6 +178,7 @@ impl SimArgs {
             api_key,
             fip_pool,
             forward_ports: forward_ports.map(|p| p.0),
+            route_fips,
             faults,
         }
     }
@@ -152,6 +204,24 @@ fn parse_ports(text: &str) -> Result<PortList, String> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map(PortList)
+}
+
+/// Parses `ROUTE=SPEC`: a route key as `/_sim/stats` shows it (`METHOD /v1/...`) and a
+/// latency ([`Latency`]).
+fn parse_route_latency(text: &str) -> Result<(String, Latency), String> {
+    let (route, spec) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ROUTE=SPEC"))?;
+    let route = route.trim();
+    let valid = route
+        .split_once(' ')
+        .is_some_and(|(method, path)| !method.is_empty() && path.starts_with("/v1/"));
+    if !valid {
+        return Err(format!(
+            "route {route:?} is not \"METHOD /v1/...\" as /_sim/stats names it"
+        ));
+    }
+    Ok((route.to_owned(), spec.parse()?))
 }
 
 /// Runs `baton sim` until SIGINT or SIGTERM.

@@ -3,19 +3,28 @@
 //! `baton controller` processes (`BATON_BIN`, default the binary cargo built for this test) with
 //! leader election, the endpoint loop, the BGP controller in MetalLB mode (MetalLB's CRDs are
 //! installed, so MetalLB objects are written), against a real kube-apiserver and the Cherry
-//! Servers simulator (API latency `BENCH_LATENCY_MS`, default 50 ms; per-client limit
-//! `BENCH_RATE` requests/s or `off`, which is also baton's own limit).
+//! Servers simulator (API latency `BENCH_LATENCY_MS`, default 50 ms, or a distribution such as
+//! `300,2000` for p50 300 ms / p99 2 s; per-client limit `BENCH_RATE` requests/s or `off`, which is
+//! also baton's own limit).
 //!
 //! `services` mode: `BENCH_COUNT` Services are created at once; the time until all have an
 //! ingress, the cloud and Kubernetes writes per Service; then every Service is deleted and the
-//! time until every FIP is released is measured. Last line:
-//! `services count=<n> rate=<r|off> replicas=<n> all_ingress_s=<s> bound_s=<s> cloud_writes=<n> cloud_requests=<n> got_429=<n> kube_writes_per_service=<x> release_s=<s> leaked=<n>`
+//! time until every FIP is released is measured (baton releases a FIP as soon as its Service is
+//! gone: no release grace period exists on this branch, so every release is due when its Service
+//! is deleted). Last line:
+//! `services count=<n> rate=<r|off> latency_ms=<spec> replicas=<n> all_ingress_s=<s> bound_s=<s> cloud_creates=<n> duplicate_fips=<n> list_calls=<n> cloud_writes=<n> cloud_requests=<n> got_429=<n> kube_writes_per_service=<x> release_s=<s> leaked=<n>`
+//! `cloud_creates` counts the FIPs the simulator created while the Services were created
+//! (whatever became of the answers), `duplicate_fips` the FIPs one Service had too many at some
+//! moment, summed (the simulator's count: over the whole run, deletions included), and
+//! `list_calls` the IP list calls while the Services were created.
 //!
 //! `scale` mode adds `BENCH_NODES` Node objects (kubelet-less, Ready, each with a server of the
 //! simulator), then at that size: `BENCH_PROBES` more Services one at a time (create-to-ingress
 //! p50/p99), the controllers' RSS and CPU seconds, the cloud calls of all replicas while idle over
 //! `BENCH_IDLE_S` seconds (per hour), and the watch events handled. Last lines:
-//! `scale services=<n> nodes=<n> all_ingress_s=<s> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> idle_cpu_pct=<n> watch_events=<n>`
+//! `scale services=<n> nodes=<n> all_ingress_s=<s> burst_cpu_s=<s> cloud_creates=<n> duplicate_fips=<n> list_calls=<n> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> idle_cpu_pct=<n> watch_events=<n>`
+//! (`burst_cpu_s`: both replicas' CPU seconds from the first create to the last ingress;
+//! `cpu_s`: since they started, at the end).
 //! `footprint static_binary_mib=<n|unknown> rss_mib=<n> services=<n> nodes=<n>`
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark harness: a panic is the report
 #![allow(clippy::too_many_lines, clippy::cast_precision_loss)] // scenario code reads top to bottom
@@ -30,7 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use baton_sim::{Faults, SimHandle, Topology};
+use baton_sim::{Faults, Latency, SimHandle, Topology};
 use baton_testbed::control_plane::Proc;
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use common::{ingress, lb_service, namespace};
@@ -58,7 +67,7 @@ struct Params {
     count: usize,
     nodes: usize,
     rate: Option<f64>,
-    latency_ms: u64,
+    latency: Latency,
     replicas: usize,
     probes: usize,
     idle_s: u64,
@@ -78,7 +87,9 @@ impl Params {
             count: env_or("BENCH_COUNT", 100),
             nodes: env_or("BENCH_NODES", 0),
             rate,
-            latency_ms: env_or("BENCH_LATENCY_MS", 50),
+            latency: std::env::var("BENCH_LATENCY_MS").map_or(Latency::Fixed(50), |v| {
+                v.parse().expect("BENCH_LATENCY_MS: N, P50,P99 or pNN:MS,..")
+            }),
             replicas: env_or("BENCH_REPLICAS", 2),
             probes: env_or("BENCH_PROBES", 50),
             idle_s: env_or("BENCH_IDLE_S", 180),
@@ -398,7 +409,7 @@ fn bench_services() {
         namespace(&client, NS).await;
         let sim = common::sim(
             Faults {
-                latency_ms: params.latency_ms,
+                latency_ms: params.latency.clone(),
                 rate_limit: params.rate,
                 retry_after_secs: Some(1),
                 ..Faults::none()
@@ -422,6 +433,7 @@ fn bench_services() {
         tokio::time::sleep(Duration::from_secs(if params.nodes > 0 { 15 } else { 5 })).await;
         sim.reset_stats();
         let writes_before = kube_writes(&client).await;
+        let cpu_before: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
 
         let api: Api<Service> = Api::namespaced(client.clone(), NS);
         let names: Vec<String> = (0..params.count).map(|i| format!("svc-{i:05}")).collect();
@@ -430,6 +442,9 @@ fn bench_services() {
         );
         let all_ingress_s = create_all(&api, &names, timeout).await;
         let stats = sim.stats();
+        let burst_cpu_s: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum::<f64>() - cpu_before;
+        let list_calls = stats.route("GET /v1/projects/{id}/ips");
+        let cloud_creates = stats.fips_created;
         let kube_per_service =
             (kube_writes(&client).await - writes_before - params.count as f64) / params.count as f64;
         eprintln!(
@@ -471,9 +486,10 @@ fn bench_services() {
             let cpu: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
             let events = replicas.metric(leader, "baton_watch_events_total").await;
             println!(
-                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} idle_cpu_pct={idle_cpu_pct:.1} watch_events={events:.0}",
+                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} burst_cpu_s={burst_cpu_s:.1} cloud_creates={cloud_creates} duplicate_fips={} list_calls={list_calls} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} idle_cpu_pct={idle_cpu_pct:.1} watch_events={events:.0}",
                 params.count,
                 params.nodes,
+                stats.duplicate_fips,
                 percentile(&latencies, 50),
                 percentile(&latencies, 99),
             );
@@ -494,14 +510,17 @@ fn bench_services() {
             120.0 + params.count as f64 / 20.0 + params.rate.map_or(0.0, |r| params.count as f64 / r * 2.0),
         );
         let (release_s, leaked) = delete_all(&api, &sim, release_timeout).await;
+        // Over the whole run: a duplicate made while releasing counts too.
+        let duplicate_fips = sim.stats().duplicate_fips.max(stats.duplicate_fips);
         if scale {
             eprintln!("  released every FIP in {release_s:.1}s, {leaked} left");
         } else {
             let bound_s = params.rate.map_or(0.0, |r| params.count as f64 / r);
             println!(
-                "services count={} rate={} replicas={} all_ingress_s={all_ingress_s:.2} bound_s={bound_s:.2} cloud_writes={} cloud_requests={} got_429={} kube_writes_per_service={kube_per_service:.2} release_s={release_s:.2} leaked={leaked}",
+                "services count={} rate={} latency_ms={} replicas={} all_ingress_s={all_ingress_s:.2} bound_s={bound_s:.2} cloud_creates={cloud_creates} duplicate_fips={duplicate_fips} list_calls={list_calls} cloud_writes={} cloud_requests={} got_429={} kube_writes_per_service={kube_per_service:.2} release_s={release_s:.2} leaked={leaked}",
                 params.count,
                 params.rate_shown(),
+                params.latency,
                 params.replicas,
                 stats.writes,
                 stats.requests,

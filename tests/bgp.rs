@@ -289,11 +289,40 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
             .create(&pp, &lb_service("apps", "db", &[]))
             .await
             .unwrap();
+        // Addresses users bring: a FIP they reserved in the project goes into a pool; an address
+        // the project does not hold never does (announcing it would announce someone else's).
+        let own = common::unlimited_client(&sim)
+            .create_ip(baton_cloud::model::CreateIpRequest {
+                region: "LT-Siauliai".into(),
+                tags: baton_cloud::model::Tags::from([("owner".to_owned(), "byo".to_owned())]),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut byo_own = lb_service("apps", "byo-own", &[]);
+        byo_own.spec.as_mut().unwrap().load_balancer_ip = Some(own.address.to_string());
+        services.create(&pp, &byo_own).await.unwrap();
+        let mut byo_foreign = lb_service("apps", "byo-foreign", &[]);
+        byo_foreign.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.200".into());
+        services.create(&pp, &byo_foreign).await.unwrap();
         let web_ip = eventually(WAIT, "web's ingress", || async {
             services.get("web").await.ok().as_ref().and_then(ingress)
         })
         .await;
-        wait_ours(&admin, Kind::IpAddressPool, &["apps.db", "apps.web"]).await;
+        wait_ours(
+            &admin,
+            Kind::IpAddressPool,
+            &["apps.byo-own", "apps.db", "apps.web"],
+        )
+        .await;
+        eventually(
+            WAIT,
+            "a Warning on the Service whose address is not the project's",
+            || async {
+                (events(&admin, "apps", "byo-foreign", "AddressNotInProject").await > 0).then_some(())
+            },
+        )
+        .await;
         let pools = metallb::objects(&admin, NS, Kind::IpAddressPool).await;
         assert_eq!(
             metallb::spec(&pools["apps.web"]),
@@ -304,8 +333,12 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
         wait_ours(&admin, Kind::BgpAdvertisement, &["baton-bgp-adv"]).await;
         assert_eq!(
             spec_of(&admin, Kind::BgpAdvertisement, "baton-bgp-adv").await,
-            json!({"ipAddressPools": ["apps.db", "apps.web"], "aggregationLength": 32, "aggregationLengthV6": 128})
+            json!({"ipAddressPools": ["apps.byo-own", "apps.db", "apps.web"], "aggregationLength": 32, "aggregationLengthV6": 128})
         );
+        for name in ["byo-own", "byo-foreign"] {
+            services.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        wait_ours(&admin, Kind::IpAddressPool, &["apps.db", "apps.web"]).await;
 
         // A Service goes: its pool goes, the advertisement follows.
         services.delete("web", &DeleteParams::default()).await.unwrap();

@@ -49,13 +49,18 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// The simulator on loopback, for a lab without nodes: it splices the FIP's port 6443 to its
+/// holder (no node could accept a routed FIP there).
 async fn start_sim(infra: &str) -> SimHandle {
     start_sim_on(infra, "127.0.0.1:0").await
 }
 
-/// The simulator on `listen` (the lab host's bridge address, for pods on lab nodes to reach).
+/// The simulator on `listen`; on the lab host's bridge address (for the pods on lab nodes to
+/// reach) it routes FIPs to their holders as the cloud does, elsewhere it splices.
 async fn start_sim_on(infra: &str, listen: &str) -> SimHandle {
+    let routed = listen.starts_with(&baton_testbed::node::LAB_HOST.to_string());
     let topology = Topology {
+        forward_ports: if routed { Vec::new() } else { vec![6443] },
         api_key: API_KEY.into(),
         floating_ips: vec![TopoFip {
             id: None,
@@ -66,12 +71,11 @@ async fn start_sim_on(infra: &str, listen: &str) -> SimHandle {
         }],
         ..Topology::default()
     };
-    Sim::builder()
-        .topology(topology)
-        .faults(Faults::none())
-        .bind(listen.parse().unwrap())
-        .await
-        .expect("simulator")
+    let mut sim = Sim::builder().topology(topology).faults(Faults::none());
+    if routed {
+        sim = sim.route_fips(baton_testbed::node::BRIDGE);
+    }
+    sim.bind(listen.parse().unwrap()).await.expect("simulator")
 }
 
 /// `path`, opened for appending (a rerun adds to the same log).
@@ -534,11 +538,12 @@ fn assert_overlap_then_fip_alone(events: &[serde_json::Value]) {
 }
 
 /// Adds the shipped in-cluster manifests to the scenario's handoff: `manifests/rbac.yaml`,
+/// `manifests/agent.yaml` (every control-plane node accepts the FIPs),
 /// `manifests/deployment.yaml` (unchanged) and the Secret of `manifests/secret.yaml` filled in
 /// for `sim`.
 fn with_shipped_manifests(s: &Scenario, sim: &SimHandle) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["rbac.yaml", "deployment.yaml"] {
+    for f in ["rbac.yaml", "agent.yaml", "deployment.yaml"] {
         std::fs::copy(repo.join("manifests").join(f), s.dir.path().join(f)).unwrap();
     }
     let cloud_sa = json!({
@@ -556,9 +561,21 @@ fn with_shipped_manifests(s: &Scenario, sim: &SimHandle) {
         ),
     )
     .unwrap();
+    // The API Services live in the scenario's namespace: baton writes their endpoints there, by
+    // the RoleBinding manifests/rbac.yaml says to add for such a namespace.
+    std::fs::write(
+        s.dir.path().join("rbac-endpoints.yaml"),
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: baton-endpoints, namespace: {ns}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: baton-endpoints}}\n\
+             subjects: [{{kind: ServiceAccount, name: baton, namespace: kube-system}}]\n",
+            ns = s.namespace
+        ),
+    )
+    .unwrap();
     let config = std::fs::read_to_string(s.config()).unwrap().replace(
         "handoff: {manifests: [handoff.yaml]}",
-        "handoff: {manifests: [handoff.yaml, rbac.yaml, secret.yaml, deployment.yaml]}",
+        "handoff: {manifests: [handoff.yaml, rbac.yaml, rbac-endpoints.yaml, secret.yaml, agent.yaml, deployment.yaml]}",
     );
     std::fs::write(s.config(), config).unwrap();
 }

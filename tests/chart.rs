@@ -1,6 +1,7 @@
 //! The Helm chart (`charts/baton`) with real Helm, built from its Go module by
 //! `scripts/helm-env` (scripts/setup runs it): `helm lint`; what `helm template` renders equals
-//! the kustomize manifests (`manifests/`: RBAC, Deployment, Secret format), so neither drifts;
+//! the kustomize manifests (`manifests/`: RBAC, Deployment, Secret format, the agent's and the
+//! SNI router's objects), so neither drifts;
 //! the rendered objects pass a server-side dry-run on a real API server; and `helm install`,
 //! `upgrade`, `rollback` and `uninstall` against the lab's API server.
 // In tests a panic is the failure report; each lab story reads best as one sequence.
@@ -107,6 +108,12 @@ fn assert_same_objects<'a>(
     }
 }
 
+fn find_named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
 fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind)
@@ -126,9 +133,15 @@ fn chart_lints_and_renders_what_the_manifests_say() {
     lint.extend_from_slice(&set);
     helm.ok(&lint);
 
-    // RBAC: the same objects and rules as manifests/rbac.yaml (+ rbac-metallb.yaml on demand).
+    // RBAC: the same objects and rules as manifests/rbac.yaml (+ rbac-metallb.yaml and
+    // rbac-node-lifecycle.yaml on demand).
     let mut args = set.to_vec();
-    args.extend_from_slice(&["--set", "metallb.rbac=true"]);
+    args.extend_from_slice(&[
+        "--set",
+        "metallb.rbac=true",
+        "--set",
+        "nodeLifecycle.deleteNodes=true",
+    ]);
     let rendered = helm.template(&args);
     let rbac_kinds = [
         "ServiceAccount",
@@ -137,16 +150,37 @@ fn chart_lints_and_renders_what_the_manifests_say() {
         "Role",
         "RoleBinding",
     ];
+    // The agent's own RBAC is compared with manifests/agent.yaml (below).
+    let agents: Vec<String> = manifest("agent.yaml").iter().map(key).collect();
     assert_same_objects(
         rendered
             .iter()
-            .filter(|d| rbac_kinds.contains(&d["kind"].as_str().unwrap_or_default())),
+            .filter(|d| rbac_kinds.contains(&d["kind"].as_str().unwrap_or_default()))
+            .filter(|d| !agents.contains(&key(d))),
         manifest("rbac.yaml")
             .into_iter()
-            .chain(manifest("rbac-metallb.yaml")),
+            .chain(manifest("rbac-metallb.yaml"))
+            .chain(manifest("rbac-node-lifecycle.yaml")),
         "manifests/rbac*.yaml",
         Value::clone,
     );
+    // By default no delete on Nodes (they are not baton's); endpoints are granted per namespace.
+    let plain = helm.template(&set);
+    assert!(
+        !plain
+            .iter()
+            .any(|d| d["metadata"]["name"] == "baton-node-lifecycle"),
+        "Node deletion is an opt-in"
+    );
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "rbac.endpointNamespaces={openshift-kube-apiserver}"]);
+    let bindings: Vec<String> = helm
+        .template(&args)
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == "baton-endpoints")
+        .map(|d| d["metadata"]["namespace"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(bindings, ["kube-system", "openshift-kube-apiserver"]);
 
     // The Deployment: the pod spec equals manifests/deployment.yaml at the default values (the
     // image aside: the manifests name a local build, the chart the release's tag).
@@ -204,7 +238,7 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
     ];
     let off = helm.template(&set);
     assert!(
-        !off.iter().any(|d| d["kind"] == "DaemonSet"),
+        !off.iter().any(|d| d["metadata"]["name"] == "baton-sni"),
         "the router is off by default"
     );
     let mut args = set.to_vec();
@@ -251,7 +285,7 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
         "sniRouter.tenantNamespaces={t1=t1.example.com}",
     ]);
     let custom = helm.template(&args);
-    let ds = find(&custom, "DaemonSet");
+    let ds = find_named(&custom, "DaemonSet", "baton-sni");
     let env = &ds["spec"]["template"]["spec"]["containers"][0]["env"];
     let value = |name: &str| {
         env.as_array()
@@ -280,6 +314,69 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
             "2"
         ])
     );
+}
+
+#[test]
+fn the_agent_renders_what_manifests_agent_says_and_only_when_enabled() {
+    let helm = ChartHelm::new();
+    let set = [
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "config.projectID=123456",
+    ];
+    // On by default: a control-plane node drops the FIPs' packets without it.
+    let on = helm.template(&set);
+    let shipped = manifest("agent.yaml");
+    let keys: Vec<String> = shipped.iter().map(key).collect();
+    let without_image = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
+            for c in cs {
+                c["image"] = json!("<image>");
+            }
+        }
+        v
+    };
+    assert_same_objects(
+        on.iter().filter(|d| keys.contains(&key(d))),
+        shipped,
+        "manifests/agent.yaml",
+        without_image,
+    );
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "agent.enabled=false"]);
+    let off = helm.template(&args);
+    assert!(
+        !off.iter().any(|d| keys.contains(&key(d))),
+        "agent.enabled=false renders none of the agent's objects"
+    );
+
+    // Static FIPs, another health port, the prefix and extra flags reach the pod.
+    let mut args = set.to_vec();
+    args.extend_from_slice(&[
+        "--set",
+        "agent.fips={203.0.113.5,203.0.113.6}",
+        "--set",
+        "agent.healthPort=9600",
+        "--set",
+        "prefix=edge",
+        "--set",
+        "agent.extraArgs={--recheck-interval-ms,2000}",
+    ]);
+    let custom = helm.template(&args);
+    let c = &find_named(&custom, "DaemonSet", "baton-agent")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["args"], json!(["agent", "--recheck-interval-ms", "2000"]));
+    let env = &c["env"];
+    for want in [
+        json!({"name": "BATON_PREFIX", "value": "edge"}),
+        json!({"name": "BATON_AGENT_FIP", "value": "203.0.113.5,203.0.113.6"}),
+        json!({"name": "BATON_AGENT_HEALTH_LISTEN", "value": "127.0.0.1:9600"}),
+    ] {
+        assert!(env.as_array().unwrap().contains(&want), "{want} not in {env}");
+    }
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], 9600);
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], 9600);
 }
 
 #[test]
@@ -363,11 +460,20 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
         .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "baton-leader")
         .unwrap();
     assert_eq!(role["rules"][1]["resourceNames"], json!(["edge-controller"]));
-    assert_eq!(find(&docs, "Service")["spec"]["ports"][0]["targetPort"], "admin");
+    // Prometheus scrapes the authenticated HTTPS port with its token, never the loopback one.
     assert_eq!(
-        find(&docs, "ServiceMonitor")["spec"]["endpoints"][0]["path"],
-        "/metrics"
+        find(&docs, "Service")["spec"]["ports"][0],
+        json!({"name": "metrics", "port": 9592, "targetPort": "metrics", "protocol": "TCP"})
     );
+    let endpoint = &find(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let probe = &c["livenessProbe"]["httpGet"];
+    assert_eq!(probe["host"], "127.0.0.1", "probes on the loopback: {probe}");
 
     // Bad input: a clear error naming the value to set; an existing Secret needs no key.
     let out = helm.run(&["template", "baton", "charts/baton"]);

@@ -28,6 +28,7 @@ fn help_lists_every_subcommand() {
         "controller",
         "dns",
         "sni",
+        "agent",
         "sim",
         "config",
         "version",
@@ -109,6 +110,23 @@ fn bootstrap_without_a_config_file_is_a_usage_error() {
 }
 
 #[test]
+fn agent_with_a_bad_fip_exits_2_naming_the_flag_and_value() {
+    for (args, want) in [
+        (
+            &["agent", "--no-kube", "--fip", "127.0.0.1"][..],
+            "--fip 127.0.0.1: cannot be a Floating IP (loopback)",
+        ),
+        (&["agent", "--no-kube"][..], "--no-kube"),
+        (&["agent", "--fip", "api.example.com"][..], "api.example.com"),
+    ] {
+        let out = baton().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn controller_without_credentials_exits_2_naming_the_setting() {
     let out = baton()
         .args(["controller", "--admin-listen", "off"])
@@ -119,6 +137,36 @@ fn controller_without_credentials_exits_2_naming_the_setting() {
     assert!(
         stderr.contains("apiKey") && stderr.contains("CHERRY_API_KEY"),
         "{stderr}"
+    );
+}
+
+/// `--api-key` would show the key to every local user (`ps`): every subcommand that reads the
+/// cloud settings refuses it with exit 2, naming the variable and the file key to use instead,
+/// and never echoes the key.
+#[test]
+fn the_api_key_flag_is_refused_naming_where_to_put_it() {
+    const KEY: &str = "cli-test-api-key-4f1d";
+    for args in [
+        &["controller", "--admin-listen", "off", "--api-key", KEY][..],
+        &["status", "--api-key", KEY],
+        &["config", "show", "--api-key", KEY],
+    ] {
+        let out = baton().args(args).env_remove("CHERRY_API_KEY").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for part in ["--api-key", "CHERRY_API_KEY", "apiKey", "--cloud-config"] {
+            assert!(stderr.contains(part), "{args:?}: {part:?} in {stderr}");
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stderr.contains(KEY) && !stdout.contains(KEY),
+            "{args:?}: the key echoed"
+        );
+    }
+    let help = baton().args(["controller", "--help"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&help.stdout).contains("--api-key"),
+        "a refused flag is not offered"
     );
 }
 

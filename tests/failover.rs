@@ -14,7 +14,7 @@ use baton_cloud::{CherryClient, Cloud};
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Event, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, ServiceAccount};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use tokio::process::{Child, Command};
@@ -37,10 +37,10 @@ async fn bed_with(latency_ms: u64, opts: Options) -> Bed {
     let cp = ControlPlane::start(opts).await.unwrap();
     let sim = common::sim(
         Faults {
-            latency_ms,
+            latency_ms: latency_ms.into(),
             ..Faults::none()
         },
-        Topology::default(),
+        common::spliced(Topology::default()),
     )
     .await;
     let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
@@ -88,16 +88,6 @@ async fn holder(bed: &Bed) -> Option<u64> {
     bed.cloud.ip(&bed.fip.id).await.unwrap().target().map(|s| s.0)
 }
 
-async fn mirror_has_ingress(client: &kube::Client) -> bool {
-    Api::<Service>::namespaced(client.clone(), "kube-system")
-        .get_opt("baton-kubernetes-external")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|s| s.status?.load_balancer?.ingress)
-        .is_some_and(|i| !i.is_empty())
-}
-
 #[test]
 fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
     lab::run(|| async {
@@ -109,7 +99,7 @@ fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
         let fip = SocketAddr::new(bed.fip.address, 6443);
 
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&client)
+            common::mirror_has_ingress(&client)
         })
         .await;
         assert!(common::readyz(&ca, fip).await, "the FIP answers through cp-0");
@@ -170,7 +160,7 @@ fn a_short_hiccup_of_the_holder_does_not_move_the_fip() {
         let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
         let client = bed.cp.client(1).unwrap();
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&client)
+            common::mirror_has_ingress(&client)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -223,7 +213,7 @@ fn losing_the_holder_and_the_leader_together_still_moves_the_fip_exactly_once() 
         .await;
         let _b = controller(&bed, 1, "replica-b", &logs.path().join("b.log"));
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&observer)
+            common::mirror_has_ingress(&observer)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -260,7 +250,7 @@ fn cordoning_the_holder_moves_the_fip_away() {
         let logs = tempfile::tempdir().unwrap();
         let _c = controller(&bed, 1, "replica-a", &logs.path().join("a.log"));
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&client)
+            common::mirror_has_ingress(&client)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -357,7 +347,7 @@ fn the_shipped_rbac_is_enough_for_a_failover() {
         let _c = controller_as(&bed, 1, "replica-a", &log, &sa_token);
         let client = bed.cp.client(1).unwrap();
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&client)
+            common::mirror_has_ingress(&client)
         })
         .await;
         bed.cp.kill_apiserver(0).await;
@@ -396,7 +386,7 @@ fn a_controller_whose_api_server_is_the_holder_fails_over_on_the_client_side() {
         );
         let observer = bed.cp.client(2).unwrap();
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
-            mirror_has_ingress(&observer)
+            common::mirror_has_ingress(&observer)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;

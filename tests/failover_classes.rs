@@ -42,10 +42,10 @@ async fn bed(latency_ms: u64) -> Bed {
     let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
     let sim = common::sim(
         Faults {
-            latency_ms,
+            latency_ms: latency_ms.into(),
             ..Faults::none()
         },
-        Topology::default(),
+        common::spliced(Topology::default()),
     )
     .await;
     let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
@@ -265,7 +265,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
         // Every call refused with a Retry-After longer than any lease.
         bed.sim
             .set_faults(Faults {
-                latency_ms: 100,
+                latency_ms: 100.into(),
                 rate_limit: Some(0.01),
                 retry_after_secs: Some(3),
                 ..Faults::none()
@@ -299,7 +299,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
         tokio::time::sleep(Duration::from_secs(4)).await;
         bed.sim
             .set_faults(Faults {
-                latency_ms: 100,
+                latency_ms: 100.into(),
                 ..Faults::none()
             })
             .unwrap();

@@ -33,7 +33,7 @@ struct Bed {
 
 async fn bed(servers: u8) -> Bed {
     let cp = ControlPlane::start(Options::servers(servers)).await.unwrap();
-    let sim = common::sim(Faults::none(), Topology::default()).await;
+    let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
     let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
     Bed { cp, sim, cloud, fip }
 }

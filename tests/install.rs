@@ -301,6 +301,7 @@ async fn start_pods(cp: &ControlPlane, sim: &SimHandle, servers: &[usize]) -> Ve
                     ("CHERRY_BASE_URL", sim.base_url().as_str()),
                     // Host network, many pods in one lab address space.
                     ("BATON_ADMIN_LISTEN", "off"),
+                    ("BATON_METRICS_LISTEN", "off"),
                 ],
             )
             .await,
@@ -377,7 +378,7 @@ fn guide_a_with_a_separate_bootstrap_host() {
         // nodes joining it (.11-.13; kubelets register their Nodes).
         let mut cp = ControlPlane::start(lab_options(&[10, 11, 12, 13])).await.unwrap();
         cp.register_nodes(CP.len()).await.unwrap();
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         // Step 1: the installer reserved the api FIP, tagged, not routed.
         let api_fip = common::unlimited_client(&sim)
             .create_ip(CreateIpRequest {
@@ -488,7 +489,7 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         let mut cp = ControlPlane::start(lab_options(&[11, 12, 13])).await.unwrap();
         cp.register_nodes(CP.len()).await.unwrap();
         let admin = cp.client(0).unwrap();
-        let sim = Arc::new(common::sim(Faults::none(), Topology::default()).await);
+        let sim = Arc::new(common::sim(Faults::none(), common::spliced(Topology::default())).await);
         let dir = tempfile::tempdir().unwrap();
         render_manifests(dir.path(), &sim).await;
         // Step 1: the guide's config.

@@ -75,7 +75,7 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
 
         let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
         let client = cp.client_as(0, ADMIN_TOKEN).unwrap();
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), 600_101).await;
         namespace(&client, "apps").await;
         let services: Api<Service> = Api::namespaced(client.clone(), "apps");
@@ -201,5 +201,87 @@ fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
         let note = updated.message.unwrap_or_default();
         assert!(note.contains(&fip.address.to_string()), "{note}");
         assert!(web_ip != fip.address.to_string(), "the Service got its own FIP");
+    });
+}
+
+/// The admin endpoints' defaults, on the real binary: the plain admin server listens on
+/// loopback only (another address of the same host is refused), the authenticated metrics
+/// server is off unless asked for; serving plain HTTP to the network is an explicit opt-in
+/// (`--admin-listen 0.0.0.0:PORT`), said at start in a warning.
+#[test]
+fn plain_http_admin_endpoints_are_loopback_only_unless_opted_in() {
+    lab::run(|| async {
+        let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let kubeconfig = cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let env = common::env_for(&sim, &[]);
+        let start = |identity: &str, extra: &[&str]| {
+            let log = std::fs::File::create(logs.path().join(format!("{identity}.log"))).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_baton"))
+                .arg("controller")
+                .args([
+                    "--kubeconfig",
+                    kubeconfig.to_str().unwrap(),
+                    "--identity",
+                    identity,
+                ])
+                .args(extra)
+                .envs(&env)
+                .env_remove("BATON_ADMIN_LISTEN")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        };
+        let http = baton_testbed::http_client(None).unwrap();
+        let get = |url: String| {
+            let http = http.clone();
+            async move {
+                http.get(url)
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            }
+        };
+        // The host's own lab address: what another machine would connect to.
+        let host = cp.addresses()[0];
+
+        // The defaults.
+        let _default = start("defaults", &[]);
+        eventually(WAIT, "the admin server on 127.0.0.1:9590", || async {
+            (get("http://127.0.0.1:9590/metrics".into()).await.ok() == Some(200)).then_some(())
+        })
+        .await;
+        let other = get(format!("http://{host}:9590/metrics")).await;
+        assert!(
+            other.as_ref().is_err_and(reqwest::Error::is_connect),
+            "the host's other address must refuse the admin port: {other:?}"
+        );
+        let secure = get(format!("https://{host}:9592/metrics")).await;
+        assert!(
+            secure.as_ref().is_err_and(reqwest::Error::is_connect),
+            "no metrics server unless asked for: {secure:?}"
+        );
+
+        // The opt-in: plain HTTP on every address, with a warning at start.
+        let _open = start("opted-in", &["--admin-listen", "0.0.0.0:19590"]);
+        eventually(
+            WAIT,
+            "the opted-in admin server on the host's address",
+            || async { (get(format!("http://{host}:19590/metrics")).await.ok() == Some(200)).then_some(()) },
+        )
+        .await;
+        let text = std::fs::read_to_string(logs.path().join("opted-in.log")).unwrap();
+        assert!(
+            text.lines().any(|l| l.contains("WARN")
+                && l.contains("without authentication on a non-loopback address")
+                && l.contains("0.0.0.0:19590")),
+            "the opt-in is said at start:\n{text}"
+        );
+        let quiet = std::fs::read_to_string(logs.path().join("defaults.log")).unwrap();
+        assert!(!quiet.contains("without authentication"), "{quiet}");
     });
 }

@@ -181,7 +181,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         metallb::install_crds(&admin).await;
         namespace(&admin, MLB).await;
         namespace(&admin, "apps").await;
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         // The Nodes as kubelets and the CCM left them: host name and region labels, provider ID.
         for (i, id) in CP.iter().enumerate() {
             let node: Node = serde_json::from_value(json!({
@@ -574,8 +574,8 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         let mut pods = Vec::new();
         for i in 0..2 {
             let sa_kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
-            // Each pod is on its node's host network: the admin port is off here, as three
-            // processes share one lab address space.
+            // Each pod is on its node's host network: the admin and metrics ports are off
+            // here, as three processes share one lab address space.
             pods.push(
                 common::pod::start(
                     std::path::Path::new(env!("CARGO_BIN_EXE_baton")),
@@ -584,7 +584,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                     "baton",
                     &format!("baton-{i}"),
                     &sa_kubeconfig,
-                    &[("BATON_ADMIN_LISTEN", "off")],
+                    &[("BATON_ADMIN_LISTEN", "off"), ("BATON_METRICS_LISTEN", "off")],
                 )
                 .await,
             );
@@ -871,6 +871,17 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         // A Service the CCM served is deleted: its FIP is released as the CCM's cleanup would
         // have, and the CCM's finalizer goes with baton's, so the deletion finishes.
         let (_, _, db_fip) = &workloads[1];
+        // At once, not after the grace period baton holds a FIP for by default: asked for on the
+        // Service (baton.dev/fip-release-grace-period, docs/services.md).
+        let at_once =
+            serde_json::json!({"metadata": {"annotations": {"baton.dev/fip-release-grace-period": "0"}}});
+        apps.patch(
+            "db",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&at_once),
+        )
+        .await
+        .unwrap();
         apps.delete("db", &DeleteParams::default()).await.unwrap();
         eventually(WAIT, "apps/db gone", || async {
             apps.get_opt("db").await.unwrap().is_none().then_some(())

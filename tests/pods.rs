@@ -5,6 +5,11 @@
 //!
 //! The node running the leader pod holds the control-plane FIP; it is powered off (link down,
 //! every process on it killed): the other pod takes the Lease over and moves the FIP.
+//!
+//! Secured by default: from the lab host, a pod's plain admin port (9590, the probes' loopback)
+//! refuses the connection; its metrics port (9592, HTTPS) answers 401 without a token, 403 to a
+//! service account without the reader role, and Prometheus's service account gets the metrics.
+//! The API key is in no command line, pod log or Event of the run.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // a scenario reads best as one story
 
@@ -15,7 +20,7 @@ use std::time::Duration;
 
 use baton_cloud::Cloud as _;
 use baton_cloud::model::ServerId;
-use baton_sim::{Faults, Sim, Topology};
+use baton_sim::{Faults, Topology};
 use baton_testbed::{ControlPlane, Options, lab};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -81,12 +86,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
             cp.node_names(),
             started.elapsed().as_secs_f64()
         );
-        let sim = Sim::builder()
-            .topology(Topology::default())
-            .faults(Faults::none())
-            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
-            .await
-            .expect("simulator");
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
         let fip_addr = SocketAddr::new(fip.address, 6443);
 
@@ -94,7 +94,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         let admin = cp.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
         let applied = tokio::time::Instant::now();
-        common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
+        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml"]).await;
 
         let pods = common::eventually(Duration::from_secs(120), "two baton pods Ready", || async {
             let p = ready_pods(&admin).await;
@@ -114,6 +114,16 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         let leader_node = pods.iter().find(|(p, _)| *p == leader).unwrap().1.clone();
         let (other, other_node) = pods.iter().find(|(p, _)| *p != leader).unwrap().clone();
         eprintln!("leader {leader} on {leader_node}; standby {other} on {other_node}");
+
+        // Secured by default, seen from the lab host: the probes' port on each node's loopback
+        // only; metrics over HTTPS for Prometheus's service account alone.
+        let prometheus = common::metrics_scraper(&admin, "default", "prometheus", true).await;
+        let nosy = common::metrics_scraper(&admin, "default", "nosy", false).await;
+        for (_, node) in &pods {
+            let ip = cp.addresses()[cp.apiserver_of_node(node).unwrap()];
+            common::assert_admin_endpoints_secured(ip, (9590, 9592), (&prometheus, &nosy), "baton_leader")
+                .await;
+        }
 
         // The FIP on the leader's node (the operator routes it there; the controller keeps a
         // healthy holder), answering through the FIP.
@@ -172,6 +182,7 @@ fn the_other_pod_moves_the_fip_when_the_leader_pods_node_dies() {
         // nothing was forbidden, no secret and no colour codes in their logs (the dead node's
         // log files stay on its disk).
         common::assert_pod_logs_clean(&cp, "baton controller starting", 2, sim.api_key());
+        common::assert_secret_not_in_process_table_or_events(&client, sim.api_key()).await;
     });
 }
 

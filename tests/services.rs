@@ -1,7 +1,10 @@
 //! The Service FIP controller against a real API server (+ kube-controller-manager) and the
 //! simulator: create → ingress; delete → FIP released, then the Service goes; bring-your-own IP
 //! gets its ingress (as the Cherry CCM sets it) and nothing else; opt-out, control-plane
-//! endpoints and other types untouched; a lost record is found again by tags; region errors surface as Events while other Services proceed.
+//! endpoints and other types untouched; a lost record is found again by tags; region errors surface as Events while other Services proceed;
+//! nothing irreversible on one signal: a garbled IP annotation keeps the FIP, and a FIP whose
+//! Service is deleted (or changes type) is held for the grace period, kept by a Service back
+//! within it, released after it or at once when the Service asks.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 #![allow(clippy::too_many_lines)] // scenario tests read top to bottom
 
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use baton::controller::Context;
 use baton::controller::service::{
-    self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, METALLB_IPS_ANNOTATION,
+    self, FINALIZER, FIP_ADDRESS_ANNOTATION, FIP_ID_ANNOTATION, GRACE_ANNOTATION, METALLB_IPS_ANNOTATION,
 };
 use baton::controller::watches::Watches;
 use baton_cloud::tags::service_fip_tags;
@@ -323,5 +326,153 @@ fn region_errors_are_events_and_others_proceed() {
         })
         .await;
         assert_eq!(service_fips(&sim).await.len(), 2);
+    });
+}
+
+/// Nothing irreversible on one signal, with the default grace period (10 minutes): a garbled IP
+/// annotation is a Warning Event and the FIP stays; a Service deleted and re-created, or turned
+/// ClusterIP and back, within the grace period keeps the same FIP (no new reservation); a Service
+/// annotated `baton.dev/fip-release-grace-period: "0"` gives it back at once, and a short grace
+/// period of its own ends in a release.
+#[test]
+fn a_typo_or_a_quick_recreate_never_loses_the_fip() {
+    lab::run(|| async {
+        baton_testbed::init_tracing();
+        let (_cp, client) = common::control_plane_with_controllers().await;
+        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let env = common::env_for(
+            &sim,
+            &[
+                ("CHERRY_REGION_NAME", "LT-Siauliai"),
+                ("BATON_FIP_RELEASE_GRACE_PERIOD", "10m"),
+            ],
+        );
+        let ctx = common::context(client.clone(), &env).await;
+        namespace(&client, "apps").await;
+        let api: Api<Service> = Api::namespaced(client.clone(), "apps");
+        let pp = PostParams::default();
+        api.create(&pp, &lb_service("apps", "web", &[])).await.unwrap();
+        let _stop = start(ctx);
+        let address = ingress(&wait_ingress(&api, "web").await).unwrap();
+        let creates = || sim.stats().route("POST /v1/projects/{id}/ips");
+        let fip_addresses = || async {
+            service_fips(&sim)
+                .await
+                .iter()
+                .map(|f| f.address.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(creates(), 1);
+
+        // A typo in the IP annotation: a Warning Event naming it; the FIP and the ingress stay.
+        let typo = format!("{address}x");
+        let garble = serde_json::json!({"metadata": {"annotations": {METALLB_IPS_ANNOTATION: typo}}});
+        api.patch("web", &PatchParams::default(), &Patch::Merge(&garble))
+            .await
+            .unwrap();
+        let warning = wait_event(&client, "apps", "web", "InvalidAnnotation").await;
+        assert_eq!(warning.type_.as_deref(), Some("Warning"));
+        let text = warning.message.unwrap();
+        assert!(
+            text.contains(METALLB_IPS_ANNOTATION) && text.contains(&typo),
+            "{text}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(fip_addresses().await, vec![address.clone()], "the FIP is kept");
+        let web = get(&api, "web").await.unwrap();
+        assert_eq!(ingress(&web).as_deref(), Some(address.as_str()));
+        assert!(web.finalizers().iter().any(|f| f == FINALIZER));
+        assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 0);
+        // Fixed: as before.
+        let fix = serde_json::json!({"metadata": {"annotations": {METALLB_IPS_ANNOTATION: address}}});
+        api.patch("web", &PatchParams::default(), &Patch::Merge(&fix))
+            .await
+            .unwrap();
+
+        // Deleted: the Service goes at once (the finalizer does not wait out the grace period),
+        // the FIP stays reserved, and an Event says until when.
+        api.delete("web", &DeleteParams::default()).await.unwrap();
+        eventually(WAIT, "web gone", || async {
+            get(&api, "web").await.is_none().then_some(())
+        })
+        .await;
+        let held = wait_event(&client, "apps", "web", "FloatingIPHeld").await;
+        assert!(held.message.unwrap().contains(GRACE_ANNOTATION));
+        assert_eq!(fip_addresses().await, vec![address.clone()], "held, not released");
+        // Re-created within the grace period: the same address, no new reservation.
+        api.create(&pp, &lb_service("apps", "web", &[])).await.unwrap();
+        let back = wait_ingress(&api, "web").await;
+        assert_eq!(ingress(&back).as_deref(), Some(address.as_str()), "the same FIP");
+        assert_eq!(creates(), 1, "no new FIP was reserved");
+
+        // Turned ClusterIP and back: the same.
+        let to_cluster_ip = serde_json::json!({"spec": {"type": "ClusterIP"}});
+        api.patch("web", &PatchParams::default(), &Patch::Merge(&to_cluster_ip))
+            .await
+            .unwrap();
+        eventually(
+            WAIT,
+            "the finalizer removed from the ClusterIP Service",
+            || async {
+                get(&api, "web")
+                    .await
+                    .filter(|s| s.finalizers().is_empty())
+                    .map(|_| ())
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(fip_addresses().await, vec![address.clone()], "held, not released");
+        let to_lb = serde_json::json!({"spec": {"type": "LoadBalancer"}});
+        api.patch("web", &PatchParams::default(), &Patch::Merge(&to_lb))
+            .await
+            .unwrap();
+        eventually(WAIT, "the same FIP back on the LoadBalancer", || async {
+            get(&api, "web")
+                .await
+                .filter(|s| ingress(s).as_deref() == Some(address.as_str()) && !s.finalizers().is_empty())
+        })
+        .await;
+        assert_eq!(creates(), 1);
+        assert_eq!(
+            sim.stats().route("DELETE /v1/ips/{id}"),
+            0,
+            "nothing released so far"
+        );
+
+        // Asked explicitly: released at once, before the Service goes.
+        let now = serde_json::json!({"metadata": {"annotations": {GRACE_ANNOTATION: "0"}}});
+        api.patch("web", &PatchParams::default(), &Patch::Merge(&now))
+            .await
+            .unwrap();
+        api.delete("web", &DeleteParams::default()).await.unwrap();
+        eventually(WAIT, "web gone", || async {
+            get(&api, "web").await.is_none().then_some(())
+        })
+        .await;
+        assert!(fip_addresses().await.is_empty(), "released with the Service");
+        wait_event(&client, "apps", "web", "FloatingIPReleased").await;
+
+        // A short grace period of its own: held, then released when it ends.
+        api.create(&pp, &lb_service("apps", "brief", &[(GRACE_ANNOTATION, "3s")]))
+            .await
+            .unwrap();
+        wait_ingress(&api, "brief").await;
+        api.delete("brief", &DeleteParams::default()).await.unwrap();
+        eventually(WAIT, "brief gone", || async {
+            get(&api, "brief").await.is_none().then_some(())
+        })
+        .await;
+        let gone = tokio::time::Instant::now();
+        assert_eq!(fip_addresses().await.len(), 1, "held for its 3 s");
+        eventually(WAIT, "brief's FIP released after its grace period", || async {
+            fip_addresses().await.is_empty().then_some(())
+        })
+        .await;
+        assert!(
+            gone.elapsed() >= Duration::from_secs(2),
+            "released {:?} after the Service went",
+            gone.elapsed()
+        );
     });
 }

@@ -88,7 +88,7 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
         // Low latency keeps the wall time short; some injected 5xx, half of them after the write
         // took effect, exercise the create protocol's look-up after an unknown outcome.
         let faults = Faults {
-            latency_ms: 5,
+            latency_ms: 5.into(),
             error_rate: 0.03,
             ..Faults::none()
         };

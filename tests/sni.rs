@@ -904,7 +904,8 @@ fn bad_flags_exit_2_naming_the_flag_and_the_value() {
 /// the router pods watch the tenant Service with their own service account and the shipped
 /// RBAC, a tenant's client reaches its API server through the hosting cluster's control-plane
 /// FIP on port 443 with its own certificate; the node holding the FIP is powered off, the
-/// controller pods move the FIP, and the router on the new holder serves the tenant.
+/// controller pods move the FIP, and the router on the new holder serves the tenant. The
+/// router's admin endpoints are secured as the controller's are.
 #[test]
 fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() {
     use baton_cloud::Cloud as _;
@@ -923,21 +924,14 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
             .await
             .unwrap();
         let t1 = tenant("t1", &[21]).await;
-        let topology = baton_sim::Topology {
-            forward_ports: vec![6443, 443],
-            ..baton_sim::Topology::default()
-        };
-        let sim = baton_sim::Sim::builder()
-            .topology(topology)
-            .faults(baton_sim::Faults::none())
-            .bind(SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
-            .await
-            .expect("simulator");
+        // The FIP is routed to its holder (packets keep the FIP as their destination); the
+        // agent DaemonSet makes every control-plane node accept it, the router listens on 443.
+        let sim = common::routed_sim(baton_sim::Faults::none(), baton_sim::Topology::default()).await;
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "pods-cp"), CP[0]).await;
 
         let admin = hosting.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
-        common::apply_shipped_manifests(&admin, &["deployment.yaml"]).await;
+        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml"]).await;
         // The shipped router with the one value an operator must give: its backends' network.
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/sni-router.yaml");
         let shipped = std::fs::read_to_string(&path).unwrap();
@@ -988,6 +982,15 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
             "router pods Ready on 3 nodes, t1 through the FIP, {:.1}s after the manifests",
             started.elapsed().as_secs_f64()
         );
+        // Secured by default, seen from a lab host: the router's plain admin port (its metrics
+        // name every tenant) on each node's loopback only; its metrics over HTTPS for
+        // Prometheus's service account alone.
+        let prometheus = common::metrics_scraper(&admin, "default", "prometheus", true).await;
+        let nosy = common::metrics_scraper(&admin, "default", "nosy", false).await;
+        for ip in hosting.addresses() {
+            common::assert_admin_endpoints_secured(ip, (9591, 9593), (&prometheus, &nosy), "baton_sni_hosts")
+                .await;
+        }
 
         // The node holding the FIP is powered off.
         let holder = cloud.ip(&fip.id).await.unwrap().target().unwrap().0;

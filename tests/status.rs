@@ -52,7 +52,7 @@ async fn status(kubeconfig: &std::path::Path, sim: &baton_sim::SimHandle, extra:
 fn status_reports_leader_holder_candidates_and_a_pending_service() {
     lab::run(|| async {
         let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
         let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP0).await;
         let client = cp.client(1).unwrap();
         let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();

@@ -19,9 +19,10 @@ pub enum ConfigError {
     NotAnObject { path: PathBuf },
     #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<InvalidValue>),
-    #[error("missing required setting {key} (set {flag}, env {env}, or key {key} in --cloud-config)")]
+    #[error("missing required setting {key} (set {flag}env {env}, or key {key} in --cloud-config)")]
     Missing {
         key: &'static str,
+        /// `--flag, ` (empty for a secret, whose flag is refused).
         flag: String,
         env: &'static str,
     },
@@ -33,7 +34,11 @@ impl ConfigError {
         let s = id.setting();
         Self::Missing {
             key: s.file_key,
-            flag: format!("--{}", s.flag),
+            flag: if s.secret {
+                String::new()
+            } else {
+                format!("--{}, ", s.flag)
+            },
             env: s.env,
         }
     }

@@ -74,8 +74,10 @@ macro_rules! settings {
             #[arg(long = "cloud-config", value_name = "PATH")]
             pub cloud_config: Option<PathBuf>,
             $(
+                // A secret's flag is refused (Config::resolve says where to put it instead), so
+                // it is not offered in --help either.
                 #[doc = concat!($doc, " [env: ", $env, "] [file: ", $file, "]")]
-                #[arg(long = $flag, value_name = "VALUE", allow_hyphen_values = true)]
+                #[arg(long = $flag, value_name = "VALUE", allow_hyphen_values = true, hide = $secret)]
                 pub $field: Option<String>,
             )*
         }
@@ -139,7 +141,7 @@ macro_rules! settings {
 settings! {
     ApiKey api_key => api_key {
         flag: "api-key", env: "CHERRY_API_KEY", file: "apiKey", default: None, secret: true,
-        doc: "Cherry Servers API key (prefer the environment or the file: flags show in `ps`)",
+        doc: "Cherry Servers API key: from the environment or the file only (a flag would show in `ps` and /proc/<pid>/cmdline to every local user, so `--api-key` is refused)",
         parse: |v| Ok(Some(Secret::new(v))), show: redacted },
     ProjectId project_id => project_id {
         flag: "project-id", env: "CHERRY_PROJECT_ID", file: "projectID", default: None, secret: false,
@@ -237,6 +239,11 @@ settings! {
         flag: "api-timeout", env: "BATON_API_TIMEOUT", file: "apiTimeout", default: Some("15s"), secret: false,
         doc: "Timeout of one cloud API request (one attempt; idempotent calls are retried)",
         parse: positive_duration, show: duration },
+    FipReleaseGracePeriod fip_release_grace_period => fip_release_grace_period {
+        flag: "fip-release-grace-period", env: "BATON_FIP_RELEASE_GRACE_PERIOD", file: "fipReleaseGracePeriod",
+        default: Some("10m"), secret: false,
+        doc: "How long a Service FIP is kept after its Service is gone, no longer a LoadBalancer or asks for another address, before it is released (a Service back within it keeps its address); 0 = at once; the Service annotation baton.dev/fip-release-grace-period overrides it",
+        parse: |v| parse_duration(v).map_err(|e| e.to_string()), show: duration },
     Prefix prefix => prefix {
         flag: "prefix", env: "BATON_PREFIX", file: "prefix", default: Some("baton"), secret: false,
         doc: "Name prefix of the objects baton creates (e.g. kube-system/<prefix>-kubernetes-external)",
@@ -353,8 +360,14 @@ flags! {
         doc: "kubeconfig of the API server; `baton controller` uses the in-cluster configuration when unset" },
     identity { flag: "identity", env: "POD_NAME", default: None, used_by: ["controller"],
         doc: "This replica's identity in the leader Lease (the pod name); the host name when unset" },
-    admin_listen { flag: "admin-listen", env: "BATON_ADMIN_LISTEN", default: Some("0.0.0.0:9590"), used_by: ["controller"],
-        doc: "Listen address of the admin server (/metrics, /health, /ready); `off` disables it" },
+    admin_listen { flag: "admin-listen", env: "BATON_ADMIN_LISTEN", default: Some("127.0.0.1:9590"), used_by: ["controller"],
+        doc: "Listen address of the plain-HTTP admin server (/metrics, /health, /ready, /leader), unauthenticated: keep it on loopback (the kubelet probes it there on a host-network pod); another address is an explicit opt-in to serve it to the network; `off` disables it" },
+    metrics_listen { flag: "metrics-listen", env: "BATON_METRICS_LISTEN", default: Some("off"), used_by: ["controller"],
+        doc: "Listen address of the authenticated metrics server: HTTPS, /metrics only, for bearer tokens that pass a TokenReview and a SubjectAccessReview (nonResourceURL /metrics, verb get); `off` disables it (the shipped manifests listen on 0.0.0.0:9592)" },
+    metrics_tls_cert { flag: "metrics-tls-cert", env: "BATON_METRICS_TLS_CERT", default: None, used_by: ["controller"],
+        doc: "Certificate chain (PEM) of the metrics server; with --metrics-tls-key. Unset: a self-signed certificate made at start" },
+    metrics_tls_key { flag: "metrics-tls-key", env: "BATON_METRICS_TLS_KEY", default: None, used_by: ["controller"],
+        doc: "Private key (PEM) of --metrics-tls-cert" },
     health_check_server_name { flag: "health-check-server-name", env: "BATON_HEALTH_CHECK_SERVER_NAME",
         default: Some("kubernetes.default.svc"), used_by: ["controller", "status"],
         doc: "TLS server name expected on the API servers' certificates when probing them by address" },
@@ -443,6 +456,8 @@ pub struct Config {
     /// Requests per second; `None` = unlimited.
     pub api_rate_limit: Option<f64>,
     pub api_timeout: Duration,
+    /// How long a Service FIP no longer wanted is kept before it is released.
+    pub fip_release_grace_period: Duration,
     pub prefix: String,
     pub health_check: HealthCheck,
     pub lease: LeaseTiming,
@@ -479,6 +494,7 @@ impl Config {
             bgp_prefix_limit: None,
             api_rate_limit: None,
             api_timeout: Duration::ZERO,
+            fip_release_grace_period: Duration::ZERO,
             prefix: String::new(),
             health_check: HealthCheck::default(),
             lease: LeaseTiming::default(),

@@ -137,11 +137,15 @@ pub fn reference() -> String {
     );
     for s in SETTINGS {
         let default = s.default.map_or_else(|| "unset".to_owned(), |d| format!("`{d}`"));
+        let flag = if s.secret {
+            format!("none (`--{}` is refused)", s.flag)
+        } else {
+            format!("`--{}`", s.flag)
+        };
         let _ = writeln!(
             out,
-            "| `{}` | `--{}` | `{}` | {default} | {}{} |",
+            "| `{}` | {flag} | `{}` | {default} | {}{} |",
             s.file_key,
-            s.flag,
             s.env,
             s.doc.replace('|', "\\|"),
             if s.secret { " (secret: never printed)" } else { "" },

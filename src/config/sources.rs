@@ -87,6 +87,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let raw = RawValues::collect(args, env, file);
         let mut errors = raw.type_errors.clone();
+        errors.extend(refused_secret_flags(args));
         let mut cfg = Self::empty();
         for (id, (value, source)) in &raw.values {
             let Some(value) = value else { continue };
@@ -111,6 +112,26 @@ impl Config {
         cfg.unknown_file_keys = raw.unknown_file_keys;
         Ok(cfg)
     }
+}
+
+/// A secret given as a flag (`--api-key`) is refused, whatever its value: any local user reads a
+/// process's arguments (`ps`, `/proc/<pid>/cmdline`). The error names where to put it instead.
+fn refused_secret_flags(args: &ConfigArgs) -> Vec<InvalidValue> {
+    SETTINGS
+        .iter()
+        .filter(|s| s.secret && args.flag(s.id).is_some())
+        .map(|s| InvalidValue {
+            key: s.file_key,
+            source: Source::Flag {
+                flag: s.flag.to_owned(),
+            },
+            value: "<redacted>".to_owned(),
+            reason: format!(
+                "--{} is not accepted on the command line, where every local user can read it (ps, /proc/<pid>/cmdline): set the environment variable {} or the key {} of the --cloud-config file (cloud-sa.json)",
+                s.flag, s.env, s.file_key
+            ),
+        })
+        .collect()
 }
 
 /// Empty values count as unset, like `os.Getenv` checks in the CCM.

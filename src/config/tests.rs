@@ -25,6 +25,11 @@ fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// [`env`], for where a local variable of that name hides it.
+fn env_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    env(pairs)
+}
+
 fn write_file(dir: &Path, json: &serde_json::Value) -> std::path::PathBuf {
     let path = dir.join("cloud-sa.json");
     std::fs::write(&path, serde_json::to_string(json).unwrap()).unwrap();
@@ -71,6 +76,7 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
         Id::FipHealthCheckUseHostIp => (["true", "1", "True"], Some("yes")),
         Id::ApiRateLimit => (["10", "2.5", "0"], Some("-1")),
         Id::ApiTimeout => (["5s", "250ms", "1m"], Some("soon")),
+        Id::FipReleaseGracePeriod => (["0", "30s", "1h"], Some("ten minutes")),
         Id::Prefix => (["one", "two", "three"], Some("Bad_Prefix")),
         Id::HealthCheckPath => (["/readyz", "/healthz", "/livez"], Some("readyz")),
         Id::HealthCheckInterval
@@ -124,6 +130,11 @@ fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
             (&[], &none, s.default, "default"),
         ];
         for (argv, env, want, layer) in cases {
+            if s.secret && layer == "flag" {
+                // A secret's flag is refused (the_api_key_flag_is_refused_naming_where_to_put_it).
+                assert!(Config::resolve(&args(argv), env).is_err(), "{}", s.file_key);
+                continue;
+            }
             let cfg =
                 Config::resolve(&args(argv), env).unwrap_or_else(|e| panic!("{} ({layer}): {e}", s.file_key));
             let source = &cfg.sources[&s.id];
@@ -143,10 +154,10 @@ fn precedence_is_flag_then_env_then_file_then_default_for_every_setting() {
             };
             assert_eq!(source, &expected_source, "{} from {layer}", s.file_key);
             // The parsed value is the one from that layer: compare through a fresh parse of
-            // the expected raw value given as a flag (same parser, known-good source).
+            // the expected raw value given in the environment (same parser, known-good source).
             let shown = cfg.display_value(s.id);
             let reference = want.map(|w| {
-                let cfg = Config::resolve(&args(&[format!("--{}", s.flag), w.to_owned()]), &none).unwrap();
+                let cfg = Config::resolve(&args(&[]), &env_of(&[(s.env, w)])).unwrap();
                 cfg.display_value(s.id)
             });
             assert_eq!(
@@ -301,9 +312,36 @@ fn cloud_config_path_also_comes_from_the_environment() {
 fn missing_required_settings_name_every_way_to_set_them() {
     let cfg = Config::resolve(&args(&[]), &env(&[])).unwrap();
     let msg = cfg.require_api_key().unwrap_err().to_string();
-    for part in ["apiKey", "--api-key", "CHERRY_API_KEY"] {
+    for part in ["apiKey", "CHERRY_API_KEY"] {
         assert!(msg.contains(part), "{msg}");
     }
+    assert!(!msg.contains("--api-key"), "a refused flag is not offered: {msg}");
+    let msg = cfg.require_project_id().unwrap_err().to_string();
+    for part in ["projectID", "--project-id", "CHERRY_PROJECT_ID"] {
+        assert!(msg.contains(part), "{msg}");
+    }
+}
+
+/// `--api-key` on a command line is readable by every local user (`ps`, /proc/<pid>/cmdline):
+/// refused, whatever else is set, with a message naming the variable and the file key to use and
+/// never the value.
+#[rstest]
+#[case::alone(&[])]
+#[case::with_the_env_set_too(&[("CHERRY_API_KEY", "other")])]
+fn the_api_key_flag_is_refused_naming_where_to_put_it(#[case] vars: &[(&str, &str)]) {
+    let err = Config::resolve(&args(&["--api-key".into(), SECRET.into()]), &env(vars)).unwrap_err();
+    let msg = err.to_string();
+    for part in [
+        "--api-key",
+        "CHERRY_API_KEY",
+        "apiKey",
+        "--cloud-config",
+        "/proc/<pid>/cmdline",
+    ] {
+        assert!(msg.contains(part), "{part:?} in {msg}");
+    }
+    assert!(!msg.contains(SECRET), "{msg}");
+    assert!(matches!(err, ConfigError::Invalid(_)), "exit code 2: {err:?}");
 }
 
 const SECRET: &str = "s3cr3t-api-key-value";
@@ -319,7 +357,6 @@ fn config_show_never_prints_the_api_key(#[case] output: OutputFormat) {
     );
     let argv = ["--cloud-config".into(), path.display().to_string()];
     for (argv, env) in [
-        (vec!["--api-key".into(), SECRET.into()], env(&[])),
         (vec![], env(&[("CHERRY_API_KEY", SECRET)])),
         (argv.to_vec(), env(&[])),
     ] {
@@ -340,7 +377,10 @@ fn secrets_stay_out_of_errors_and_debug_output() {
     assert!(!err.to_string().contains(SECRET));
     let a = args(&["--api-key".into(), SECRET.into()]);
     assert!(!format!("{a:?}").contains(SECRET));
-    let cfg = Config::resolve(&a, &env(&[])).unwrap();
+    let err = Config::resolve(&a, &env(&[])).unwrap_err();
+    assert!(!err.to_string().contains(SECRET));
+    assert!(!format!("{err:?}").contains(SECRET));
+    let cfg = Config::resolve(&args(&[]), &env(&[("CHERRY_API_KEY", SECRET)])).unwrap();
     assert!(!format!("{cfg:?}").contains(SECRET));
     assert!(!serde_json::to_string(&cfg).unwrap().contains(SECRET));
 }
@@ -431,7 +471,7 @@ fn config_show_lists_the_flags_outside_the_settings_with_their_source() {
     for line in [
         "--kubeconfig                /etc/kubeconfig  (env KUBECONFIG)",
         "--identity                  pod-a  (flag --identity)",
-        "--admin-listen              0.0.0.0:9590  (default)",
+        "--admin-listen              127.0.0.1:9590  (default)",
         "--health-check-server-name  kubernetes.default.svc  (default)",
         "--cluster-ca                <unset>  (unset)",
     ] {

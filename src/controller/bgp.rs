@@ -8,7 +8,8 @@
 //!          server BGP on (GET, PUT if off) ─► NodeBgp (cached, refreshed every RESYNC)
 //!          node annotations <prefix>/bgp-peers-{{n}}-…   (merge patch; stale indexes nulled)
 //!     3. metallb:///<ns>/?bgp-peer-mode=… only:
-//!          Services (managed, within the prefix budget, with an IP) ─► desired objects
+//!          Services (managed, within the prefix budget, with an IP that is neither a
+//!          control-plane FIP nor routed to a server by the cloud) ─► desired objects
 //!          list IPAddressPools / BGPAdvertisements / BGPPeers in <ns>
 //!          metallb_actions(): server-side apply (manager "baton") | delete ours | leave others'
 //! ```
@@ -25,7 +26,7 @@ mod plan;
 
 pub use plan::*;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,8 +47,7 @@ use tracing::{debug, info, warn};
 use super::context::object_ref;
 use super::kit::{KubeCallError, NotLeader, timed};
 use super::service::{
-    Scope, ServiceFacts, budget, control_plane_addresses, facts_of, ip_annotation, requested_ip,
-    scope_excluding,
+    FipRoles, Record, Scope, ServiceFacts, budget, facts_of, ip_annotation, requested_ip, scope_excluding,
 };
 use super::watches::{Cache, Watches, any_changed};
 use super::{Context, FIELD_MANAGER, mirror};
@@ -117,6 +117,8 @@ struct Bgp {
     cache: HashMap<String, Cached>,
     /// Warnings already published (Event + log), so a steady problem is reported once.
     reported: HashSet<String>,
+    /// Service addresses the cached IP list did not show, already looked for in a fresh list.
+    rechecked: HashSet<IpAddr>,
 }
 
 /// The BGP controller on the shared Node and Service watches, running until `shutdown`
@@ -151,6 +153,7 @@ async fn run(
         local_asn: None,
         cache: HashMap::new(),
         reported: HashSet::new(),
+        rechecked: HashSet::new(),
     };
     let work = async move {
         if bgp.nodes.wait_until_ready().await.is_err() || bgp.services.wait_until_ready().await.is_err() {
@@ -382,40 +385,113 @@ impl Bgp {
         Ok(Some(bgp))
     }
 
-    /// The Services MetalLB announces: managed, not being deleted, within the prefix budget,
-    /// with an IP (baton's FIP or the user's own). Each Service's facts are read once.
-    fn lb_services(&self, control_plane: &BTreeSet<IpAddr>) -> Vec<LbService> {
+    /// The Services whose address MetalLB may announce: managed, not being deleted, within the
+    /// prefix budget, with an address (baton's FIP or the user's own) that is neither a
+    /// control-plane FIP nor a FIP the cloud routes to a server (`roles`; the second kind is
+    /// logged once per Service and address), and that their ingress shows. MetalLB's speaker
+    /// announces only ingress addresses anyway; waiting for the ingress means a pool follows the
+    /// Service controller's decision, which it takes on a fresh read of a bring-your-own address
+    /// (a FIP routed since the shared list was read never gets a pool). A Service whose IP
+    /// annotation cannot be parsed keeps baton's recorded FIP. Each Service's facts are read once.
+    fn lb_candidates(&mut self, roles: &FipRoles) -> Vec<LbService> {
         let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let mirror_name = mirror::service_name(&self.ctx.config.prefix);
         let admission = budget::admitted(
             &facts,
             ("kube-system", &mirror_name),
-            control_plane,
+            &roles.never_announced(),
             self.ctx.config.bgp_prefix_limit,
         );
-        let mut out: Vec<LbService> = facts
-            .into_iter()
-            .filter(|f| admission.admitted.contains(&f.key()))
+        let mut out: Vec<LbService> = Vec::new();
+        for f in facts {
             // Never a control-plane FIP, whatever the Service's name (CPEM #258).
-            .filter(|f| {
-                scope_excluding(
-                    f,
-                    ("kube-system", &mirror_name),
-                    control_plane,
-                    Some(ip_annotation(&self.mode)),
-                ) == Scope::Managed
-            })
-            .filter_map(|f| {
-                let ip = requested_ip(&f, &self.mode).ok()??;
-                Some(LbService {
+            let managed = scope_excluding(
+                &f,
+                ("kube-system", &mirror_name),
+                &roles.control_plane,
+                Some(ip_annotation(&self.mode)),
+            ) == Scope::Managed;
+            if !managed {
+                continue;
+            }
+            let ip = match requested_ip(&f, &self.mode) {
+                Ok(Some(ip)) => ip,
+                Ok(None) => continue,
+                // A typo: the Service keeps its FIP (the Service controller warns).
+                Err(_) => match Record::read(&f).and_then(|r| r.address) {
+                    Some(ip) => ip,
+                    None => continue,
+                },
+            };
+            // The cloud routes this FIP to one server: announcing it from the BGP nodes too
+            // would fight that route (docs/services.md, "Bring your own routed FIP").
+            if let Some(server) = roles.routed_to(ip) {
+                if self.reported.insert(format!("routed/{}/{ip}", f.key())) {
+                    info!(service = %f.key(), %ip, server, "the Service's Floating IP is routed to a server by the cloud: no MetalLB pool for it");
+                }
+                continue;
+            }
+            let shown = f.ingress_ips.iter().any(|i| i.parse() == Ok(ip));
+            if shown && admission.admitted.contains(&f.key()) {
+                out.push(LbService {
                     namespace: f.namespace,
                     name: f.name,
                     ip,
-                })
-            })
-            .collect();
+                });
+            }
+        }
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
+    }
+
+    /// The Services MetalLB announces: [`Self::lb_candidates`] whose address the project holds
+    /// (a user's address outside the project is never announced). An address the cached IP list
+    /// does not show is looked for in a fresh list once (a FIP the user reserved a moment ago);
+    /// still missing, it is left out with a Warning Event on its Service (once).
+    async fn lb_services(
+        &mut self,
+        roles: &FipRoles,
+        ips: baton_cloud::model::IpList,
+    ) -> Result<Vec<LbService>, BgpError> {
+        let candidates = self.lb_candidates(roles);
+        let mut ips = ips;
+        let unheld: Vec<IpAddr> = candidates
+            .iter()
+            .filter(|s| !project_holds(s.ip, &ips))
+            .map(|s| s.ip)
+            .collect();
+        if unheld.iter().any(|ip| !self.rechecked.contains(ip)) {
+            self.rechecked.extend(unheld);
+            self.ctx.cloud.invalidate_ips();
+            ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
+                step: "listing Floating IPs".into(),
+                source: Box::new(source),
+            })?;
+        }
+        let (held, foreign): (Vec<LbService>, Vec<LbService>) =
+            candidates.into_iter().partition(|s| project_holds(s.ip, &ips));
+        for svc in foreign {
+            let key = format!("foreign/{}/{}/{}", svc.namespace, svc.name, svc.ip);
+            if !self.reported.insert(key) {
+                continue;
+            }
+            warn!(service = %format!("{}/{}", svc.namespace, svc.name), ip = %svc.ip, "an address the project does not hold is not announced");
+            let reference = object_ref("v1", "Service", Some(&svc.namespace), &svc.name);
+            self.ctx
+                .event_on(
+                    &reference,
+                    None,
+                    EventType::Warning,
+                    "AddressNotInProject",
+                    "HandOffToLoadBalancer",
+                    format!(
+                        "{} is not a Floating IP or subnet of the Cherry Servers project: it is not put into a MetalLB pool (announcing it by BGP would announce someone else's address)",
+                        svc.ip
+                    ),
+                )
+                .await;
+        }
+        Ok(held)
     }
 
     /// Every IPAddressPool, BGPAdvertisement and BGPPeer in MetalLB's namespace.
@@ -457,15 +533,22 @@ impl Bgp {
         peer_mode: baton_core::BgpPeerMode,
         nodes: &[NodeBgp],
     ) -> Result<(), BgpError> {
-        // The control-plane FIPs (from the shared IP list): never in a pool. Without the list
-        // nothing is changed (failing closed: no pool for an address that may be one).
+        // The control-plane FIPs and the FIPs the cloud routes to a server (from the shared IP
+        // list): never in a pool. Without the list nothing is changed (failing closed: no pool
+        // for an address that may be one).
         let ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
             step: "listing Floating IPs".into(),
             source: Box::new(source),
         })?;
         let all: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
-        let control_plane = control_plane_addresses(self.ctx.config.fip_tag.as_ref(), &ips, &all);
-        let services = self.lb_services(&control_plane);
+        let mirror_name = mirror::service_name(&self.ctx.config.prefix);
+        let roles = FipRoles::of(
+            self.ctx.config.fip_tag.as_ref(),
+            &ips,
+            &all,
+            ("kube-system", &mirror_name),
+        );
+        let services = self.lb_services(&roles, ips).await?;
         let desired = desired_metallb_objects(
             &services,
             nodes,

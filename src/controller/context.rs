@@ -14,6 +14,10 @@ use tokio::time::Instant;
 use super::metrics::Metrics;
 use crate::config::Config;
 
+/// After the previous holder's fence (`Handover::holder_stopped`), a request it sent just before
+/// may still be on its way: a list read this long after it shows the holder's last writes.
+pub const TAKEOVER_MARGIN: Duration = Duration::from_millis(150);
+
 /// Whether this replica may write to the cloud (and to status fields). Only the holder of the
 /// leader Lease may; it re-checks right before each cloud write (fencing): the lease task
 /// publishes how long the last successful renew keeps this replica leader.
@@ -111,6 +115,19 @@ impl LeaderGate {
                 gate.changed_or_tick().await;
             }
         })
+    }
+}
+
+/// What the cloud client's IP store needs to tell a new term: this replica's leadership deadline,
+/// and while another replica holds the Lease, when that one stopped writing (plus
+/// [`TAKEOVER_MARGIN`]).
+impl baton_cloud::Leadership for LeaderGate {
+    fn leads_until(&self) -> Option<Instant> {
+        *self.0.borrow()
+    }
+
+    fn holder_stopped(&self) -> Option<Instant> {
+        self.handover().map(|h| h.holder_stopped + TAKEOVER_MARGIN)
     }
 }
 

@@ -36,11 +36,11 @@ use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Handover, object_ref};
+use super::context::{TAKEOVER_MARGIN, object_ref};
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
-use crate::names::CCM_MIRROR_SERVICE;
+use crate::names::{CCM_MIRROR_SERVICE, FIP_HOLDER_ADDRESS_ANNOTATION, FIP_HOLDER_ANNOTATION};
 use crate::probe::{ProbeError, ProbeSettings, Prober};
 
 /// Settings of the endpoint manager.
@@ -89,6 +89,40 @@ struct EndpointState {
     route_checked: bool,
     /// Since when the FIP has been unreachable while its holder answers directly.
     unreachable_since: Option<Instant>,
+    /// The holder annotations being written (off the decision loop), and what they say.
+    holder_write: Option<(Holder, tokio::task::JoinHandle<bool>)>,
+    /// After a failed holder write, when to try again.
+    holder_retry_at: Option<Instant>,
+}
+
+/// Who the cloud routes a FIP to, as the endpoint Service's annotations tell the nodes
+/// ([`FIP_HOLDER_ANNOTATION`], [`FIP_HOLDER_ADDRESS_ANNOTATION`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holder {
+    /// The Node's name, else the server's hostname.
+    name: String,
+    /// The server's primary address.
+    address: IpAddr,
+}
+
+impl Holder {
+    /// The holder of `fip`, if it is routed to a server this loop knows.
+    fn of(fip: &IpAddress, servers: &[Server], nodes: &[Arc<Node>]) -> Option<Self> {
+        let id = fip.target()?;
+        let server = servers.iter().find(|s| s.id == id)?;
+        let address = server.first_ipv4(&IpType::PrimaryIp)?;
+        let name = node_of(nodes, server).map_or_else(|| server.hostname.clone(), |n| n.name_any());
+        Some(Self { name, address })
+    }
+
+    /// What `svc`'s annotations say now.
+    fn annotated(svc: &Service) -> Option<Self> {
+        let a = svc.metadata.annotations.as_ref()?;
+        Some(Self {
+            name: a.get(FIP_HOLDER_ANNOTATION)?.clone(),
+            address: a.get(FIP_HOLDER_ADDRESS_ANNOTATION)?.parse().ok()?,
+        })
+    }
 }
 
 /// How long the FIP must fail while its holder answers directly before that is a reason to act.
@@ -270,18 +304,11 @@ async fn run_on(
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
         let probe_addrs = probe_addresses(&api_servers, &endpoints, servers);
-        let mut targets: Vec<SocketAddr> = probe_addrs.clone();
-        if !ctx.config.health_check.use_host_ip {
-            targets.extend(
-                endpoints
-                    .iter()
-                    .map(|e| SocketAddr::new(e.fip.address, e.fip_port)),
-            );
-        }
-        prober.set_targets(&targets)?;
+        prober.set_targets(&probe_targets(&ctx, &probe_addrs, &endpoints))?;
         routers.follow(&probe_addrs)?;
 
-        let candidates = candidates(&probe_addrs, servers, &nodes.state(), &prober, &routers);
+        let node_list = nodes.state();
+        let candidates = candidates(&probe_addrs, servers, &node_list, &prober, &routers);
 
         let step = Step {
             ctx: &ctx,
@@ -290,11 +317,26 @@ async fn run_on(
             services: &services,
             candidates: &candidates,
             api_servers: &api_servers,
+            servers,
+            nodes: &node_list,
         };
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
             .await?;
     }
+}
+
+/// What the API server prober probes: every candidate, and each FIP unless `useHostIP`.
+fn probe_targets(ctx: &Context, probe_addrs: &[SocketAddr], endpoints: &[EndpointRef]) -> Vec<SocketAddr> {
+    let mut targets = probe_addrs.to_vec();
+    if !ctx.config.health_check.use_host_ip {
+        targets.extend(
+            endpoints
+                .iter()
+                .map(|e| SocketAddr::new(e.fip.address, e.fip_port)),
+        );
+    }
+    targets
 }
 
 /// The SNI routers' health, a signal of its own beside the API servers' (`sniRouterPort`): the
@@ -403,62 +445,45 @@ impl ServerList {
 }
 
 /// A new leader must not act on a holder the previous leader changed a moment before it
-/// stopped, so it reads the FIP list afresh. That read costs a cloud round trip (and a slot of
-/// the rate limit) on the failover path when the previous leader's node died. So a follower
-/// makes it *before* it takes over: once the holder has not renewed for `leaseRenewDeadline` +
-/// [`Takeover::MARGIN`], the holder has stopped writing (its fence) and its last writes have
-/// landed; the list read then is as good as one read at the takeover, 250 ms later. Without
-/// such a read (a graceful release, say), the new leader reads at once when it wins.
+/// stopped: the shared IP store makes the first read of a new term wait for a list fetched after
+/// the previous holder stopped writing (`baton_cloud::Leadership`). That read costs a cloud round
+/// trip (and a slot of the rate limit) on the failover path when the previous leader's node died.
+/// So a follower makes it *before* it takes over: once the holder has not renewed for
+/// `leaseRenewDeadline` + [`TAKEOVER_MARGIN`], the holder has stopped writing (its fence) and its
+/// last writes have landed; the list read then is as good as one read at the takeover, 250 ms
+/// later, and the store takes it for the new term. Without such a read (a graceful release, say),
+/// the new leader's first read fetches the list.
 #[derive(Default)]
 struct Takeover {
     leading: bool,
-    /// When the list was read ahead, for which holder's stop.
-    prefetched: Option<(Instant, Instant)>,
-    /// What this replica last knew of the previous holder.
-    last: Option<Handover>,
+    /// For which holder's stop the list was read ahead.
+    prefetched: Option<Instant>,
 }
 
 impl Takeover {
-    /// After the holder's fence, a request it sent just before may still be on its way.
-    const MARGIN: Duration = Duration::from_millis(150);
-
     /// When to read the list ahead, if a takeover is coming and it has not been read for it.
     fn prefetch_at(&self, leader: &LeaderGate) -> Option<Instant> {
         let h = leader.handover()?;
-        let at = h.holder_stopped + Self::MARGIN;
-        (!self.leading && at < h.takeover && self.prefetched.is_none_or(|(_, stop)| stop != h.holder_stopped))
-            .then_some(at)
+        let at = h.holder_stopped + TAKEOVER_MARGIN;
+        (!self.leading && at < h.takeover && self.prefetched != Some(h.holder_stopped)).then_some(at)
     }
 
-    /// Follows leadership; returns whether the IP list was dropped for a fresh read now (ahead
-    /// of a takeover, or on winning the Lease).
+    /// Follows leadership; returns whether the IP list is to be read now (ahead of a takeover).
     fn step(&mut self, ctx: &Context) -> bool {
         let mut read_now = false;
         let now_leading = ctx.leader.is_leader();
-        if !now_leading {
-            if let Some(h) = ctx.leader.handover() {
-                self.last = Some(h);
-                if self
-                    .prefetch_at(&ctx.leader)
-                    .is_some_and(|at| Instant::now() >= at)
-                {
-                    tracing::debug!(
-                        "the leader has stopped renewing: reading the FIP list ahead of a takeover"
-                    );
-                    ctx.cloud.invalidate_ips();
-                    read_now = true;
-                    self.prefetched = Some((Instant::now(), h.holder_stopped));
-                }
-            }
-        } else if !self.leading {
-            let fresh = matches!(
-                (self.prefetched, self.last),
-                (Some((_, stop)), Some(h)) if stop == h.holder_stopped
-            );
-            if !fresh {
-                ctx.cloud.invalidate_ips();
-                read_now = true;
-            }
+        if !now_leading
+            && let Some(h) = ctx.leader.handover()
+            && self
+                .prefetch_at(&ctx.leader)
+                .is_some_and(|at| Instant::now() >= at)
+        {
+            tracing::debug!("the leader has stopped renewing: reading the FIP list ahead of a takeover");
+            ctx.cloud.invalidate_ips();
+            read_now = true;
+            self.prefetched = Some(h.holder_stopped);
+        }
+        if now_leading && !self.leading {
             self.prefetched = None;
         }
         self.leading = now_leading;
@@ -589,6 +614,8 @@ struct Step<'a> {
     services: &'a [Arc<Service>],
     candidates: &'a [(Candidate, SocketAddr)],
     api_servers: &'a [SocketAddr],
+    servers: &'a [Server],
+    nodes: &'a [Arc<Node>],
 }
 
 impl Step<'_> {
@@ -717,7 +744,71 @@ impl Step<'_> {
             }
         }
         self.keep_status(ep, state).await;
+        if moved.is_none() {
+            self.keep_holder(ep, state);
+        }
         Ok(Outcome { moved, again: false })
+    }
+
+    /// Tells the nodes who holds the FIP: the endpoint Service's holder annotations, written
+    /// when they differ from the cloud's `targeted_to` (after a move, on a new term, after an
+    /// edit). Leader only; the write runs beside the decision loop, never in its way.
+    fn keep_holder(&self, ep: &EndpointRef, state: &mut EndpointState) {
+        let ctx = self.ctx;
+        if let Some((_, task)) = &state.holder_write {
+            if !task.is_finished() {
+                return;
+            }
+            if let Some((holder, task)) = state.holder_write.take()
+                && !task.now_or_never().and_then(Result::ok).unwrap_or(false)
+            {
+                tracing::debug!(fip = %ep.fip.address, holder = %holder.name, "writing the FIP holder annotations failed");
+                state.holder_retry_at = Some(Instant::now() + Duration::from_secs(5));
+            }
+        }
+        if !ctx.leader.is_leader() || state.holder_retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let Some(svc) = service_of(self.services, &ep.service) else {
+            return;
+        };
+        let want = Holder::of(&ep.fip, self.servers, self.nodes);
+        if Holder::annotated(&svc) == want {
+            return;
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            FIP_HOLDER_ANNOTATION: want.as_ref().map(|h| h.name.clone()),
+            FIP_HOLDER_ADDRESS_ANNOTATION: want.as_ref().map(|h| h.address.to_string()),
+        }}});
+        let api: kube::Api<Service> = kube::Api::namespaced(ctx.client.clone(), &ep.service.namespace);
+        let name = ep.service.name.clone();
+        let fip = ep.fip.address;
+        let task = tokio::spawn(async move {
+            let pp = kube::api::PatchParams {
+                field_manager: Some(super::FIELD_MANAGER.to_owned()),
+                ..kube::api::PatchParams::default()
+            };
+            match super::kit::timed(
+                format!("annotating the FIP holder on Service {name}"),
+                api.patch(&name, &pp, &kube::api::Patch::Merge(&patch)),
+            )
+            .await
+            {
+                Ok(_) => true,
+                Err(error) => {
+                    tracing::warn!(%error, %fip, "writing the FIP holder annotations failed");
+                    false
+                }
+            }
+        });
+        state.holder_retry_at = None;
+        state.holder_write = Some((
+            want.unwrap_or(Holder {
+                name: String::new(),
+                address: IpAddr::from([0, 0, 0, 0]),
+            }),
+            task,
+        ));
     }
 
     /// Status (ingress, ipMode Proxy) and mirrored endpoints, when their inputs change (and
@@ -1408,6 +1499,71 @@ mod tests {
             "tags": tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_holder_is_the_node_of_the_targeted_server_else_its_hostname() {
+        let server: Server = serde_json::from_value(serde_json::json!({
+            "id": 600_102, "hostname": "cp-1",
+            "ip_addresses": [
+                {"id": "p", "address": "192.0.2.12", "type": "private-ip"},
+                {"id": "q", "address": "198.51.100.12", "type": "primary-ip"},
+            ],
+        }))
+        .unwrap();
+        let fip = fip_at("203.0.113.5", Some(600_102), &[]);
+        let want = Holder {
+            name: "cp-1".into(),
+            address: "198.51.100.12".parse().unwrap(),
+        };
+        // No Node yet: the server's hostname.
+        assert_eq!(
+            Holder::of(&fip, std::slice::from_ref(&server), &[]),
+            Some(want.clone())
+        );
+        // A Node with the server's provider ID, whatever its name.
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-b"}, "spec": {"providerID": "cherryservers://600102"},
+        }))
+        .unwrap();
+        assert_eq!(
+            Holder::of(&fip, std::slice::from_ref(&server), &[Arc::new(node)]).map(|h| h.name),
+            Some("node-b".to_owned())
+        );
+        // Unassigned, or routed to a server this loop does not know: no holder.
+        assert_eq!(
+            Holder::of(
+                &fip_at("203.0.113.5", None, &[]),
+                std::slice::from_ref(&server),
+                &[]
+            ),
+            None
+        );
+        assert_eq!(
+            Holder::of(
+                &fip_at("203.0.113.5", Some(9), &[]),
+                std::slice::from_ref(&server),
+                &[]
+            ),
+            None
+        );
+        // What a Service's annotations say, and garbage in them.
+        let mut svc = Service::default();
+        assert_eq!(Holder::annotated(&svc), None);
+        svc.metadata.annotations = Some(BTreeMap::from([
+            (FIP_HOLDER_ANNOTATION.to_owned(), "cp-1".to_owned()),
+            (
+                FIP_HOLDER_ADDRESS_ANNOTATION.to_owned(),
+                "198.51.100.12".to_owned(),
+            ),
+        ]));
+        assert_eq!(Holder::annotated(&svc), Some(want));
+        svc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(FIP_HOLDER_ADDRESS_ANNOTATION.to_owned(), "not-an-ip".to_owned());
+        assert_eq!(Holder::annotated(&svc), None, "rewritten when garbled");
     }
 
     fn endpoint_svc(

@@ -9,14 +9,17 @@
 //!       status.addresses  (Hostname, ExternalIP = primary-ip, InternalIP = private-ip; --node-ip first)
 //!       providerID, labels instance-type (plan.slug) + region (region.slug), taint removed
 //!    initialised, not Ready:
-//!       server 404 ──► Event, Node deleted
+//!       server 404 ──► the project's server list read too (Sighting: Gone | Present | Unreadable)
+//!                      ──► GoneReads: 3 Gone in a row across ≥ 60 s ──► Event, Node deleted
+//!                          (never while the project cannot be read; `delete` is opt-in RBAC)
 //!       server inactive ──► Event + taint node.cloudprovider.kubernetes.io/shutdown (removed when active)
 //!    initialised, Ready: no cloud call (a Ready Node's server exists)
 //! ```
 //!
 //! The decisions (addresses, labels, taints, lifecycle) are pure functions tested in `tests.rs`.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_cloud::CloudError;
@@ -30,7 +33,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ReflectHandle;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
-use tracing::{debug, info, instrument};
+use tracing::{debug, info, instrument, warn};
 
 use super::Context;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
@@ -97,6 +100,10 @@ pub struct NodeContext {
     retries: Retries,
     /// Nodes waiting for a reconcile (`baton_queue_depth`).
     queue: Queue,
+    /// Every Node (the shared watch): whose servers tell this project from another.
+    store: Cache<Node>,
+    /// Per Node, the reads agreeing its server is gone.
+    gone: Mutex<HashMap<String, GoneReads>>,
 }
 
 impl std::fmt::Debug for NodeContext {
@@ -109,12 +116,34 @@ impl std::fmt::Debug for NodeContext {
 
 impl NodeContext {
     /// Wraps the shared context.
-    pub fn new(base: Arc<Context>) -> Self {
+    pub fn new(base: Arc<Context>, store: Cache<Node>) -> Self {
         Self {
             queue: Queue::new("nodes", Arc::clone(&base.metrics)),
             base,
             retries: Retries::new("nodes"),
+            store,
+            gone: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn gone(&self) -> std::sync::MutexGuard<'_, HashMap<String, GoneReads>> {
+        self.gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The servers of every Node but `name` (by provider ID).
+    fn other_servers(&self, name: &str) -> BTreeSet<u64> {
+        self.store
+            .state()
+            .iter()
+            .map(|n| facts_of(n))
+            .filter(|f| f.name != name)
+            .filter_map(|f| match server_ref(&f) {
+                Ok(ServerRef::Id(id)) => Some(id.server_id()),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -156,7 +185,7 @@ async fn run(
     trigger: ReflectHandle<Node>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let node_ctx = Arc::new(NodeContext::new(ctx.clone()));
+    let node_ctx = Arc::new(NodeContext::new(ctx.clone(), store.clone()));
     let errors = Arc::new(StreamErrors::new("node controller"));
     let queued = Arc::clone(&node_ctx);
     let trigger = trigger.inspect(move |node| queued.queue.add(node.name_any()));
@@ -427,27 +456,12 @@ async fn check_lifecycle(
         .await?
         .map(|s| ServerFacts::of(&s));
     let api: Api<Node> = Api::all(ctx.base.client.clone());
+    if server.is_some() {
+        ctx.gone().remove(name);
+    }
     match lifecycle(facts, server.as_ref()) {
         Lifecycle::Keep => {}
-        Lifecycle::Delete => {
-            let message = format!("server {} no longer exists; deleting the Node", id.server_id());
-            ctx.base
-                .event(node, EventType::Warning, "DeletingNode", "DeleteNode", message)
-                .await;
-            ctx.base.leader.ensure("deleting the Node")?;
-            match timed(
-                name,
-                "deleting the Node",
-                api.delete(name, &DeleteParams::default()),
-            )
-            .await
-            {
-                Ok(_) => info!(server = id.server_id(), "Node deleted: its server is gone"),
-                Err(NodeError::Kube { source, .. }) if source.status() == Some(404) => {}
-                Err(e) => return Err(e),
-            }
-            return Ok(Action::await_change());
-        }
+        Lifecycle::Delete => return confirm_and_delete(node, ctx, name, id).await,
         Lifecycle::MarkShutdown => {
             ctx.base
                 .event(
@@ -493,6 +507,107 @@ async fn check_lifecycle(
     } else {
         NOT_READY_RECHECK
     }))
+}
+
+/// The server of Node `name` answered 404: deleted only once [`GoneReads`] agrees (several reads
+/// across a minute, each also finding it missing from a project list that can be read).
+async fn confirm_and_delete(
+    node: &Node,
+    ctx: &NodeContext,
+    name: &str,
+    id: ProviderId,
+) -> Result<Action, NodeError> {
+    let server = id.server_id();
+    let listed = match ctx.base.cloud.servers().await {
+        Ok(servers) => Some(servers.iter().map(|s| s.id.0).collect::<Vec<u64>>()),
+        Err(error) => {
+            warn!(%error, server, "the project's server list cannot be read: the Node is not deleted");
+            None
+        }
+    };
+    let seen = sighting(listed.as_deref(), server, &ctx.other_servers(name));
+    let verdict = ctx
+        .gone()
+        .entry(name.to_owned())
+        .or_default()
+        .observe(seen, tokio::time::Instant::now());
+    let reads = match verdict {
+        GoneVerdict::Delete => {
+            ctx.gone().remove(name);
+            return delete_node(node, ctx, name, server).await;
+        }
+        GoneVerdict::Wait { reads } => reads,
+    };
+    let (reason, message) = match seen {
+        Sighting::Gone => (
+            "ServerNotFound",
+            format!(
+                "server {server} not found, also not in the project's server list (read {reads} of {GONE_READS}): the Node is deleted once {GONE_READS} reads across at least {}s agree",
+                GONE_SPAN.as_secs()
+            ),
+        ),
+        Sighting::Present => {
+            info!(
+                server,
+                "the server's look-up answered 404 but the project lists it: not gone"
+            );
+            return Ok(Action::requeue(NOT_READY_RECHECK));
+        }
+        Sighting::Unreadable => (
+            "NodeDeletionHeld",
+            format!(
+                "server {server} not found, but the project cannot be read (its server list failed or shows none of this cluster's servers): the Node is not deleted"
+            ),
+        ),
+    };
+    ctx.base
+        .event(node, EventType::Warning, reason, "CheckNode", message)
+        .await;
+    Ok(Action::requeue(GONE_RECHECK))
+}
+
+/// Deletes Node `name`, whose server is gone (confirmed). Without the opt-in permission
+/// (manifests/rbac-node-lifecycle.yaml) the denial is a Warning Event, not a retry storm.
+async fn delete_node(node: &Node, ctx: &NodeContext, name: &str, server: u64) -> Result<Action, NodeError> {
+    let message = format!(
+        "server {server} no longer exists ({GONE_READS} reads across at least {}s agree); deleting the Node",
+        GONE_SPAN.as_secs()
+    );
+    ctx.base
+        .event(node, EventType::Warning, "DeletingNode", "DeleteNode", message)
+        .await;
+    ctx.base.leader.ensure("deleting the Node")?;
+    let api: Api<Node> = Api::all(ctx.base.client.clone());
+    match timed(
+        name,
+        "deleting the Node",
+        api.delete(name, &DeleteParams::default()),
+    )
+    .await
+    {
+        Ok(_) => info!(server, "Node deleted: its server is gone"),
+        Err(NodeError::Kube { source, .. }) if source.status() == Some(404) => {}
+        Err(NodeError::Kube { source, .. }) if source.status() == Some(403) => {
+            warn!(
+                server,
+                "baton may not delete Nodes (the opt-in RBAC of manifests/rbac-node-lifecycle.yaml is not applied)"
+            );
+            ctx.base
+                .event(
+                    node,
+                    EventType::Warning,
+                    "NodeDeletionForbidden",
+                    "DeleteNode",
+                    format!(
+                        "server {server} no longer exists, but baton may not delete Nodes: delete it (kubectl delete node {name}), or grant baton manifests/rbac-node-lifecycle.yaml (chart: nodeLifecycle.deleteNodes=true)"
+                    ),
+                )
+                .await;
+            return Ok(Action::requeue(NOT_READY_RECHECK));
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(Action::await_change())
 }
 
 async fn set_taints(api: &Api<Node>, node: &Node, name: &str, taints: &[Taint]) -> Result<(), NodeError> {

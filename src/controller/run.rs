@@ -39,9 +39,25 @@ pub struct ControllerArgs {
     #[arg(long, env = "BATON_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
 
-    /// Listen address of the admin server (/metrics, /health, /ready); `off` disables it.
-    #[arg(long, env = "BATON_ADMIN_LISTEN", default_value = "0.0.0.0:9590")]
+    /// Listen address of the plain-HTTP admin server (/metrics, /health, /ready, /leader),
+    /// unauthenticated: keep it on loopback (the kubelet probes it there on a host-network pod);
+    /// another address is an explicit opt-in to serve it to the network; `off` disables it.
+    #[arg(long, env = "BATON_ADMIN_LISTEN", default_value = "127.0.0.1:9590")]
     pub admin_listen: String,
+
+    /// Listen address of the authenticated metrics server (HTTPS, /metrics only, for bearer
+    /// tokens the API server authenticates and authorises for `get` on /metrics); `off`
+    /// disables it. The shipped manifests use 0.0.0.0:9592.
+    #[arg(long, env = "BATON_METRICS_LISTEN", default_value = "off")]
+    pub metrics_listen: String,
+
+    /// The metrics server's certificate chain (PEM); default: self-signed at start.
+    #[arg(long, env = "BATON_METRICS_TLS_CERT", value_name = "PATH")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// The metrics server's private key (PEM), with --metrics-tls-cert.
+    #[arg(long, env = "BATON_METRICS_TLS_KEY", value_name = "PATH")]
+    pub metrics_tls_key: Option<PathBuf>,
 }
 
 /// Errors of `baton controller`.
@@ -49,8 +65,8 @@ pub struct ControllerArgs {
 pub enum ControllerError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("invalid --admin-listen {0:?}: expected IP:port or off")]
-    AdminListen(String),
+    #[error("invalid --{flag} {reason}")]
+    Listen { flag: &'static str, reason: String },
     #[error("Kubernetes client configuration: {0}")]
     KubeConfig(String),
     #[error("reading --cluster-ca {path}: {reason}")]
@@ -65,11 +81,8 @@ pub enum ControllerError {
     Context(#[from] super::context::ContextError),
     #[error(transparent)]
     Endpoint(#[from] endpoint::EndpointError),
-    #[error("admin server on {addr}: {source}")]
-    Admin {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error("admin server: {0}")]
+    Admin(#[from] crate::admin::AdminError),
 }
 
 impl ControllerError {
@@ -78,7 +91,8 @@ impl ControllerError {
         matches!(
             self,
             Self::Config(_)
-                | Self::AdminListen(_)
+                | Self::Listen { .. }
+                | Self::Admin(crate::admin::AdminError::Tls(_))
                 | Self::ClusterCa { .. }
                 | Self::NoClusterCa
                 | Self::KubeConfig(_)
@@ -122,13 +136,11 @@ pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
 pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), ControllerError> {
     let config = Arc::new(Config::resolve(&args.config, &ProcessEnv)?);
     let mut cloud_config = config.cloud_client_config()?;
-    let admin: Option<SocketAddr> = match args.admin_listen.as_str() {
-        "off" => None,
-        v => Some(
-            v.parse()
-                .map_err(|_| ControllerError::AdminListen(v.to_owned()))?,
-        ),
+    let listen = |flag: &'static str, value: &str| {
+        crate::admin::parse_listen(value).map_err(|reason| ControllerError::Listen { flag, reason })
     };
+    let admin = listen("admin-listen", &args.admin_listen)?;
+    let metrics_at = listen("metrics-listen", &args.metrics_listen)?;
     let kube_cfg = kube_config(&args).await?;
     let ca_der = cluster_ca(&args, &kube_cfg)?;
     let metrics = Arc::new(Metrics::default());
@@ -166,8 +178,14 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // Every cloud write is fenced by the leader deadline: checked right before each attempt
     // leaves, not only when the decision is made (docs/controller.md, "Fencing at the write").
     let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
+    // Reads of the shared IP list follow the Lease: a new term's first read waits for a list
+    // fetched after the previous holder stopped writing (docs/cloud.md, "Shared IP list").
+    let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
+    let cherry = cherry.led_by(led);
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
+    // The self-signed metrics certificate's name (a DNS name: the pod name is one).
+    let cert_name = identity.clone();
     let ctx = Context::new(
         client,
         cloud,
@@ -178,15 +196,13 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     )
     .await?;
 
-    if let Some(addr) = admin {
-        let app = admin_router(
-            Arc::clone(&metrics),
-            ctx.leader.clone(),
-            sup.clone(),
-            reach.clone(),
-        );
-        spawn_admin(&sup, addr, app, shutdown.clone()).await?;
-    }
+    let endpoints = AdminEndpoints {
+        metrics: Arc::clone(&metrics),
+        leader: ctx.leader.clone(),
+        reach: reach.clone(),
+        client: ctx.client.clone(),
+    };
+    spawn_admin_endpoints(&sup, &args, (admin, metrics_at), cert_name, endpoints, &shutdown).await?;
 
     let hc = &config.health_check;
     let opts = EndpointOptions {
@@ -326,27 +342,66 @@ fn spawn_cloud_controllers(
     );
 }
 
-/// Binds the admin server and runs it as the supervised task `admin`.
+/// What the admin endpoints read.
+struct AdminEndpoints {
+    metrics: Arc<Metrics>,
+    leader: LeaderGate,
+    reach: ApiReachability,
+    client: kube::Client,
+}
+
+/// The plain admin server (`admin`: loopback by default) and the authenticated metrics server
+/// (`metrics`), each a supervised task when configured.
+async fn spawn_admin_endpoints(
+    sup: &Supervisor,
+    args: &ControllerArgs,
+    (admin, metrics_at): (Option<SocketAddr>, Option<SocketAddr>),
+    cert_name: String,
+    e: AdminEndpoints,
+    shutdown: &CancellationToken,
+) -> Result<(), ControllerError> {
+    if let Some(addr) = admin {
+        let app = admin_router(
+            Arc::clone(&e.metrics),
+            e.leader.clone(),
+            sup.clone(),
+            e.reach.clone(),
+        );
+        spawn_admin(sup, addr, app, shutdown.clone()).await?;
+    }
+    if let Some(addr) = metrics_at {
+        let names = vec![cert_name, addr.ip().to_string()];
+        let tls = crate::admin::tls::server_config(
+            args.metrics_tls_cert.as_deref(),
+            args.metrics_tls_key.as_deref(),
+            &names,
+        )
+        .map_err(crate::admin::AdminError::from)?;
+        let server =
+            crate::admin::SecureServer::bind(addr, tls, crate::admin::Authorizer::new(e.client)).await?;
+        let app = metrics_router(e.metrics, e.leader, e.reach);
+        sup.spawn(
+            "metrics",
+            server
+                .serve(app, shutdown.clone())
+                .instrument(tracing::info_span!("metrics")),
+        );
+    }
+    Ok(())
+}
+
+/// Binds the plain admin server and runs it as the supervised task `admin`.
 async fn spawn_admin(
     sup: &Supervisor,
     addr: SocketAddr,
     app: axum::Router,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ControllerError::Admin { addr, source })?;
+    crate::admin::warn_if_exposed("--admin-listen", addr);
+    let listener = crate::admin::bind_plain(addr).await?;
     sup.spawn(
         "admin",
-        async move {
-            if let Err(error) = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await
-            {
-                tracing::error!(%error, "admin server failed");
-            }
-        }
-        .instrument(tracing::info_span!("admin")),
+        crate::admin::serve_plain(listener, app, shutdown).instrument(tracing::info_span!("admin")),
     );
     Ok(())
 }
@@ -360,6 +415,25 @@ async fn joined(task: tokio::task::JoinHandle<()>) {
     }
 }
 
+/// `/metrics` alone: what the authenticated metrics server serves.
+fn metrics_router(metrics: Arc<Metrics>, leader: LeaderGate, reach: ApiReachability) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = Arc::clone(&metrics);
+            let reach = reach.clone();
+            let leader = leader.is_leader();
+            async move {
+                metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
+                metrics.set_leader(leader);
+                metrics.encode()
+            }
+        }),
+    )
+}
+
+/// The plain admin server's routes: `/metrics`, `/health`, `/ready`, `/leader`.
 fn admin_router(
     metrics: Arc<Metrics>,
     leader: LeaderGate,
@@ -368,22 +442,7 @@ fn admin_router(
 ) -> axum::Router {
     use axum::http::StatusCode;
     use axum::routing::get;
-    let metrics_reach = reach.clone();
-    let metrics_leader = leader.clone();
-    axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                let reach = metrics_reach.clone();
-                let leader = metrics_leader.is_leader();
-                async move {
-                    metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
-                    metrics.set_leader(leader);
-                    metrics.encode()
-                }
-            }),
-        )
+    metrics_router(metrics, leader.clone(), reach.clone())
         .route(
             "/health",
             get(move || {

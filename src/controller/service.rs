@@ -6,43 +6,59 @@
 //!                          │ managed
 //!                          ▼
 //!                 kube::runtime::finalizer("baton.dev/service-fip")
-//!                   Apply:   FIP by tags in ctx.cloud.ips() (cached, coalesced)
+//!                   Apply:   FIP by tags: ctx.cloud.ips_tagged() (the shared IP store's index)
 //!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
 //!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
 //!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
-//!                   Cleanup: DELETE every FIP carrying the Service's three tags, then the finalizer goes
+//!                   Cleanup: every FIP carrying the Service's three tags is held (grace), then the finalizer goes
+//!  release_held: a held FIP whose grace period is over and that is still unwanted ──► DELETE
 //! ```
+//!
+//! Nothing irreversible on one signal ([`grace`]): a FIP no longer wanted (its Service deleted,
+//! no longer a managed LoadBalancer, asking for another address, or gone without a cleanup) is
+//! held for `fipReleaseGracePeriod` (default 10 minutes; the Service's
+//! `baton.dev/fip-release-grace-period` wins, `0` releases at once) and released only if it is
+//! still unwanted then: a Service deleted and re-created meanwhile finds it by its tags and keeps
+//! its address. An IP annotation baton cannot parse is a Warning Event; the FIP stays.
 //!
 //! Crash safety: the finalizer is in place before any FIP is reserved; a FIP is found again by
 //! its three tags (`usage`, `service`, `cluster`) whatever baton recorded, so a kill between the
 //! create and the record, or a lost record, neither leaks nor duplicates (the Kuryr seed's
 //! "rediscover, else recreate"). Kubernetes can delete a Service whose finalizer was added
 //! concurrently with the delete (kubernetes/kubernetes#77988, found by the crash test): a publish
-//! that finds the Service gone releases the FIP at once, and a sweep at start and every
-//! [`RESYNC`] releases FIPs of this cluster whose Service is gone ([`orphans`]). Only FIPs carrying all three tags, never targeted to a server and
+//! that finds the Service gone releases the FIP at once, and a sweep every [`RESYNC`] (the first
+//! one [`SWEEP_QUIET`] into a term) releases FIPs of this cluster whose Service is gone
+//! ([`orphans`]), each checked again right before its delete ([`sweep_decision`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
-//! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) are never touched.
+//! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) and Services asking for a
+//! control-plane FIP's address are never touched. A Service asking for a FIP the cloud routes to
+//! a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any bring-your-own
+//! address, and an Event saying it is not handed to the load balancer.
 //!
-//! Economy: reads come from the client's shared IP-list cache (writes patch it), so a created
-//! Service costs one cloud write (the `POST`) and no read of its own; a steady-state resync every
-//! [`RESYNC`] reads the cached list only.
+//! Economy: reads come from the client's shared IP store (writes are applied to it, lookups use
+//! its tag index), so a created Service costs one cloud write (the `POST`), no read of its own
+//! and no pass over the list; a steady-state resync every [`RESYNC`] reads the store only.
 
 pub mod budget;
+pub mod grace;
 mod plan;
 
+pub use grace::GRACE_ANNOTATION;
 pub use plan::*;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::CloudError;
-use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpList, IpType, Tags, each_ip};
+use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
 use baton_cloud::tags::{
     CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
 };
 use baton_core::LoadBalancerMode;
+use baton_core::duration::format_duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
@@ -191,10 +207,12 @@ pub struct ServiceContext {
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
     store: Cache<Service>,
-    /// The cached IP list, indexed (rebuilt when the list changes).
-    index: std::sync::Mutex<IpIndex>,
     /// Services whose reconcile was skipped while this replica did not lead.
     skipped: Arc<Skipped<Service>>,
+    /// FIPs no longer wanted, kept for their grace period ([`grace`]).
+    holds: std::sync::Mutex<grace::Holds>,
+    /// Wakes the release loop when a hold starts.
+    held: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -219,7 +237,34 @@ impl ServiceContext {
             mirror,
             skipped: Arc::new(Skipped::new(store.store())),
             store,
-            index: std::sync::Mutex::new(IpIndex::default()),
+            holds: std::sync::Mutex::new(grace::Holds::default()),
+            held: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, grace::Holds> {
+        self.holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The grace period of `svc`'s FIP: its annotation, else the setting. An annotation that is
+    /// not a duration gets a Warning Event, and the setting applies.
+    async fn grace_of(&self, svc: &Service, facts: &ServiceFacts) -> Duration {
+        let default = self.base.config.fip_release_grace_period;
+        match grace::grace_for(&facts.annotations, default) {
+            Ok(grace) => grace,
+            Err(source) => {
+                let err = ServiceError::InvalidField {
+                    svc: facts.key(),
+                    source,
+                };
+                warn!(error = %err, "invalid grace period annotation");
+                if !facts.deleting {
+                    warn_event(self, svc, "InvalidAnnotation", &err).await;
+                }
+                default
+            }
         }
     }
 
@@ -242,11 +287,13 @@ impl ServiceContext {
         let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
         // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
         // for the cloud anyway).
-        let control_plane = match self.base.cloud.ips().await {
-            Ok(ips) => control_plane_addresses(self.base.config.fip_tag.as_ref(), &ips, &all),
+        let never_announced = match self.base.cloud.ips().await {
+            Ok(ips) => {
+                FipRoles::of(self.base.config.fip_tag.as_ref(), &ips, &all, self.mirror()).never_announced()
+            }
             Err(_) => BTreeSet::new(),
         };
-        budget::admitted(&all, self.mirror(), &control_plane, limit).refuses(&facts.key())
+        budget::admitted(&all, self.mirror(), &never_announced, limit).refuses(&facts.key())
     }
 }
 
@@ -315,18 +362,13 @@ async fn run(
                 }
             }
         });
-    let sweeper = async {
-        if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
-            return futures::future::pending().await;
-        }
-        let mut leader = svc_ctx.base.leader.clone();
-        loop {
-            // Only the leader reads the cloud for orphans.
-            leader.wait().await;
-            if let Err(error) = sweep_orphans(&svc_ctx, &store).await {
-                warn!(%error, "sweeping orphaned Floating IPs failed");
+    let sweeper = {
+        let changes = changes.clone();
+        async {
+            if svc_ctx.mode().is_none() || store.wait_until_ready().await.is_err() {
+                return futures::future::pending().await;
             }
-            tokio::time::sleep(RESYNC).await;
+            Sweeper::new(&svc_ctx, &store, changes).run().await;
         }
     };
     // Every replica counts from its own store: the gauge does not depend on who leads.
@@ -348,7 +390,7 @@ async fn run(
             // The control-plane addresses the Services show (the mirror's and every endpoint
             // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
             // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
-            let control_plane = control_plane_addresses::<IpAddress>(None, &[], &all);
+            let control_plane = control_plane_addresses::<IpAddress>(None, &[], &all, mirror);
             let extra = svc_ctx.mode().map(ip_annotation);
             let n = all
                 .iter()
@@ -362,7 +404,96 @@ async fn run(
         () = run => {}
         () = sweeper => {}
         () = pending => {}
+        () = release_held(&svc_ctx, &store) => {}
     }
+}
+
+/// Releases each held FIP once its grace period is over, if it is still unwanted then (its
+/// Service gone, being deleted, not a managed LoadBalancer, or asking for another address); a
+/// FIP wanted again is kept and its hold ends. Only the leader releases; holds live in its memory.
+async fn release_held(ctx: &ServiceContext, store: &Cache<Service>) {
+    let mut leader = ctx.base.leader.clone();
+    loop {
+        let next = ctx.holds().next_due();
+        let wake = next.unwrap_or_else(|| tokio::time::Instant::now() + RELEASE_CHECK);
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = ctx.held.notified() => continue,
+        }
+        leader.wait().await;
+        let due = ctx.holds().due(tokio::time::Instant::now());
+        if due.is_empty() {
+            continue;
+        }
+        if let Err(error) = release_due(ctx, store, &due).await {
+            warn!(%error, "releasing Floating IPs whose grace period is over failed; trying again");
+            tokio::time::sleep(RELEASE_RETRY).await;
+        }
+    }
+}
+
+/// How often the release loop looks when nothing is held (a hold wakes it at once).
+const RELEASE_CHECK: Duration = Duration::from_secs(60);
+/// How long the release loop waits after a failure.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
+
+async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String]) -> Result<(), CloudError> {
+    let ips = ctx.base.cloud.ips().await?;
+    let by_tag: BTreeMap<String, Arc<Service>> = store
+        .state()
+        .into_iter()
+        .map(|svc| {
+            let tag = service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any());
+            (tag, svc)
+        })
+        .collect();
+    for id in due {
+        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
+            // Released elsewhere (by hand, or by an earlier leader).
+            ctx.holds().wanted(id);
+            continue;
+        };
+        let svc = ip.tags.get(SERVICE_KEY).and_then(|t| by_tag.get(t));
+        let facts = svc.map(|s| facts_of(s));
+        if !grace::still_unwanted(facts.as_ref(), ip.address, ctx.mode(), ctx.mirror()) {
+            ctx.holds().wanted(id);
+            info!(fip = %ip.id, address = %ip.address, "held Floating IP wanted again: kept");
+            continue;
+        }
+        if !is_cluster_service_fip(ip, &ctx.base.cluster_id)
+            || ip.target().is_some()
+            || is_control_plane_fip(ctx, ip)
+        {
+            ctx.holds().wanted(id);
+            warn!(fip = %ip.id, address = %ip.address, "not releasing a held Floating IP that is routed to a server or is not a Service FIP of this cluster");
+            continue;
+        }
+        if !ctx.base.leader.is_leader() {
+            return Ok(());
+        }
+        match ctx.base.cloud.delete_ip(&ip.id).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        ctx.holds().wanted(id);
+        info!(fip = %ip.id, address = %ip.address, "Floating IP released: its grace period is over");
+        if let Some(svc) = svc {
+            ctx.base
+                .event(
+                    svc.as_ref(),
+                    EventType::Normal,
+                    "FloatingIPReleased",
+                    "ReleaseFloatingIP",
+                    format!(
+                        "released Floating IP {} ({}): no longer used by this Service for its grace period",
+                        ip.address, ip.id
+                    ),
+                )
+                .await;
+        }
+    }
+    Ok(())
 }
 
 /// How often `baton_services_pending` is counted.
@@ -381,56 +512,209 @@ pub fn is_cluster_service_fip(ip: &IpAddress, cluster_id: &str) -> bool {
         && ip.tags.get(CLUSTER_KEY).map(String::as_str) == Some(cluster_id)
 }
 
-/// Releases the FIPs of this cluster whose Service is gone or no longer managed (see
-/// [`orphans`]). Reads the cached FIP list first, then the Services.
-async fn sweep_orphans(ctx: &ServiceContext, store: &Cache<Service>) -> Result<(), CloudError> {
-    let ips = ctx.base.cloud.ips().await?;
-    let cluster = &ctx.base.cluster_id;
-    let tagged: Vec<TaggedFip> = ips
-        .iter()
-        .filter(|ip| is_cluster_service_fip(ip, cluster))
-        .filter_map(|ip| {
-            Some(TaggedFip {
-                id: ip.id.to_string(),
-                service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
-            })
-        })
-        .collect();
-    if tagged.is_empty() {
-        return Ok(());
-    }
-    let mirror = ctx.mirror();
-    let owners: BTreeMap<String, bool> = store
-        .state()
-        .iter()
-        .map(|svc| {
-            let facts = facts_of(svc);
-            let may_own = matches!(
-                scope(&facts, mirror),
-                Scope::Managed | Scope::Ignored(Ignored::ControlPlaneEndpoint)
-            ) || facts.has_finalizer;
-            (service_tag(&facts.namespace, &facts.name), may_own)
-        })
-        .collect();
-    for id in orphans(&tagged, &owners) {
-        let Some(ip) = ips.iter().find(|ip| ip.id.as_str() == id) else {
-            continue;
-        };
-        if ip.target().is_some() || is_control_plane_fip(ctx, ip) {
-            continue;
+/// The orphan sweep: every [`RESYNC`], on the leader, releases the FIPs of this cluster whose
+/// Service is gone ([`orphans`]). The candidates are picked from the shared IP list and the
+/// Service store; each is then checked again right before its delete, against the live Service
+/// store and the cloud (read by id), by [`sweep_decision`]: nothing in the first
+/// [`SWEEP_QUIET`] of a term (a new leader's watch may not show every Service yet), nothing whose
+/// Service exists or was seen within [`SWEEP_QUIET`], nothing routed or control-plane.
+struct Sweeper<'a> {
+    ctx: &'a ServiceContext,
+    store: &'a Cache<Service>,
+    /// Bumped by the shared watch whenever a Service changes.
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// The `service` tags of the Services in the store, as of `indexed`.
+    owners: std::collections::HashSet<String>,
+    indexed: Option<u64>,
+    /// When each `service` tag was last seen in the store (kept [`SWEEP_QUIET`]).
+    last_seen: std::collections::HashMap<String, tokio::time::Instant>,
+    term: TermClock,
+}
+
+/// Tells when this replica's current term began, from its leadership deadline looked at often
+/// (at least every second while the sweeper runs). A lapse of the lead, however short, starts a
+/// new term; a deadline that passed unseen counts as a lapse (so a term is never taken for older
+/// than it is).
+#[derive(Debug, Default)]
+struct TermClock {
+    led_until: Option<tokio::time::Instant>,
+    started: Option<tokio::time::Instant>,
+}
+
+impl TermClock {
+    /// Looks at the deadline; returns how long the current term has lasted (`None`: not leading).
+    fn age(&mut self, until: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Option<Duration> {
+        let until = until.filter(|u| *u > now);
+        if self.led_until.is_none_or(|u| u <= now) {
+            self.started = until.map(|_| now);
         }
-        if !ctx.base.leader.is_leader() {
+        self.led_until = until;
+        let started = self.started?;
+        until.map(|_| now.saturating_duration_since(started))
+    }
+}
+
+impl<'a> Sweeper<'a> {
+    fn new(
+        ctx: &'a ServiceContext,
+        store: &'a Cache<Service>,
+        changes: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
+        Self {
+            ctx,
+            store,
+            changes,
+            owners: std::collections::HashSet::new(),
+            indexed: None,
+            last_seen: std::collections::HashMap::new(),
+            term: TermClock::default(),
+        }
+    }
+
+    fn term_age(&mut self) -> Option<Duration> {
+        let until = *self.ctx.base.leader.receiver().borrow();
+        self.term.age(until, tokio::time::Instant::now())
+    }
+
+    /// Sweeps every [`RESYNC`] while leading, never before a term is [`SWEEP_QUIET`] old.
+    async fn run(mut self) {
+        let mut last: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(age) = self.term_age() else {
+                continue;
+            };
+            let due = last.is_none_or(|t| t.elapsed() >= RESYNC);
+            if !due || age < SWEEP_QUIET {
+                continue;
+            }
+            last = Some(tokio::time::Instant::now());
+            if let Err(error) = self.sweep().await {
+                warn!(%error, "sweeping orphaned Floating IPs failed");
+            }
+        }
+    }
+
+    /// The owners as the store shows them now (rebuilt only when a Service changed).
+    fn refresh_owners(&mut self) {
+        let version = *self.changes.borrow_and_update();
+        if self.indexed == Some(version) {
+            return;
+        }
+        self.indexed = Some(version);
+        let now = tokio::time::Instant::now();
+        self.owners = self
+            .store
+            .state()
+            .iter()
+            .map(|svc| service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any()))
+            .collect();
+        for tag in &self.owners {
+            self.last_seen.insert(tag.clone(), now);
+        }
+        self.last_seen
+            .retain(|_, seen| now.saturating_duration_since(*seen) < SWEEP_QUIET);
+    }
+
+    fn owner(&self, tag: &str) -> Owner {
+        if self.owners.contains(tag) {
+            Owner::Exists
+        } else {
+            self.last_seen
+                .get(tag)
+                .map_or(Owner::Unseen, |seen| Owner::SeenAgo(seen.elapsed()))
+        }
+    }
+
+    /// One pass: candidates from the shared list, each checked again right before its delete.
+    async fn sweep(&mut self) -> Result<(), CloudError> {
+        let ctx = self.ctx;
+        let ips = ctx.base.cloud.ips().await?;
+        let cluster = &ctx.base.cluster_id;
+        let tagged: Vec<TaggedFip> = ips
+            .iter()
+            .filter(|ip| is_cluster_service_fip(ip, cluster) && ip.target().is_none())
+            .filter_map(|ip| {
+                Some(TaggedFip {
+                    id: ip.id.to_string(),
+                    service_tag: ip.tags.get(SERVICE_KEY)?.clone(),
+                })
+            })
+            .collect();
+        drop(ips);
+        if tagged.is_empty() {
             return Ok(());
         }
-        match ctx.base.cloud.delete_ip(&ip.id).await {
-            Ok(()) => {
-                warn!(fip = %ip.id, address = %ip.address, "released a Floating IP whose Service is gone");
+        self.refresh_owners();
+        let candidates = orphans(&tagged, &self.owners);
+        let mut released = 0;
+        for candidate in tagged.iter().filter(|f| candidates.contains(&f.id)) {
+            let id = IpId::from(candidate.id.as_str());
+            // Right before the delete: the cloud's view of the FIP (one read), the store's of
+            // its Service, this replica's of its term.
+            let fip = match ctx.base.cloud.ip(&id).await {
+                Ok(ip) => Some(ip),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            };
+            self.refresh_owners();
+            let Some(term_age) = self.term_age() else {
+                return Ok(());
+            };
+            let check = SweepCheck {
+                term_age,
+                fip: fip.as_ref().map(|ip| FipNow {
+                    same_owner_tag: is_cluster_service_fip(ip, cluster)
+                        && ip.tags.get(SERVICE_KEY) == Some(&candidate.service_tag),
+                    routed: ip.target().is_some(),
+                    control_plane: is_control_plane_fip(ctx, ip),
+                }),
+                owner: self.owner(&candidate.service_tag),
+            };
+            match sweep_decision(&check) {
+                Sweep::Keep(Kept::YoungTerm) => return Ok(()),
+                Sweep::Keep(reason) => {
+                    debug!(fip = %candidate.id, ?reason, "orphan candidate kept");
+                }
+                Sweep::Delete => {
+                    if ctx
+                        .base
+                        .leader
+                        .ensure("releasing an orphaned Floating IP")
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                    let address = fip.map(|ip| ip.address.to_string()).unwrap_or_default();
+                    // Nothing irreversible on one signal: the orphan is held for the grace
+                    // period first (docs/services.md).
+                    let grace = ctx.base.config.fip_release_grace_period;
+                    let held = ctx.holds().is_held(&candidate.id);
+                    if let grace::Verdict::Keep { .. } =
+                        ctx.holds()
+                            .unwanted(&candidate.id, tokio::time::Instant::now(), grace)
+                    {
+                        if !held {
+                            warn!(fip = %candidate.id, %address, grace = %format_duration(grace), "a Floating IP whose Service is gone is held for its grace period");
+                            ctx.held.notify_one();
+                        }
+                        continue;
+                    }
+                    match ctx.base.cloud.delete_ip(&id).await {
+                        Ok(()) => {
+                            released += 1;
+                            warn!(fip = %candidate.id, %address, "released a Floating IP whose Service is gone");
+                        }
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    }
+                    ctx.holds().wanted(&candidate.id);
+                }
             }
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
         }
+        debug!(candidates = candidates.len(), released, "orphan sweep done");
+        Ok(())
     }
-    Ok(())
 }
 
 fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
@@ -477,14 +761,14 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
     }
     // A Service asking for a control-plane FIP's address is a control-plane endpoint whatever
     // its name (CPEM #258); judged only while it lives, so a deletion always finishes.
-    let control_plane = if facts.deleting {
-        BTreeSet::new()
+    let roles = if facts.deleting {
+        FipRoles::default()
     } else {
-        control_plane_for(&ctx, &facts).await?
+        roles_for(&ctx, &facts).await?
     };
     let extra = ctx.mode().map(ip_annotation);
     let result = match (
-        scope_excluding(&facts, ctx.mirror(), &control_plane, extra),
+        scope_excluding(&facts, ctx.mirror(), &roles.control_plane, extra),
         ctx.mode(),
     ) {
         (Scope::Ignored(Ignored::ControlPlaneEndpoint), _) => {
@@ -525,7 +809,8 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
                         && find_ours(&ctx, &facts, None).await?.is_empty() =>
                 {
                     debug!(%ip, "bring-your-own IP");
-                    set_ingress(&ctx, &facts, ip).await?;
+                    let roles = byo_roles(&ctx, &facts, ip).await?;
+                    byo_ingress(&ctx, &svc, &facts, ip, &roles).await?;
                     ctx.retries.succeeded(&facts.key());
                     return Ok(Action::await_change());
                 }
@@ -596,8 +881,10 @@ fn is_ours(ip: &IpAddress, tags: &Tags) -> bool {
     ip.ip_type == IpType::FloatingIp && matches_all(&ip.tags, tags)
 }
 
-/// Every FIP carrying the Service's tags, from the cached list. A recorded id the cached list
-/// does not show is asked of the API once (the list may predate the FIP).
+/// Every FIP carrying the Service's tags, from the shared IP list's tag index (no pass over the
+/// list). A recorded id the list does not show is asked of the API once (it may be a FIP the list
+/// cannot show: one created by an earlier leader whose answer this replica never saw, read by a
+/// list older than the API's lag).
 async fn find_ours(
     ctx: &ServiceContext,
     facts: &ServiceFacts,
@@ -612,91 +899,80 @@ async fn find_ours(
             source: Box::new(source),
         }
     };
-    let ips = ctx
-        .base
-        .cloud
-        .ips()
+    let cloud = &ctx.base.cloud;
+    let mut found = cloud
+        .ips_tagged(&tags)
         .await
         .map_err(cloud_err("listing Floating IPs"))?;
-    let (mut found, listed) = {
-        let mut index = ctx
-            .index
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        index.refresh(&ips);
-        let found: Vec<IpAddress> = index
-            .with_service_tag(&ips, tags.get(SERVICE_KEY).map(String::as_str))
-            .filter(|ip| is_ours(ip, &tags))
-            .cloned()
-            .collect();
-        (found, record.is_none_or(|r| index.ids.contains(&r.id)))
-    };
     if let Some(record) = record
-        && !listed
+        && !found.iter().any(|ip| ip.id.as_str() == record.id)
     {
-        match ctx.base.cloud.ip(&IpId::from(record.id.as_str())).await {
-            Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
-            Ok(_) => debug!(fip = %record.id, "the recorded FIP does not carry the Service's tags"),
-            Err(e) if e.is_not_found() => debug!(fip = %record.id, "the recorded FIP is gone"),
-            Err(e) => return Err(cloud_err("reading the recorded Floating IP")(e)),
-        }
-    }
-    Ok(found)
-}
-
-/// The IP list indexed by the `service` tag and by id, for one version of the cached list: each
-/// reconcile looks its FIP up in it, and a reconcile-all of 10,000 Services must not scan 10,000
-/// IPs each time (quadratic; docs/benchmarks.md, "How cost grows").
-#[derive(Debug, Default)]
-struct IpIndex {
-    /// The list indexed (a `Weak` keeps its allocation, so a new list never has its address).
-    list: std::sync::Weak<Vec<Arc<IpAddress>>>,
-    /// Positions in the list of the IPs carrying each `service` tag value.
-    by_service: std::collections::HashMap<String, Vec<usize>>,
-    ids: std::collections::HashSet<String>,
-}
-
-impl IpIndex {
-    /// Indexes `ips` unless it is the list already indexed.
-    fn refresh(&mut self, ips: &IpList) {
-        let list = Arc::downgrade(ips);
-        if self.list.ptr_eq(&list) {
-            return;
-        }
-        self.list = list;
-        self.by_service.clear();
-        self.ids.clear();
-        for (i, ip) in ips.iter().enumerate() {
-            self.ids.insert(ip.id.to_string());
-            if let Some(tag) = ip.tags.get(SERVICE_KEY) {
-                self.by_service.entry(tag.clone()).or_default().push(i);
+        let id = IpId::from(record.id.as_str());
+        let listed = cloud
+            .cached_ip(&id)
+            .await
+            .map_err(cloud_err("listing Floating IPs"))?;
+        if listed.is_none() {
+            match cloud.ip(&id).await {
+                Ok(ip) if is_ours(&ip, &tags) => found.push(ip),
+                Ok(_) => debug!(fip = %record.id, "the recorded FIP does not carry the Service's tags"),
+                Err(e) if e.is_not_found() => debug!(fip = %record.id, "the recorded FIP is gone"),
+                Err(e) => return Err(cloud_err("reading the recorded Floating IP")(e)),
             }
         }
     }
-
-    /// The IPs of `ips` (the list indexed) carrying `service_tag`; every IP without a tag given.
-    fn with_service_tag<'a>(
-        &'a self,
-        ips: &'a [Arc<IpAddress>],
-        service_tag: Option<&str>,
-    ) -> Box<dyn Iterator<Item = &'a IpAddress> + 'a> {
-        match service_tag {
-            Some(tag) => Box::new(
-                self.by_service
-                    .get(tag)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|&i| ips.get(i).map(|ip| &**ip)),
-            ),
-            None => Box::new(each_ip(ips)),
-        }
-    }
+    Ok(found)
 }
 
 fn owned(ip: &IpAddress) -> OwnedFip {
     OwnedFip {
         id: ip.id.to_string(),
         address: ip.address,
+    }
+}
+
+/// `ip`, a FIP of `svc` that it no longer wants (`why`), is released if its grace period is over
+/// (or zero); otherwise it is held ([`grace::Holds`]): a Normal Event `FloatingIPHeld` says so
+/// once, and the release loop releases it when the grace period ends, if it is still unwanted
+/// then. Returns whether it was released now.
+async fn release_or_hold(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: &IpAddress,
+    grace: Duration,
+    why: &str,
+) -> Result<bool, ServiceError> {
+    let now = tokio::time::Instant::now();
+    let id = ip.id.as_str();
+    let was_held = ctx.holds().is_held(id);
+    let verdict = ctx.holds().unwanted(id, now, grace);
+    match verdict {
+        grace::Verdict::Release => {
+            let released = release(ctx, svc, facts, ip).await?;
+            ctx.holds().wanted(id);
+            Ok(released)
+        }
+        grace::Verdict::Keep { until } => {
+            if !was_held {
+                ctx.held.notify_one();
+                let left = format_duration(until.saturating_duration_since(now));
+                info!(fip = %ip.id, address = %ip.address, %left, why, "Floating IP held for its grace period");
+                ctx.base
+                    .event(
+                        svc,
+                        EventType::Normal,
+                        "FloatingIPHeld",
+                        "ReleaseFloatingIP",
+                        format!(
+                            "Floating IP {} ({}) is no longer used by this Service ({why}): it stays reserved for {left} (the grace period) and is released then unless the Service uses it again; annotate {GRACE_ANNOTATION}: \"0\" to release it at once",
+                            ip.address, ip.id
+                        ),
+                    )
+                    .await;
+            }
+            Ok(false)
+        }
     }
 }
 
@@ -808,6 +1084,10 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     let handoff = !ctx.refused_by_budget(&facts).await;
     match decide(requested, record.as_ref(), chosen) {
         Decision::Publish(fip) => {
+            // Wanted: a hold (the Service was re-created, or its type changed back) ends.
+            if ctx.holds().wanted(&fip.id) {
+                info!(fip = %fip.id, address = %fip.address, "a held Floating IP is used again: kept");
+            }
             publish_or_release(ctx, svc, &facts, mode, &fip, handoff).await?;
             // No record of it on the Service: found by its tags (reserved by cloud-provider-cherry,
             // or by a baton that stopped before it wrote the record). Said once, when adopted.
@@ -833,27 +1113,11 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
             forget(ctx, &facts, false).await?;
-            set_ingress(ctx, &facts, ip).await?;
+            let roles = byo_roles(ctx, &facts, ip).await?;
+            byo_ingress(ctx, svc, &facts, ip, &roles).await?;
         }
         Decision::ReleaseForByoIp { requested, ours } => {
-            if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id)
-                && release(ctx, svc, &facts, ip).await?
-            {
-                ctx.base
-                    .event(
-                        svc,
-                        EventType::Normal,
-                        "FloatingIPReleased",
-                        "ReleaseFloatingIP",
-                        format!(
-                            "released Floating IP {} ({}): the Service asks for {requested}",
-                            ours.address, ours.id
-                        ),
-                    )
-                    .await;
-            }
-            forget(ctx, &facts, false).await?;
-            set_ingress(ctx, &facts, requested).await?;
+            release_for_byo_ip(ctx, svc, &facts, &found, requested, &ours).await?;
         }
     }
     if !handoff && requested.is_none() {
@@ -874,8 +1138,42 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     Ok(Action::requeue(RESYNC))
 }
 
+/// The Service asks for `requested`, not baton's FIP `ours`: the FIP is released (or held for its
+/// grace period: a typo in the annotation must not give the address away), baton's record goes,
+/// and the ingress shows the address asked for.
+async fn release_for_byo_ip(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    found: &[IpAddress],
+    requested: IpAddr,
+    ours: &OwnedFip,
+) -> Result<(), ServiceError> {
+    if let Some(ip) = found.iter().find(|f| f.id.as_str() == ours.id) {
+        let grace = ctx.grace_of(svc, facts).await;
+        if release_or_hold(ctx, svc, facts, ip, grace, &format!("it asks for {requested}")).await? {
+            ctx.base
+                .event(
+                    svc,
+                    EventType::Normal,
+                    "FloatingIPReleased",
+                    "ReleaseFloatingIP",
+                    format!(
+                        "released Floating IP {} ({}): the Service asks for {requested}",
+                        ours.address, ours.id
+                    ),
+                )
+                .await;
+        }
+    }
+    forget(ctx, facts, false).await?;
+    let roles = byo_roles(ctx, facts, requested).await?;
+    byo_ingress(ctx, svc, facts, requested, &roles).await
+}
+
 /// Publishes the FIP; if the Service is gone (Kubernetes can delete it despite the finalizer,
-/// kubernetes/kubernetes#77988), releases the FIP at once instead of leaking it.
+/// kubernetes/kubernetes#77988), holds the FIP for its grace period (released then, unless a
+/// Service of that name is back) instead of leaking it.
 async fn publish_or_release(
     ctx: &ServiceContext,
     svc: &Service,
@@ -907,7 +1205,8 @@ async fn publish_or_release(
                 },
             };
             if let Some(ip) = ip {
-                release(ctx, svc, facts, &ip).await?;
+                let grace = ctx.grace_of(svc, facts).await;
+                release_or_hold(ctx, svc, facts, &ip, grace, "the Service is gone").await?;
             }
             Ok(())
         }
@@ -1048,25 +1347,89 @@ async fn apply_status(
 }
 
 /// A bring-your-own IP's ingress: the address the Service asks for, as the Cherry CCM reports
-/// it (written only when it differs).
-async fn set_ingress(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<(), ServiceError> {
+/// it (written only when it differs; VIP mode, no `ipMode`). Returns whether it was written.
+async fn set_ingress(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<bool, ServiceError> {
     if facts.ingress_ips == [ip.to_string()] {
-        return Ok(());
+        return Ok(false);
     }
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
     apply_ingress(&api, ctx, facts, ip).await?;
     info!(%ip, "bring-your-own IP: ingress set");
+    Ok(true)
+}
+
+/// [`set_ingress`], and when the address is a FIP the cloud routes to a server (a bring-your-own
+/// routed FIP, [`FipRoles::routed`]) says once, as the ingress is written, that it is not handed
+/// to the load balancer: the cloud delivers it to that server, where kube-proxy accepts it (the
+/// ingress is in VIP mode); a BGP announcement from other nodes would fight the cloud's route.
+async fn byo_ingress(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    ip: IpAddr,
+    roles: &FipRoles,
+) -> Result<(), ServiceError> {
+    if set_ingress(ctx, facts, ip).await?
+        && let Some(server) = roles.routed_to(ip)
+    {
+        info!(%ip, server, "bring-your-own Floating IP routed to a server by the cloud: not handed to the load balancer");
+        ctx.base
+            .event(
+                svc,
+                EventType::Normal,
+                "RoutedFloatingIP",
+                "HandOffToLoadBalancer",
+                format!(
+                    "Floating IP {ip} is routed to server {server} by the cloud: ingress set (VIP mode, kube-proxy accepts it on that server); it is not handed to the load balancer, a BGP announcement would fight the cloud's route"
+                ),
+            )
+            .await;
+    }
     Ok(())
 }
 
-/// The control-plane FIPs' addresses ([`control_plane_addresses`]) when the Service asks for
-/// any address at all; otherwise none, without a cloud read. The IP list is the shared cache.
-async fn control_plane_for(
-    ctx: &ServiceContext,
-    facts: &ServiceFacts,
-) -> Result<BTreeSet<IpAddr>, ServiceError> {
+/// [`roles_for`] a Service bringing its own address `ip`, with the cloud's view of `ip` read
+/// fresh where the shared list may be behind (it is up to its TTL old): an address the list
+/// does not show (a FIP reserved since) has the list read again, and a FIP it shows unrouted is
+/// read by id (the operator may have routed it since). So the ingress of a FIP routed to a
+/// server is never written on a stale belief that it is announced by BGP, and the BGP
+/// controller, which hands MetalLB only addresses the ingress shows, reads the same fresh list.
+async fn byo_roles(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Result<FipRoles, ServiceError> {
+    let cloud_err = |step| {
+        let svc = facts.key();
+        move |source| ServiceError::Cloud {
+            svc,
+            step,
+            source: Box::new(source),
+        }
+    };
+    let ips = ctx
+        .base
+        .cloud
+        .ips()
+        .await
+        .map_err(cloud_err("listing Floating IPs"))?;
+    let shown = ips
+        .iter()
+        .find(|x| x.address == ip && x.ip_type == IpType::FloatingIp)
+        .map(|x| (x.id.clone(), x.target().is_some()));
+    match shown {
+        None => ctx.base.cloud.invalidate_ips(),
+        Some((id, false)) => match ctx.base.cloud.ip(&id).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => ctx.base.cloud.invalidate_ips(),
+            Err(e) => return Err(cloud_err("reading the Floating IP the Service asks for")(e)),
+        },
+        Some((_, true)) => {}
+    }
+    roles_for(ctx, facts).await
+}
+
+/// The roles of the cloud's FIPs ([`FipRoles`]) when the Service asks for any address at all;
+/// otherwise none, without a cloud read. The IP list is the shared cache.
+async fn roles_for(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<FipRoles, ServiceError> {
     if asked_addresses(facts, ctx.mode().map(ip_annotation)).is_empty() {
-        return Ok(BTreeSet::new());
+        return Ok(FipRoles::default());
     }
     let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
         svc: facts.key(),
@@ -1074,10 +1437,11 @@ async fn control_plane_for(
         source: Box::new(source),
     })?;
     let services: Vec<ServiceFacts> = ctx.store.state().iter().map(|s| facts_of(s)).collect();
-    Ok(control_plane_addresses(
+    Ok(FipRoles::of(
         ctx.base.config.fip_tag.as_ref(),
         &ips,
         &services,
+        ctx.mirror(),
     ))
 }
 
@@ -1132,15 +1496,26 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
     apply_status(&api, ctx, facts, "clearing the Service's ingress", None).await
 }
 
-/// Cleanup: release every FIP carrying the Service's tags (tolerates an Apply that never ran:
-/// then there is nothing to release). Returns how many were released.
+/// Cleanup: release every FIP carrying the Service's tags, or hold it for its grace period
+/// (tolerates an Apply that never ran: then there is nothing to release). Returns how many were
+/// released.
 async fn cleanup(svc: &Service, ctx: &ServiceContext) -> Result<usize, ServiceError> {
     let facts = facts_of(svc);
     let record = Record::read(&facts);
     let found = find_ours(ctx, &facts, record.as_ref()).await?;
+    let grace = if found.is_empty() {
+        Duration::ZERO
+    } else {
+        ctx.grace_of(svc, &facts).await
+    };
+    let why = if facts.deleting {
+        "the Service is deleted"
+    } else {
+        "the Service is no longer a LoadBalancer baton manages"
+    };
     let mut released = 0;
     for ip in &found {
-        if release(ctx, svc, &facts, ip).await? {
+        if release_or_hold(ctx, svc, &facts, ip, grace, why).await? {
             released += 1;
             ctx.base
                 .event(

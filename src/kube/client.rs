@@ -33,6 +33,18 @@
 //!
 //! Every attempt is recorded in an [`ApiReachability`]: the last answer and the consecutive
 //! failures, which `/ready` and the metrics read.
+//!
+//! # Writes that are not idempotent are not re-sent blindly
+//!
+//! A request whose connection was never made is sent to the next API server as it is. One that
+//! may have been received ([`Failure::MaybeSent`]: a timeout, a connection lost mid-request) is
+//! re-sent only if repeating it cannot do anything twice ([`on_failure`]): reads, `PUT`, `PATCH`
+//! and `DELETE` (the same write twice is the same state; a conditional one fails the second
+//! time), and the reviews that persist nothing (TokenReview, SubjectAccessReview). A `POST` that
+//! creates a named object (an Event, the Lease) is **looked up first** on the next API server:
+//! found with what was sent, the first attempt created it and that object is the answer; not
+//! found, the create is sent again; found different, someone else's, an error. Any other `POST`
+//! (a generated name) is not re-sent: the caller gets the error.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -204,6 +216,155 @@ impl Drop for Attempt<'_> {
     }
 }
 
+/// How an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection: the request never left.
+    NotSent,
+    /// A timeout or a connection lost after it was made: the API server may have acted on it.
+    MaybeSent,
+}
+
+/// What to do on the next API server after a failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retry {
+    /// Send it again: doing it twice cannot do anything twice.
+    Resend,
+    /// A create of a named object: read `path` (the object) first; send the create only if it
+    /// does not exist.
+    LookUp {
+        /// The object's path (`<collection>/<name>`).
+        path: String,
+    },
+    /// Do not send it again: the caller decides.
+    GiveUp,
+}
+
+/// POSTs that persist nothing: asking again is harmless.
+const REVIEWS: &[&str] = &[
+    "/tokenreviews",
+    "/subjectaccessreviews",
+    "/selfsubjectaccessreviews",
+    "/selfsubjectrulesreviews",
+    "/localsubjectaccessreviews",
+    "/selfsubjectreviews",
+];
+
+/// The rule for re-sending a request of `method` to `path` (with `body`) that failed as
+/// `failure`.
+pub fn on_failure(method: &http::Method, path: &str, body: &[u8], failure: Failure) -> Retry {
+    if failure == Failure::NotSent || *method != http::Method::POST {
+        return Retry::Resend;
+    }
+    if REVIEWS.iter().any(|r| path.ends_with(r)) {
+        return Retry::Resend;
+    }
+    let name = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["metadata"]["name"].as_str().map(str::to_owned))
+        .filter(|n| !n.is_empty() && !n.contains('/'));
+    match name {
+        Some(name) => Retry::LookUp {
+            path: format!("{}/{name}", path.trim_end_matches('/')),
+        },
+        None => Retry::GiveUp,
+    }
+}
+
+/// Whether `found` (an object read back) holds everything `sent` (a create's body) set, apart
+/// from `metadata` (which the API server fills in): then the create that failed made it.
+pub fn holds_what_was_sent(sent: &serde_json::Value, found: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    fn subset(sent: &Value, found: &Value) -> bool {
+        match (sent, found) {
+            (Value::Object(s), Value::Object(f)) => s
+                .iter()
+                .all(|(k, v)| v.is_null() || f.get(k).is_some_and(|fv| subset(v, fv))),
+            (Value::Array(s), Value::Array(f)) => {
+                s.len() == f.len() && s.iter().zip(f).all(|(a, b)| subset(a, b))
+            }
+            (s, f) => s == f,
+        }
+    }
+    match (sent, found) {
+        (Value::Object(s), Value::Object(f)) => s
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "apiVersion" | "kind" | "status"))
+            .all(|(k, v)| v.is_null() || f.get(k).is_some_and(|fv| subset(v, fv))),
+        _ => false,
+    }
+}
+
+/// How an attempt's transport error failed: a connection never made, or maybe sent.
+fn failure_of(error: &kube::Error) -> Failure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper_util::client::legacy::Error>()
+            && h.is_connect()
+        {
+            return Failure::NotSent;
+        }
+        source = e.source();
+    }
+    Failure::MaybeSent
+}
+
+/// What a lookup before a re-sent create found.
+enum LookedUp {
+    /// The object, as the failed create would have made it: its response.
+    Ours(Response<Body>),
+    /// No such object: send the create.
+    Absent,
+}
+
+impl Failover {
+    /// Reads `path` on API server `idx` (headers as the create's, without its body's).
+    async fn look_up(
+        &self,
+        idx: usize,
+        parts: &http::request::Parts,
+        path: &str,
+        sent: &[u8],
+    ) -> Result<LookedUp, BoxError> {
+        let (url, client) = &self.clients[idx];
+        let mut builder = Request::builder().method(http::Method::GET).uri(path);
+        if let Some(h) = builder.headers_mut() {
+            h.clone_from(&parts.headers);
+            h.remove(http::header::CONTENT_TYPE);
+            h.remove(http::header::CONTENT_LENGTH);
+        }
+        let req = builder.body(Body::empty())?;
+        let resp = match tokio::time::timeout(REQUEST_TIMEOUT, client.send(req)).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return Err(Box::new(e)),
+            Err(_) => {
+                return Err(format!("API server {url} did not answer within {REQUEST_TIMEOUT:?}").into());
+            }
+        };
+        let status = resp.status();
+        let (head, body) = resp.into_parts();
+        let bytes = body.collect_bytes().await?;
+        if status == http::StatusCode::NOT_FOUND {
+            return Ok(LookedUp::Absent);
+        }
+        if !status.is_success() {
+            return Err(format!("looking up {path} before creating it again: HTTP {status}").into());
+        }
+        let sent: serde_json::Value = serde_json::from_slice(sent).unwrap_or_default();
+        let found: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        if !holds_what_was_sent(&sent, &found) {
+            return Err(format!(
+                "a create of {path} may have failed and an object of that name exists, not the one sent: not created again"
+            )
+            .into());
+        }
+        tracing::info!(api_server = %url, %path, "a create that timed out had been made: not sent again");
+        let mut resp = Response::from_parts(head, Body::from(bytes));
+        *resp.status_mut() = http::StatusCode::CREATED;
+        Ok(LookedUp::Ours(resp))
+    }
+}
+
 impl tower::Service<Request<Body>> for Failover {
     type Response = Response<Body>;
     type Error = BoxError;
@@ -224,8 +385,28 @@ impl tower::Service<Request<Body>> for Failover {
             let n = this.clients.len();
             let start = this.current.load(Ordering::Relaxed);
             let mut last: Option<BoxError> = None;
+            // Set once an attempt may have been received: how the next one goes.
+            let mut retry = Retry::Resend;
             for i in 0..n {
                 let idx = (start + i) % n;
+                match &retry {
+                    Retry::Resend => {}
+                    Retry::GiveUp => break,
+                    Retry::LookUp { path } => match this.look_up(idx, &parts, path, &bytes).await {
+                        Ok(LookedUp::Ours(resp)) => {
+                            this.current.store(idx, Ordering::Relaxed);
+                            this.reach.record_success();
+                            return Ok(resp);
+                        }
+                        Ok(LookedUp::Absent) => {}
+                        Err(error) => {
+                            tracing::debug!(api_server = %this.clients[idx].0, %error, "lookup before a re-sent create failed");
+                            this.skip(idx, "transport");
+                            last = Some(error);
+                            continue;
+                        }
+                    },
+                }
                 let mut builder = Request::builder()
                     .method(parts.method.clone())
                     .uri(parts.uri.clone())
@@ -243,7 +424,7 @@ impl tower::Service<Request<Body>> for Failover {
                 };
                 let result = tokio::time::timeout(REQUEST_TIMEOUT, client.send(req)).await;
                 attempt.done = true;
-                match result {
+                let failure = match result {
                     Ok(Ok(resp)) => {
                         if idx != start {
                             tracing::info!(api_server = %url, "switched to another API server");
@@ -256,7 +437,9 @@ impl tower::Service<Request<Body>> for Failover {
                         let reason = classify(&error);
                         tracing::debug!(api_server = %url, %error, reason, "API server unreachable; trying the next");
                         this.skip(idx, reason);
+                        let failure = failure_of(&error);
                         last = Some(Box::new(error));
+                        failure
                     }
                     Err(_) => {
                         tracing::debug!(api_server = %url, timeout = ?REQUEST_TIMEOUT, "API server did not answer in time; trying the next");
@@ -264,7 +447,15 @@ impl tower::Service<Request<Body>> for Failover {
                         last = Some(
                             format!("API server {url} did not answer within {REQUEST_TIMEOUT:?}").into(),
                         );
+                        Failure::MaybeSent
                     }
+                };
+                // Once a lookup is due it stays due: an earlier attempt may have created it.
+                if !matches!(retry, Retry::LookUp { .. }) {
+                    retry = on_failure(&parts.method, parts.uri.path(), &bytes, failure);
+                }
+                if retry == Retry::GiveUp {
+                    tracing::warn!(api_server = %url, method = %parts.method, path = parts.uri.path(), "a request that may have been received is not sent again (not idempotent)");
                 }
             }
             Err(last.unwrap_or_else(|| "no API server".into()))
@@ -407,6 +598,73 @@ mod tests {
         assert_eq!(bounded_watch(&uri("/api/v1/nodes?limit=500"), five), None);
         assert_eq!(bounded_watch(&uri("/api/v1/nodes"), five), None);
         assert_eq!(bounded_watch(&uri("/api/v1/nodes?watch=false"), five), None);
+    }
+
+    fn post(path: &str, body: &serde_json::Value, failure: Failure) -> Retry {
+        on_failure(&http::Method::POST, path, body.to_string().as_bytes(), failure)
+    }
+
+    #[test]
+    fn what_is_sent_again_after_a_failure_that_may_have_reached_the_server() {
+        use http::Method;
+        let maybe = Failure::MaybeSent;
+        let event = serde_json::json!({"metadata": {"name": "web.17a2", "namespace": "apps"}, "reason": "X"});
+        let events = "/apis/events.k8s.io/v1/namespaces/apps/events";
+        assert_eq!(
+            post(events, &event, maybe),
+            Retry::LookUp {
+                path: format!("{events}/web.17a2")
+            }
+        );
+        // Never sent: anything goes to the next API server as it is.
+        assert_eq!(post(events, &event, Failure::NotSent), Retry::Resend);
+        // A generated name: a second create would make a second object.
+        let generated = serde_json::json!({"metadata": {"generateName": "web-"}});
+        assert_eq!(post(events, &generated, maybe), Retry::GiveUp);
+        assert_eq!(post(events, &serde_json::json!("not json"), maybe), Retry::GiveUp);
+        // Reviews persist nothing.
+        for review in [
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        ] {
+            assert_eq!(
+                post(review, &serde_json::json!({"spec": {}}), maybe),
+                Retry::Resend
+            );
+        }
+        // The same write twice is the same state (or fails, when conditional).
+        for method in [Method::GET, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert_eq!(
+                on_failure(&method, events, b"{}", maybe),
+                Retry::Resend,
+                "{method}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_create_is_recognised_by_what_it_sent() {
+        let sent = serde_json::json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "web.17a2", "namespace": "apps"},
+            "reason": "FloatingIPReserved", "note": "reserved 203.0.113.7",
+            "eventTime": "2026-01-01T00:00:00.123456Z",
+            "regarding": {"kind": "Service", "name": "web", "namespace": "apps"},
+            "series": null,
+        });
+        let mut found = sent.clone();
+        found["metadata"]["uid"] = "u-1".into();
+        found["metadata"]["resourceVersion"] = "42".into();
+        found["regarding"]["uid"] = "s-1".into();
+        found["deprecatedCount"] = 0.into();
+        assert!(
+            holds_what_was_sent(&sent, &found),
+            "ours, with what the server added"
+        );
+        let mut other = found.clone();
+        other["note"] = "reserved 203.0.113.9".into();
+        assert!(!holds_what_was_sent(&sent, &other), "someone else's of that name");
+        assert!(!holds_what_was_sent(&sent, &serde_json::json!("x")));
     }
 
     #[tokio::test]

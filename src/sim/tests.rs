@@ -29,9 +29,12 @@ fn args_map_to_faults_and_topology() {
         "203.0.113.128/25",
         "--retarget-delay-ms",
         "250",
+        "--route-fips",
+        "baton0",
     ])
     .unwrap();
     let options = cli.sim.into_options();
+    assert_eq!(options.route_fips.as_deref(), Some("baton0"));
     assert_eq!(options.listen.port(), 0);
     assert_eq!(options.faults.rate_limit, None);
     assert!((options.faults.error_rate - 0.3).abs() < f64::EPSILON);
@@ -76,4 +79,43 @@ fn deleting_an_attached_fip_is_refused_unless_allowed() {
     assert!(cli.sim.into_options().faults.reject_delete_attached);
     let cli = Cli::try_parse_from(["sim", "--allow-delete-attached"]).unwrap();
     assert!(!cli.sim.into_options().faults.reject_delete_attached);
+}
+
+#[test]
+fn latency_flags_take_distributions_per_route() {
+    let cli = Cli::try_parse_from([
+        "sim",
+        "--latency-ms",
+        "300,2000",
+        "--route-latency-ms",
+        "POST /v1/projects/{id}/ips=p50:100,p99:900",
+        "--route-latency-ms",
+        "GET /v1/projects/{id}/ips=40",
+        "--processing-ratio",
+        "0.5",
+        "--list-lag-ms",
+        "800",
+    ])
+    .unwrap();
+    let faults = cli.sim.into_options().faults;
+    assert_eq!(faults.latency_ms, Latency::p50_p99(300, 2000));
+    assert_eq!(
+        faults.routes["POST /v1/projects/{id}/ips"].latency_ms,
+        Some(Latency::Percentiles(vec![(50.0, 100), (99.0, 900)]))
+    );
+    assert_eq!(
+        faults.routes["GET /v1/projects/{id}/ips"].latency_ms,
+        Some(Latency::Fixed(40))
+    );
+    assert!((faults.processing_ratio - 0.5).abs() < f64::EPSILON);
+    assert_eq!(faults.list_lag_ms, 800);
+    faults.validate().unwrap();
+
+    let err = Cli::try_parse_from(["sim", "--latency-ms", "2000,300"]).unwrap_err();
+    assert!(err.to_string().contains("below p50"), "{err}");
+    let err = Cli::try_parse_from(["sim", "--route-latency-ms", "ips=3"]).unwrap_err();
+    assert!(
+        err.to_string().contains("\"ips\" is not \"METHOD /v1/...\""),
+        "{err}"
+    );
 }

@@ -12,7 +12,8 @@
 //!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► pending queue), read within the bounds,
 //!    (on each of --threads threads: its own           choose, connect, replay, splice (pump.rs)
 //!     SO_REUSEPORT sockets and event loop)
-//!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs
+//!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs (plain HTTP: keep it on loopback)
+//!  --metrics-listen ADDR ► /metrics over HTTPS, TokenReview + SubjectAccessReview (crate::admin)
 //!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
 //! ```
 //!
@@ -120,9 +121,25 @@ pub struct ServeArgs {
     )]
     pub reload_interval_ms: u64,
 
-    /// Address of the admin server (`/metrics`, `/health`, `/ready`); none by default.
+    /// Address of the plain-HTTP admin server (`/metrics`, `/health`, `/ready`), without
+    /// authentication: keep it on loopback (`127.0.0.1:9591`; the metrics name every tenant's
+    /// host and backends); none by default.
     #[arg(long, env = "BATON_SNI_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+
+    /// Address of the authenticated metrics server: HTTPS, `/metrics` only, for bearer tokens
+    /// the API server authenticates and authorises for `get` on /metrics (needs a kubeconfig or
+    /// the in-cluster configuration); none by default.
+    #[arg(long, env = "BATON_SNI_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// The metrics server's certificate chain (PEM); default: self-signed at start.
+    #[arg(long, env = "BATON_SNI_METRICS_TLS_CERT", value_name = "PATH")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// The metrics server's private key (PEM), with --metrics-tls-cert.
+    #[arg(long, env = "BATON_SNI_METRICS_TLS_KEY", value_name = "PATH")]
+    pub metrics_tls_key: Option<PathBuf>,
 
     /// The most bytes read before a backend is chosen (PROXY header and ClientHello).
     #[arg(long, env = "BATON_SNI_MAX_HELLO_BYTES", default_value_t = 16 * 1024, value_name = "BYTES")]
@@ -350,12 +367,20 @@ pub enum SniError {
     },
     #[error("starting the connection threads: {0}")]
     Runtime(std::io::Error),
+    #[error("metrics server: {0}")]
+    Metrics(#[from] crate::admin::AdminError),
 }
 
 impl SniError {
     /// Whether the error is the operator's configuration (exit code 2).
     pub fn is_config(&self) -> bool {
-        !matches!(self, Self::Bind { .. } | Self::Dns(_) | Self::Runtime(_))
+        !matches!(
+            self,
+            Self::Bind { .. }
+                | Self::Dns(_)
+                | Self::Runtime(_)
+                | Self::Metrics(crate::admin::AdminError::Bind { .. })
+        )
     }
 }
 
@@ -449,12 +474,12 @@ impl Sources {
 async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let flags = flag_routes(&args)?;
     let limits = check_limits(&args)?;
+    let admin_servers = AdminServers::of(&args);
     let ServeArgs {
         listen,
         proxy_listen,
         routes_file,
         reload_interval_ms,
-        admin_listen,
         drain_s,
         threads,
         services,
@@ -479,7 +504,13 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let threads = thread_count(threads);
     let limits = fit_to_open_files(limits, threads);
     let file = routes_file.as_ref().map(|p| load_file(&flags, p)).transpose()?;
-    let client = kube_client(services, kubeconfig.as_deref()).await?;
+    // The metrics server's reviews need the API server too.
+    let kube = kube_client(
+        services || admin_servers.metrics_listen.is_some(),
+        kubeconfig.as_deref(),
+    )
+    .await?;
+    let client = if services { kube.clone() } else { None };
     let health = Arc::new(Health::default());
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = watch::channel(Arc::new(RouteTable::default()));
@@ -515,9 +546,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     }
     let router = Arc::new(Router::new(rx, health, limits, Arc::clone(&metrics)));
     let workers = Workers::start(&router, listeners, &shutdown, &tracker)?;
-    if let Some(addr) = admin_listen {
-        start_admin(addr, &metrics, &shutdown).await?;
-    }
+    admin_servers.spawn(kube, &metrics, &shutdown).await?;
     let reload = routes_file.map(|p| (p, Duration::from_millis(reload_interval_ms.max(10))));
     watch_sources(
         &sources,
@@ -551,19 +580,6 @@ fn thread_count(threads: usize) -> usize {
     } else {
         threads
     }
-}
-
-/// Binds the admin server and serves it until `shutdown`.
-async fn start_admin(
-    addr: SocketAddr,
-    metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-) -> Result<(), SniError> {
-    let l = TcpListener::bind(addr)
-        .await
-        .map_err(|source| SniError::Bind { addr, source })?;
-    tokio::spawn(admin(l, Arc::clone(metrics), shutdown.clone()));
-    Ok(())
 }
 
 /// Who may be a tenant (`--services`), with a warning when nothing can be.
@@ -924,17 +940,64 @@ async fn reload_loop(sources: Arc<Sources>, path: PathBuf, interval: Duration, s
     }
 }
 
+/// The router's admin endpoints: plain on `admin_listen`, authenticated on `metrics_listen`.
+struct AdminServers {
+    admin_listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
+    metrics_tls: (Option<PathBuf>, Option<PathBuf>),
+}
+
+impl AdminServers {
+    fn of(args: &ServeArgs) -> Self {
+        Self {
+            admin_listen: args.admin_listen,
+            metrics_listen: args.metrics_listen,
+            metrics_tls: (args.metrics_tls_cert.clone(), args.metrics_tls_key.clone()),
+        }
+    }
+
+    async fn spawn(
+        self,
+        kube: Option<::kube::Client>,
+        metrics: &Arc<Metrics>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), SniError> {
+        if let Some(addr) = self.admin_listen {
+            crate::admin::warn_if_exposed("--admin-listen", addr);
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| SniError::Bind { addr, source })?;
+            tokio::spawn(admin(l, Arc::clone(metrics), shutdown.clone()));
+        }
+        if let (Some(addr), Some(kube)) = (self.metrics_listen, kube) {
+            let (cert, key) = &self.metrics_tls;
+            let tls =
+                crate::admin::tls::server_config(cert.as_deref(), key.as_deref(), &[addr.ip().to_string()])
+                    .map_err(crate::admin::AdminError::from)?;
+            let server =
+                crate::admin::SecureServer::bind(addr, tls, crate::admin::Authorizer::new(kube)).await?;
+            tokio::spawn(server.serve(metrics_app(Arc::clone(metrics)), shutdown.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// `/metrics` alone (the authenticated metrics server's route).
+fn metrics_app(metrics: Arc<Metrics>) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let m = Arc::clone(&metrics);
+            async move { m.encode() }
+        }),
+    )
+}
+
 /// The admin server: `/metrics`, `/health`, `/ready`.
 async fn admin(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     use axum::routing::get;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = Arc::clone(&metrics);
-                async move { m.encode() }
-            }),
-        )
+    let app = metrics_app(metrics)
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(|| async { "ok" }));
     if let Err(error) = axum::serve(listener, app)

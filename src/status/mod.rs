@@ -476,7 +476,7 @@ fn pending_services(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<Pe
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     // A Service asking for a control-plane FIP is never given an ingress by baton: not pending.
     let all: Vec<_> = k.services.iter().map(facts_of).collect();
-    let control_plane = control_plane_addresses(config.fip_tag.as_ref(), ips, &all);
+    let control_plane = control_plane_addresses(config.fip_tag.as_ref(), ips, &all, ("kube-system", &mirror));
     let extra = config.load_balancer.as_ref().map(ip_annotation);
     let mut out = Vec::new();
     for svc in &k.services {

@@ -20,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 
-/// The configuration environment for a controller talking to `sim`.
+/// The configuration environment for a controller talking to `sim`. FIPs no longer wanted are
+/// released at once (`BATON_FIP_RELEASE_GRACE_PERIOD=0`, as the benchmarks run): the tests of the
+/// grace period set their own.
 pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = [
         ("CHERRY_API_KEY", sim.api_key().to_owned()),
@@ -28,6 +30,7 @@ pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, Stri
         ("CHERRY_BASE_URL", sim.base_url().to_string()),
         ("CHERRY_LOAD_BALANCER", "metallb:///".to_owned()),
         ("BATON_API_RATE_LIMIT", "0".to_owned()),
+        ("BATON_FIP_RELEASE_GRACE_PERIOD", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -36,6 +39,29 @@ pub fn env_for(sim: &SimHandle, extra: &[(&str, &str)]) -> BTreeMap<String, Stri
         env.insert((*k).to_owned(), (*v).to_owned());
     }
     env
+}
+
+/// `topology` with the simulator splicing TCP on a targeted FIP's port 6443 to its holder: the
+/// explicit opt-in of tests whose lab has no nodes (one network namespace, every address local),
+/// where no node could accept a routed FIP. Tests with lab nodes route FIPs instead
+/// ([`baton_sim::SimBuilder::route_fips`]).
+pub fn spliced(topology: Topology) -> Topology {
+    Topology {
+        forward_ports: vec![6443],
+        ..topology
+    }
+}
+
+/// A simulator for a lab with nodes: on the lab host's bridge address (where the nodes reach
+/// it), routing every targeted FIP to its holder as the cloud does.
+pub async fn routed_sim(faults: Faults, topology: Topology) -> SimHandle {
+    Sim::builder()
+        .topology(topology)
+        .faults(faults)
+        .route_fips(baton_testbed::node::BRIDGE)
+        .bind(std::net::SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
+        .await
+        .expect("simulator")
 }
 
 /// A simulator on loopback.
@@ -161,15 +187,23 @@ where
 /// cloud Secret of `manifests/secret.yaml` (`cherry-cloud-config`) filled in for `sim`, with
 /// `fip_tag` naming the control-plane FIP and no client rate limit.
 pub async fn apply_rbac_and_cloud_secret(client: &kube::Client, sim: &SimHandle, fip_tag: &str) {
+    apply_rbac_and_cloud_config(client, sim, &serde_json::json!({"fipTag": fip_tag})).await;
+}
+
+/// [`apply_rbac_and_cloud_secret`] with the keys of `extra` (an object) in `cloud-sa.json`
+/// instead of `fipTag` (e.g. `{"loadbalancer": "metallb:///"}`).
+pub async fn apply_rbac_and_cloud_config(client: &kube::Client, sim: &SimHandle, extra: &serde_json::Value) {
     use k8s_openapi::api::core::v1::Secret;
-    let cloud_sa = serde_json::json!({
+    let mut cloud_sa = serde_json::json!({
         "apiKey": sim.api_key(),
         "projectID": sim.project_id(),
         "region": "LT-Siauliai",
-        "fipTag": fip_tag,
         "base-url": sim.base_url().as_str(),
         "apiRateLimit": 0,
     });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        cloud_sa[k] = v.clone();
+    }
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "cherry-cloud-config", "namespace": "kube-system"},
         "stringData": {"cloud-sa.json": cloud_sa.to_string()},
@@ -254,6 +288,17 @@ where
 }
 
 /// Whether `https://<addr>/readyz` answers 2xx within 500 ms (certificate verified against `ca`).
+/// Whether baton's mirror Service `kube-system/baton-kubernetes-external` shows an ingress.
+pub async fn mirror_has_ingress(client: &kube::Client) -> bool {
+    Api::<Service>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-kubernetes-external")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status?.load_balancer?.ingress)
+        .is_some_and(|i| !i.is_empty())
+}
+
 pub async fn readyz(ca: &[u8], addr: std::net::SocketAddr) -> bool {
     let client = baton_testbed::http_client(Some(ca)).unwrap();
     matches!(
@@ -347,4 +392,120 @@ pub fn assert_pod_logs_clean(cp: &baton_testbed::ControlPlane, start_line: &str,
         "the shipped RBAC is not enough for the pods' service account:\n{all}"
     );
     assert!(!all.contains('\u{1b}'), "ANSI escapes in a pod's log:\n{all}");
+}
+
+/// A token of ServiceAccount `namespace/name`, issued by the API server (TokenRequest, as the
+/// kubelet gets a pod's projected token).
+pub async fn service_account_token(admin: &kube::Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("a token for {namespace}/{name}: {e}"))
+        .status
+        .unwrap()
+        .token
+}
+
+/// A ServiceAccount `namespace/name`, bound to the shipped ClusterRole `baton-metrics-reader`
+/// when `reader` (Prometheus's, as docs/operations.md says to bind it); its token.
+pub async fn metrics_scraper(admin: &kube::Client, namespace: &str, name: &str, reader: bool) -> String {
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": namespace}}))
+            .unwrap();
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    if reader {
+        let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{name}-baton-metrics")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "baton-metrics-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    service_account_token(admin, namespace, name).await
+}
+
+/// `curl -sk` (baton's metrics certificate is self-signed) of `url` with an optional bearer
+/// token, from this lab host: `Err(exit code)` when no HTTP answer came (7: refused), else the
+/// status and the body.
+pub async fn curl(url: &str, token: Option<&str>) -> Result<(u16, String), i32> {
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args(["-sk", "--max-time", "5", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = cmd.arg(url).output().await.unwrap();
+    if !out.status.success() {
+        return Err(out.status.code().unwrap_or(-1));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
+}
+
+/// From this lab host, the admin endpoints of a host-network pod on `node`: the plain port
+/// (`plain`, loopback only) refuses the connection; the authenticated HTTPS port (`secure`)
+/// answers 401 without a token, 403 for `denied`'s token, and its metrics for `allowed`'s
+/// (Prometheus's) token, which must contain `metric`.
+pub async fn assert_admin_endpoints_secured(
+    node: std::net::IpAddr,
+    (plain, secure): (u16, u16),
+    (allowed, denied): (&str, &str),
+    metric: &str,
+) {
+    let open = curl(&format!("http://{node}:{plain}/metrics"), None).await;
+    assert_eq!(
+        open,
+        Err(7),
+        "http://{node}:{plain}/metrics from a lab host must be refused"
+    );
+    let url = format!("https://{node}:{secure}/metrics");
+    let (code, _) = curl(&url, None).await.unwrap();
+    assert_eq!(code, 401, "{url} without a token");
+    let (code, _) = curl(&url, Some(denied)).await.unwrap();
+    assert_eq!(
+        code, 403,
+        "{url} for a service account not bound to baton-metrics-reader"
+    );
+    let (code, body) = curl(&url, Some(allowed)).await.unwrap();
+    assert_eq!(code, 200, "{url} for Prometheus's service account: {body}");
+    assert!(body.contains(metric), "{url}: no {metric} in\n{body}");
+}
+
+/// `secret` is nowhere in the process table (every process's command line, as `ps` shows it
+/// to any local user) nor in any Event's note or message, in any namespace.
+pub async fn assert_secret_not_in_process_table_or_events(client: &kube::Client, secret: &str) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            assert!(
+                !cmdline.contains(secret),
+                "the API key is on a command line ({}): {cmdline}",
+                entry.path().display()
+            );
+        }
+    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap();
+    assert!(!events.items.is_empty(), "a full run publishes Events");
+    for e in &events.items {
+        let text = serde_json::to_string(e).unwrap();
+        assert!(!text.contains(secret), "the API key in an Event: {text}");
+    }
 }

@@ -162,6 +162,18 @@ pub fn speaker_pod(ns: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
     .unwrap()
 }
 
+/// The speaker's Pod object for `node` that no kubelet runs (its node selector matches no node):
+/// for a speaker run as a process on a lab node, whose kubelet would otherwise try to run the
+/// Pod's image.
+pub fn unscheduled_speaker_pod(ns: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("speaker-{node}"), "namespace": ns},
+        "spec": {"nodeSelector": {"baton.dev/no-such-node": "true"},
+                 "containers": [{"name": "speaker", "image": format!("quay.io/metallb/speaker:v{VERSION}")}]},
+    }))
+    .unwrap()
+}
+
 /// MetalLB's speaker for `node` as a process against the API server of `kubeconfig` (native BGP,
 /// memberlist off, metrics on `127.0.0.1:<metrics_port>`); its Pod object must exist.
 pub fn speaker_command(
@@ -170,7 +182,24 @@ pub fn speaker_command(
     node: &str,
     metrics_port: u16,
 ) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(dir().join("bin/speaker"));
+    with_speaker_args(
+        tokio::process::Command::new(dir().join("bin/speaker")),
+        kubeconfig,
+        ns,
+        node,
+        metrics_port,
+    )
+}
+
+/// [`speaker_command`]'s arguments and environment added to `cmd`: the speaker binary, or the
+/// binary wrapped to run on a lab node (`ControlPlane::node_command`).
+pub fn with_speaker_args(
+    mut cmd: tokio::process::Command,
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    node: &str,
+    metrics_port: u16,
+) -> tokio::process::Command {
     cmd.arg("--kubeconfig")
         .arg(kubeconfig)
         .args([
@@ -191,4 +220,90 @@ pub fn speaker_command(
         ])
         .env("METALLB_BGP_TYPE", "native");
     cmd
+}
+
+/// What turns the kernel routes `installed` (prefix → next hops) into the routes a router's RIB
+/// asks for (`rib`, as [`router_rib`] reads it): `ip route` argument lists, ECMP over every next
+/// hop of a prefix, on `dev`, marked `proto bgp`. Pure.
+pub fn route_changes(
+    installed: &BTreeMap<String, Vec<String>>,
+    rib: &BTreeMap<String, Vec<String>>,
+    dev: &str,
+) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for prefix in installed.keys().filter(|p| !rib.contains_key(*p)) {
+        out.push(
+            ["route", "del", prefix, "proto", "bgp"]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+    }
+    for (prefix, hops) in rib {
+        if hops.is_empty() || installed.get(prefix) == Some(hops) {
+            continue;
+        }
+        let mut args: Vec<String> = ["route", "replace", prefix, "proto", "bgp"]
+            .map(str::to_owned)
+            .to_vec();
+        for hop in hops {
+            args.extend(["nexthop", "via", hop, "dev", dev].map(str::to_owned));
+        }
+        out.push(args);
+    }
+    out
+}
+
+/// The routes gobgpd (API at `api`) learned for prefixes starting with `within` (e.g.
+/// `"203.0.113."`), kept in this network namespace's kernel as a route server's client router
+/// would: every 300 ms, new and changed prefixes are `ip route replace`d (ECMP over every next
+/// hop), withdrawn ones removed. Stops when dropped.
+pub struct RouteSync(tokio::task::JoinHandle<()>);
+
+impl RouteSync {
+    /// Starts the loop on the current runtime; `dev` is the device the next hops are on.
+    pub fn start(api: &str, within: &str, dev: &str) -> Self {
+        let (api, within, dev) = (api.to_owned(), within.to_owned(), dev.to_owned());
+        Self(tokio::spawn(async move {
+            let mut installed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            loop {
+                let rib: BTreeMap<String, Vec<String>> = router_rib(&api)
+                    .await
+                    .into_iter()
+                    .filter(|(prefix, _)| prefix.starts_with(&within))
+                    .map(|(prefix, mut hops)| {
+                        hops.sort();
+                        hops.dedup();
+                        (prefix, hops)
+                    })
+                    .collect();
+                for args in route_changes(&installed, &rib, &dev) {
+                    let out = tokio::process::Command::new("ip")
+                        .args(&args)
+                        .output()
+                        .await
+                        .expect("running ip (iproute2)");
+                    let prefix = &args[2];
+                    if !out.status.success() {
+                        // Tried again at the next turn.
+                        eprintln!(
+                            "ip {}: {}",
+                            args.join(" "),
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        );
+                    } else if let Some(hops) = rib.get(prefix) {
+                        installed.insert(prefix.clone(), hops.clone());
+                    } else {
+                        installed.remove(prefix);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for RouteSync {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  caller ──► CherryClient (clone = same Arc<Inner>)
-//!               │  ips(): IpCache (coalesced, patched by writes)
+//!               │  ips(), ips_tagged(), cached_ip(): IpStore (write-through, resynced,
+//!               │  replaced on a new term of the handle's Leadership)
 //!               ▼
 //!             RateGate (≤ N req/s, urgent first) ──► reqwest (rustls, timeouts) ──► API
 //!               ▲                                          │
@@ -11,7 +12,9 @@
 //! ```
 //!
 //! A handle may carry a [`Fence`] ([`CherryClient::fenced`]): its writes are then sent only
-//! before the fence's deadline, checked after the gate's grant of every attempt.
+//! before the fence's deadline, checked after the gate's grant of every attempt. A handle may
+//! carry a [`Leadership`] ([`CherryClient::led_by`]): its reads of the IP list then wait for a
+//! list fetched in the current term.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +31,6 @@ use url::Url;
 
 use baton_core::Secret;
 
-use crate::cache::IpCache;
 use crate::cloud::Cloud;
 use crate::error::{CloudError, Object, Op};
 use crate::fence::{Fence, live_deadline};
@@ -37,6 +39,8 @@ use crate::model::{
     ApiErrorBody, CreateIpRequest, IpAddress, IpId, IpList, Project, ProjectId, Region, Server, ServerId,
     Tags, TargetedTo, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
 };
+use crate::store::{IpStore, State, reads};
+use crate::term::Leadership;
 
 /// The public API endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -67,8 +71,13 @@ pub struct ClientConfig {
     pub backoff_base: Duration,
     /// Backoff ceiling; an API's `Retry-After` is honoured up to four times this.
     pub backoff_cap: Duration,
-    /// How long a cached IP list serves reads before it is fetched again.
-    pub ip_cache_ttl: Duration,
+    /// How often the IP list is replaced by a full list from the API (every write's answer is
+    /// applied to it in between, so a write never causes a list call).
+    pub ip_list_resync: Duration,
+    /// How far the API's IP list may lag behind its writes: this client's own writes of that
+    /// long before a list call are kept over its answer, and a create whose outcome is unknown
+    /// is looked up in a list fetched at least this long after it failed.
+    pub ip_list_lag: Duration,
     /// `User-Agent` header.
     pub user_agent: String,
     /// Extra trusted CA certificates (PEM), added to the public web roots.
@@ -77,7 +86,8 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// Defaults: the public endpoint, 4 requests/s, 5 s connect and 15 s request timeouts,
-    /// 5 retries backing off from 1 s to 30 s (like cherrygo v4), a 60 s IP cache.
+    /// 5 retries backing off from 1 s to 30 s (like cherrygo v4), the IP list resynced every
+    /// 60 s and allowed to lag 2 s behind the writes.
     pub fn new(api_key: Secret, project_id: impl Into<ProjectId>) -> Self {
         Self {
             // A constant that parses.
@@ -90,7 +100,8 @@ impl ClientConfig {
             max_retries: 5,
             backoff_base: Duration::from_secs(1),
             backoff_cap: Duration::from_secs(30),
-            ip_cache_ttl: Duration::from_secs(60),
+            ip_list_resync: Duration::from_secs(60),
+            ip_list_lag: Duration::from_secs(2),
             user_agent: USER_AGENT.to_owned(),
             extra_ca_pem: None,
         }
@@ -128,6 +139,8 @@ pub struct CherryClient {
     priority: Priority,
     /// When set, writes are sent only before its deadline.
     fence: Option<Arc<dyn Fence>>,
+    /// When set, a read of the IP list in a new term waits for a list fetched in it.
+    leadership: Option<Arc<dyn Leadership>>,
 }
 
 struct Inner {
@@ -137,7 +150,7 @@ struct Inner {
     api_key: Secret,
     project: ProjectId,
     gate: RateGate,
-    cache: IpCache,
+    store: IpStore,
     max_retries: u32,
     backoff_base: Duration,
     backoff_cap: Duration,
@@ -175,7 +188,8 @@ impl CherryClient {
             max_retries,
             backoff_base,
             backoff_cap,
-            ip_cache_ttl,
+            ip_list_resync,
+            ip_list_lag,
             user_agent,
             extra_ca_pem,
         } = config;
@@ -213,7 +227,7 @@ impl CherryClient {
                 api_key,
                 project: project_id,
                 gate: RateGate::new(requests_per_second),
-                cache: IpCache::new(ip_cache_ttl),
+                store: IpStore::new(ip_list_resync, ip_list_lag),
                 max_retries,
                 backoff_base,
                 backoff_cap,
@@ -223,6 +237,7 @@ impl CherryClient {
             }),
             priority: Priority::Normal,
             fence: None,
+            leadership: None,
         })
     }
 
@@ -235,6 +250,7 @@ impl CherryClient {
             inner: self.inner.clone(),
             priority,
             fence: self.fence.clone(),
+            leadership: self.leadership.clone(),
         }
     }
 
@@ -255,7 +271,53 @@ impl CherryClient {
             inner: self.inner.clone(),
             priority: self.priority,
             fence: Some(fence),
+            leadership: self.leadership.clone(),
         }
+    }
+
+    /// A handle to the same client whose reads of the IP list follow `leadership`: the first
+    /// read in a new term (this replica leads, and did not at its previous read) waits for a
+    /// list fetched after the previous holder stopped writing, so no decision of a new leader
+    /// rests on a list older than its predecessor's last writes. Keeps priority and fence.
+    ///
+    /// Leadership is looked at every 100 ms as well (a task on the current runtime, ending with
+    /// the client): renewals a reader does not see between two reads must not look like a lapse.
+    #[must_use]
+    pub fn led_by(&self, leadership: Arc<dyn Leadership>) -> Self {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let inner = Arc::downgrade(&self.inner);
+            let lead = Arc::clone(&leadership);
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = inner.upgrade() else { break };
+                    inner.store.observe(&*lead);
+                }
+            });
+        }
+        Self {
+            inner: self.inner.clone(),
+            priority: self.priority,
+            fence: self.fence.clone(),
+            leadership: Some(leadership),
+        }
+    }
+
+    /// Runs `read` on the shared IP store, replaced first if it must be (due resync, a new
+    /// term, a requested refresh). The list call goes in the urgent lane: a failover may be
+    /// among the waiters, and it is rare (a resync, a new term, an unknown outcome).
+    async fn read_store<R>(&self, read: impl FnOnce(&mut State) -> R) -> Result<R, CloudError> {
+        let urgent = self.with_priority(Priority::Urgent);
+        self.inner
+            .store
+            .read(
+                self.leadership.as_deref(),
+                || async move { urgent.list_ips_uncached().await },
+                read,
+            )
+            .await
     }
 
     /// The fence applying to `op`: the handle's, for writes only.
@@ -546,15 +608,26 @@ impl CherryClient {
             .await
         {
             Ok(ip) => {
-                self.inner.cache.upsert(&ip);
+                self.inner.store.upsert(&ip);
                 Ok(ip)
             }
             Err(e) => {
                 if e.outcome_unknown() {
-                    self.inner.cache.invalidate();
+                    self.read_back(id).await;
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// After a write of unknown outcome on `id`: reads the IP (a read of one IP is current),
+    /// so the store shows what the API holds; if that fails too, the next read of the store
+    /// uses a list fetched from now on.
+    async fn read_back(&self, id: &IpId) {
+        match self.ip(id).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(_) => self.inner.store.require_since(tokio::time::Instant::now()),
         }
     }
 
@@ -583,25 +656,27 @@ impl CherryClient {
         loop {
             let err = match self.post_ip(object, &body).await {
                 Ok(ip) => {
-                    self.inner.cache.upsert(&ip);
+                    self.inner.store.upsert(&ip);
                     return Ok(ip);
                 }
                 // Not sent: nothing new exists (an earlier POST of unknown outcome was looked
-                // up before this one, and the cache was dropped).
+                // up before this one).
                 Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
                 Err(e) => e,
             };
             let unknown = err.outcome_unknown();
+            // The FIP may exist now: the look-up before another POST reads a list fetched after
+            // this one failed (so after it was sent), and after the list's lag.
+            let look_from = tokio::time::Instant::now() + self.inner.store.list_lag();
             if unknown {
-                // The FIP may exist now: never trust the cached list for the look-up.
-                self.inner.cache.invalidate();
+                self.inner.store.require_since(look_from);
             } else if err.status() != Some(429) && !matches!(err, CloudError::Transport { .. }) {
                 return Err(err);
             }
             let delay = self.retry_delay(&err, attempt);
             if self.gives_up_before_retry(Op::CreateIp, delay) {
                 // Nothing duplicated: a create of unknown outcome is found by its tags later
-                // (the cache was dropped above).
+                // (the store reads a list fetched after it, above).
                 warn!(
                     op = Op::CreateIp.as_str(),
                     attempt = attempt + 1,
@@ -621,9 +696,12 @@ impl CherryClient {
                 "create failed"
             );
             tokio::time::sleep(delay).await;
-            if unknown && let Some(found) = self.find_ip_by_tags(&request.tags).await? {
-                debug!(ip = %found.id, "create_ip: the failed create had succeeded");
-                return Ok(found);
+            if unknown {
+                tokio::time::sleep_until(look_from).await;
+                if let Some(found) = self.find_ip_by_tags(&request.tags).await? {
+                    debug!(ip = %found.id, "create_ip: the failed create had succeeded");
+                    return Ok(found);
+                }
             }
             if attempt >= self.inner.max_retries {
                 return Err(err);
@@ -722,30 +800,42 @@ impl Cloud for CherryClient {
     }
 
     async fn ips(&self) -> Result<IpList, CloudError> {
-        // The shared list is fetched once for every waiter (coalesced), and a failover may be
-        // one of them: fetching it at normal priority would make the failover wait behind all
-        // queued normal work (priority inversion). It is fetched rarely (TTL, or after a write
-        // of unknown outcome), so the urgent lane costs little.
-        let urgent = self.with_priority(Priority::Urgent);
-        self.inner
-            .cache
-            .get(|| async move { urgent.list_ips_uncached().await })
-            .await
+        self.read_store(reads::list).await
+    }
+
+    async fn ips_tagged(&self, tags: &Tags) -> Result<Vec<IpAddress>, CloudError> {
+        let found = self.read_store(reads::tagged(tags)).await?;
+        Ok(found.iter().map(|ip| IpAddress::clone(ip)).collect())
+    }
+
+    async fn cached_ip(&self, id: &IpId) -> Result<Option<IpAddress>, CloudError> {
+        let found = self.read_store(reads::get(id)).await?;
+        Ok(found.map(|ip| IpAddress::clone(&ip)))
     }
 
     async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
         let object = Object(format!("ip {id}"));
-        let ip: IpAddress = self
-            .call(
+        match self
+            .call::<IpAddress>(
                 Op::GetIp,
                 &object,
                 Method::GET,
                 self.url(&["ips", id.as_str()]),
                 None::<&()>,
             )
-            .await?;
-        self.inner.cache.upsert(&ip);
-        Ok(ip)
+            .await
+        {
+            Ok(ip) => {
+                self.inner.store.upsert(&ip);
+                Ok(ip)
+            }
+            Err(e) => {
+                if e.is_not_found() {
+                    self.inner.store.remove(id);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn create_ip(&self, request: CreateIpRequest) -> Result<IpAddress, CloudError> {
@@ -810,12 +900,14 @@ impl Cloud for CherryClient {
             .await
         {
             Ok(_) => {
-                self.inner.cache.remove(id);
+                self.inner.store.remove(id);
                 Ok(())
             }
             Err(e) => {
-                if e.outcome_unknown() {
-                    self.inner.cache.invalidate();
+                if e.is_not_found() {
+                    self.inner.store.remove(id);
+                } else if e.outcome_unknown() {
+                    self.read_back(id).await;
                 }
                 Err(e)
             }
@@ -835,7 +927,7 @@ impl Cloud for CherryClient {
     }
 
     fn invalidate_ips(&self) {
-        self.inner.cache.invalidate();
+        self.inner.store.require_since(tokio::time::Instant::now());
     }
 }
 

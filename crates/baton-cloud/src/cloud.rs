@@ -9,8 +9,9 @@ use crate::model::{
 
 /// A cloud's API, as baton uses it.
 ///
-/// Implementations share one rate limit and one cached IP list between all clones; reads of
-/// [`Cloud::ips`] are served from that cache, and every write keeps it up to date.
+/// Implementations share one rate limit and one IP list between all clones; reads of
+/// [`Cloud::ips`], [`Cloud::ips_tagged`] and [`Cloud::cached_ip`] are served from it, and every
+/// write's answer is applied to it (a write never causes a list call).
 #[async_trait]
 pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// The configured project.
@@ -29,8 +30,30 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// Sets BGP on a server (a no-op when it already is in that state); returns the server.
     async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError>;
 
-    /// All IP addresses of the project, from the shared cache (one list call serves everyone).
+    /// All IP addresses of the project, from the shared list (one list call serves everyone).
     async fn ips(&self) -> Result<IpList, CloudError>;
+
+    /// The Floating IPs carrying every one of `tags`, in list order, from the shared list (an
+    /// index: no pass over the list).
+    async fn ips_tagged(&self, tags: &Tags) -> Result<Vec<IpAddress>, CloudError> {
+        Ok(self
+            .ips()
+            .await?
+            .iter()
+            .filter(|ip| ip.ip_type == IpType::FloatingIp && ip.has_tags(tags))
+            .map(|ip| IpAddress::clone(ip))
+            .collect())
+    }
+
+    /// One IP as the shared list shows it; `None` if the list does not show it.
+    async fn cached_ip(&self, id: &IpId) -> Result<Option<IpAddress>, CloudError> {
+        Ok(self
+            .ips()
+            .await?
+            .iter()
+            .find(|ip| &ip.id == id)
+            .map(|ip| IpAddress::clone(ip)))
+    }
 
     /// One IP address, read from the API (and refreshed in the cache).
     async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError>;
@@ -51,16 +74,12 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// All regions.
     async fn regions(&self) -> Result<Vec<Region>, CloudError>;
 
-    /// Drops the cached IP list; the next [`Cloud::ips`] reads it from the API.
+    /// The next read of the shared list uses a list fetched from now on (the API's truth, for
+    /// a caller that doubts the list: a route that does not work as the list says).
     fn invalidate_ips(&self);
 
-    /// The first Floating IP carrying every one of `tags` (from the cached list).
+    /// The first Floating IP carrying every one of `tags` (from the shared list).
     async fn find_ip_by_tags(&self, tags: &Tags) -> Result<Option<IpAddress>, CloudError> {
-        Ok(self
-            .ips()
-            .await?
-            .iter()
-            .find(|ip| ip.ip_type == IpType::FloatingIp && ip.has_tags(tags))
-            .map(|ip| IpAddress::clone(ip)))
+        Ok(self.ips_tagged(tags).await?.into_iter().next())
     }
 }

@@ -5,7 +5,7 @@
 //! ```text
 //!  controllers / bootstrap ──► Arc<dyn Cloud>
 //!                                  │
-//!                         CherryClient (rate gate, IP cache, retries)
+//!                         CherryClient (rate gate, IP store, retries)
 //!                                  │  HTTP(S), Authorization: Bearer
 //!                    ┌─────────────┴──────────────┐
 //!          api.cherryservers.com           baton-sim (same routes, codes, quirks;
@@ -21,12 +21,14 @@ pub mod error;
 pub mod fence;
 pub mod model;
 pub mod tags;
+pub mod term;
 
-mod cache;
 mod limiter;
+mod store;
 
 pub use cherry::{Attempt, CallObserver, CherryClient, ClientConfig};
 pub use cloud::Cloud;
 pub use error::{CloudError, Op};
 pub use fence::Fence;
 pub use limiter::Priority;
+pub use term::Leadership;

@@ -1,5 +1,7 @@
-//! FIP forwarding: while a FIP is targeted to a server, accept TCP on `<fip>:<port>` and splice
-//! each connection to `<server primary IP>:<port>`.
+//! FIP splicing (an explicit opt-in, `forward_ports`, for tests that run without lab nodes):
+//! while a FIP is targeted to a server, accept TCP on `<fip>:<port>` and splice each connection
+//! to `<server primary IP>:<port>`. The server sees connections to its own address, a path no
+//! real node has: tests with lab nodes route the FIP instead ([`crate::route`]).
 //!
 //! A retarget swaps the route: new connections go to the new server, and every connection still
 //! forwarded to the old server is reset (RST on both sides, `SO_LINGER` 0), the way the new
@@ -7,9 +9,9 @@
 //! the FIP are untouched. Unassigning or deleting the FIP closes its listeners and resets its
 //! connections.
 //!
-//! With a propagation delay (`Faults::retarget_delay_ms`), a change of the forward map takes
-//! effect only after the delay: until then new connections follow the old route (refused when
-//! the FIP had none), and the resets happen when the route switches.
+//! A propagation delay (`Faults::retarget_delay_ms`) is applied by the caller ([`crate::paths`]):
+//! until the change takes effect new connections follow the old route (refused when the FIP had
+//! none), and the resets happen when the route switches.
 //!
 //! Binding a FIP address only works where that address is local (the lab); elsewhere a warning is
 //! logged and the API keeps working.
@@ -54,10 +56,6 @@ struct Entry {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<IpAddr, Entry>,
-    /// Sequence number of the last forward map applied (a delayed older one is skipped).
-    applied: u64,
-    /// Sequence number given to the last forward map received.
-    scheduled: u64,
 }
 
 #[derive(Debug)]
@@ -84,46 +82,18 @@ impl Forwarder {
         }
     }
 
-    /// Makes the listeners match `desired` (FIP → server primary IP) after `delay`. Without a
-    /// delay it binds synchronously, so when this returns a new FIP already accepts connections.
-    /// Maps take effect in the order they were given; one overtaken by a later one is skipped.
-    pub(crate) fn sync(&self, desired: &BTreeMap<IpAddr, IpAddr>, delay: Duration) {
-        if self.inner.ports.is_empty() {
-            return;
+    /// Makes the listeners match `desired` (FIP → server primary IP) now: when this returns a
+    /// new FIP already accepts connections.
+    pub(crate) fn apply(&self, desired: &BTreeMap<IpAddr, IpAddr>) {
+        if !self.inner.ports.is_empty() {
+            self.inner.apply(desired);
         }
-        let seq = {
-            let mut state = lock(&self.inner.state);
-            state.scheduled += 1;
-            state.scheduled
-        };
-        if delay.is_zero() {
-            self.inner.apply(seq, desired);
-            return;
-        }
-        debug!(?delay, "forward map changes after the propagation delay");
-        let inner = self.inner.clone();
-        let desired = desired.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = inner.shutdown.cancelled() => {}
-                () = tokio::time::sleep(delay) => inner.apply(seq, &desired),
-            }
-        });
     }
 }
 
 impl Inner {
-    fn apply(&self, seq: u64, desired: &BTreeMap<IpAddr, IpAddr>) {
+    fn apply(&self, desired: &BTreeMap<IpAddr, IpAddr>) {
         let mut state = lock(&self.state);
-        if seq <= state.applied {
-            debug!(
-                seq,
-                applied = state.applied,
-                "forward map overtaken by a later one"
-            );
-            return;
-        }
-        state.applied = seq;
         state.entries.retain(|fip, entry| {
             let keep = desired.contains_key(fip);
             if !keep {

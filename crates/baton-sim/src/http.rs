@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::faults::{Faults, RateLimiter};
-use super::forward::Forwarder;
+use super::faults::{Faults, RateLimiter, error_route_matches, not_found_message};
+use super::paths::FipPaths;
 use super::stats::{LogEntry, Recorder, route_template};
 use super::world::{ApiErr, World};
 
@@ -33,7 +33,7 @@ pub(crate) struct Shared {
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) limiter: Mutex<RateLimiter>,
     pub(crate) recorder: Mutex<Recorder>,
-    pub(crate) forwarder: Forwarder,
+    pub(crate) paths: FipPaths,
     pub(crate) state_file: Option<std::path::PathBuf>,
     pub(crate) started: Instant,
     pub(crate) shutdown: CancellationToken,
@@ -44,10 +44,26 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// After a successful write: forward what is targeted now, persist the state.
+    /// The counters, with the duplicates the world counted.
+    pub(crate) fn stats(&self) -> super::Stats {
+        let mut stats = lock(&self.recorder).stats.clone();
+        let world = lock(&self.world);
+        stats.duplicate_fips = world.duplicate_fips();
+        (stats.fips_created, stats.fips_deleted) = world.fips_created_deleted();
+        stats
+    }
+
+    /// Clears counters, log, rate-limit buckets and the duplicate count.
+    pub(crate) fn reset_stats(&self) {
+        lock(&self.recorder).reset();
+        lock(&self.limiter).reset();
+        lock(&self.world).reset_census();
+    }
+
+    /// After a successful write: route (or splice) what is targeted now, persist the state.
     fn committed(&self, world: &World) {
         let delay = Duration::from_millis(lock(&self.faults).retarget_delay_ms);
-        self.forwarder.sync(&world.forward_map(), delay);
+        self.paths.sync(&world.forward_map(), delay);
         if let Some(path) = &self.state_file
             && let Err(error) = super::save_state(path, world)
         {
@@ -110,6 +126,11 @@ struct Dice {
 }
 
 /// Rate limit, hang, latency, injected errors; then records the request.
+///
+/// A request that gets past the rate limit and the hang dice is handed to a task of its own,
+/// which applies it (after the processing part of its latency) whether or not the client still
+/// waits: a client that gives up does not undo a write, as with a real server. Its answer is
+/// sent after the rest of the latency.
 async fn faults_layer(
     State(shared): State<Arc<Shared>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -126,6 +147,9 @@ async fn faults_layer(
         arrived,
     };
     let faults = lock(&shared.faults).clone();
+    let template = route_template(&path);
+    let route = format!("{method} {template}");
+    let applied = faults.for_route(&route);
     let write = matches!(
         method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -146,15 +170,17 @@ async fn faults_layer(
             }
             break 'answer (resp, Some("rate_limited"));
         }
-        let dice = {
+        let (dice, latency) = {
             let mut rng = lock(&shared.rng);
-            Dice {
+            let dice = Dice {
                 hang: rng.random::<f64>() < faults.hang_rate,
-                error: rng.random::<f64>() < faults.error_rate,
-                lost: rng.random::<f64>() < faults.lost_response_ratio,
+                error: rng.random::<f64>() < applied.error_rate
+                    && error_route_matches(&faults.error_routes, method.as_str(), &template),
+                lost: rng.random::<f64>() < applied.lost_response_ratio,
                 non_json: rng.random::<f64>() < faults.non_json_ratio,
                 status_pick: rng.random_range(0..faults.error_statuses.len().max(1)),
-            }
+            };
+            (dice, applied.latency.sample(&mut *rng))
         };
         if dice.hang {
             record.set_fault("hang");
@@ -164,33 +190,33 @@ async fn faults_layer(
             }
             break 'answer (api_error(503, "Service Unavailable"), Some("hang"));
         }
-        if faults.latency_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+        let processing = latency.mul_f64(faults.processing_ratio);
+        let status = faults
+            .error_statuses
+            .get(dice.status_pick)
+            .copied()
+            .unwrap_or(503);
+        // Refused before acting: an injected error that is not a lost answer.
+        if dice.error && !(write && dice.lost && status >= 500) {
+            tokio::time::sleep(latency).await;
+            break 'answer (injected(status, dice.non_json, &template), Some("error"));
         }
+        // Applied once received, in a task the client cannot cancel.
+        let handled = tokio::spawn(async move {
+            tokio::time::sleep(processing).await;
+            next.run(req).await
+        });
+        let handled = handled.await;
+        tokio::time::sleep(latency.saturating_sub(processing)).await;
         if dice.error {
-            let status = faults
-                .error_statuses
-                .get(dice.status_pick)
-                .copied()
-                .unwrap_or(503);
-            let mut fault = "error";
-            if write && dice.lost && status >= 500 {
-                // The write happens; its answer is lost. (Only a 5xx: a 4xx such as 429 is a
-                // refusal, answered before acting.)
-                let _applied = next.run(req).await;
-                fault = "lost_response";
-            }
-            let resp = if dice.non_json {
-                let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-                let body =
-                    format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");
-                (code, [(header::CONTENT_TYPE, "text/html")], body).into_response()
-            } else {
-                api_error(status, "Injected failure")
-            };
-            break 'answer (resp, Some(fault));
+            // The write happened; its answer is lost. (Only a 5xx: a 4xx such as 429 is a
+            // refusal, answered before acting.)
+            break 'answer (injected(status, dice.non_json, &template), Some("lost_response"));
         }
-        (next.run(req).await, None)
+        match handled {
+            Ok(resp) => (resp, None),
+            Err(_) => (api_error(500, "Internal Server Error"), None),
+        }
     };
 
     let status = response.status().as_u16();
@@ -203,6 +229,26 @@ async fn faults_layer(
     }
     drop(record);
     response
+}
+
+/// An injected error's answer: a 4xx comes from the API itself, answered as the API answers (JSON,
+/// the message of a real 404 on `route`); only a 5xx may come from a proxy in front of it (HTML,
+/// when `non_json`).
+fn injected(status: u16, non_json: bool, route: &str) -> Response {
+    if status < 500 {
+        let message = if status == 404 {
+            not_found_message(route)
+        } else {
+            "Injected failure"
+        };
+        api_error(status, message)
+    } else if non_json {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        let body = format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");
+        (code, [(header::CONTENT_TYPE, "text/html")], body).into_response()
+    } else {
+        api_error(status, "Injected failure")
+    }
 }
 
 /// The log entry of a request that just arrived (status 499 until it is answered).
@@ -393,12 +439,11 @@ fn dispatch(
 // ---- admin ---------------------------------------------------------------------------------
 
 async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
-    json(StatusCode::OK, &lock(&shared.recorder).stats)
+    json(StatusCode::OK, &shared.stats())
 }
 
 async fn admin_reset(State(shared): State<Arc<Shared>>) -> Response {
-    lock(&shared.recorder).reset();
-    lock(&shared.limiter).reset();
+    shared.reset_stats();
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -421,6 +466,7 @@ pub(crate) fn apply_faults(shared: &Shared, faults: Faults) -> Result<(), String
     if let Some(seed) = faults.seed {
         *lock(&shared.rng) = rand::SeedableRng::seed_from_u64(seed);
     }
+    lock(&shared.world).list_lag = Duration::from_millis(faults.list_lag_ms);
     *lock(&shared.faults) = faults;
     Ok(())
 }

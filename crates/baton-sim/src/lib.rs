@@ -5,7 +5,9 @@
 //!  client ──HTTP──► /v1/...  ─► faults layer (429 / hang / latency / 5xx) ─► World (state)
 //!                   /_sim/... (stats, log, faults, state)                      │ writes
 //!                                                                              ▼
-//!  TCP to <fip>:6443 ◄── Forwarder (one listener per targeted FIP) ──► <server primary IP>:6443
+//!  targeted FIPs ─► FipPaths ─► routes in the hub: <fip>/32 via <server primary IP> (the cloud's
+//!                                routing; the lab's nodes accept the FIP themselves)
+//!                             └► opt-in splice: TCP on <fip>:<port> ─► <server primary IP>:<port>
 //! ```
 //!
 //! Two entry points: [`serve`] runs it from plain [`SimOptions`] until a shutdown future completes
@@ -18,6 +20,9 @@
 mod faults;
 mod forward;
 mod http;
+mod latency;
+mod paths;
+mod route;
 mod stats;
 pub mod testing;
 mod topology;
@@ -35,7 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 use url::Url;
 
-pub use faults::Faults;
+pub use faults::{Faults, RouteFaults};
+pub use latency::Latency;
 pub use stats::{LogEntry, RouteStats, Stats};
 pub use topology::{TopoFip, TopoProject, TopoRegion, TopoServer, Topology};
 
@@ -91,6 +97,7 @@ impl Sim {
             faults: Faults::default(),
             state_file: None,
             log_capacity: 10_000,
+            route_dev: None,
         }
     }
 }
@@ -103,9 +110,18 @@ pub struct SimBuilder {
     faults: Faults,
     state_file: Option<PathBuf>,
     log_capacity: usize,
+    route_dev: Option<String>,
 }
 
 impl SimBuilder {
+    /// Routes every targeted FIP as the cloud does: `<fip>/32 via <server primary IP> dev
+    /// <dev>` in the simulator's network namespace (the lab's hub), so packets keep the FIP as
+    /// their destination ([`route`] module). Off by default.
+    pub fn route_fips(mut self, dev: impl Into<String>) -> Self {
+        self.route_dev = Some(dev.into());
+        self
+    }
+
     /// Starts from this topology (ignored when the state file exists).
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = topology;
@@ -146,9 +162,10 @@ impl SimBuilder {
             faults,
             state_file,
             log_capacity,
+            route_dev,
         } = self;
         faults.validate().map_err(SimError::Faults)?;
-        let world = match &state_file {
+        let mut world = match &state_file {
             Some(path) if path.exists() => load_state(path)?,
             _ => World::from_topology(&topology).map_err(|reason| SimError::Topology {
                 path: "<given>".into(),
@@ -161,10 +178,12 @@ impl SimBuilder {
             Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
             None => rand::rngs::StdRng::from_os_rng(),
         };
+        world.reset_census();
+        world.list_lag = Duration::from_millis(faults.list_lag_ms);
         let api_key = world.api_key.clone();
         let project_id = world.project_id();
-        let forwarder = forward::Forwarder::new(world.forward_ports.clone(), shutdown.clone());
-        forwarder.sync(&world.forward_map(), Duration::ZERO);
+        let paths = paths::FipPaths::new(world.forward_ports.clone(), route_dev, shutdown.clone());
+        paths.sync(&world.forward_map(), Duration::ZERO);
         if let Some(path) = &state_file
             && let Err(reason) = save_state(path, &world)
         {
@@ -179,7 +198,7 @@ impl SimBuilder {
             rng: Mutex::new(rng),
             limiter: Mutex::new(faults::RateLimiter::default()),
             recorder: Mutex::new(stats::Recorder::new(log_capacity)),
-            forwarder,
+            paths,
             state_file,
             started: tokio::time::Instant::now(),
             shutdown: shutdown.clone(),
@@ -238,7 +257,7 @@ impl SimHandle {
 
     /// Counters since start or the last reset.
     pub fn stats(&self) -> Stats {
-        lock(&self.shared.recorder).stats.clone()
+        self.shared.stats()
     }
 
     /// Logged requests with `seq >= since`.
@@ -248,14 +267,19 @@ impl SimHandle {
 
     /// Clears counters, log and rate-limit buckets.
     pub fn reset_stats(&self) {
-        lock(&self.shared.recorder).reset();
-        lock(&self.shared.limiter).reset();
+        self.shared.reset_stats();
     }
 
     /// An IP address as the world holds it now, read directly: no latency, no rate limit, not
     /// logged (for harnesses that watch the cloud without using its request budget).
     pub fn peek_ip(&self, id: &str) -> Option<baton_cloud::model::IpAddress> {
         lock(&self.shared.world).get_ip(id).ok()
+    }
+
+    /// Every IP address as the world holds it now (no list lag, latency or rate limit; not
+    /// logged).
+    pub fn peek_ips(&self) -> Vec<baton_cloud::model::IpAddress> {
+        lock(&self.shared.world).current_ips()
     }
 
     /// The current faults.
@@ -279,9 +303,11 @@ impl SimHandle {
         self.shutdown.clone()
     }
 
-    /// Stops serving (hung requests are released) and waits for the server to finish.
+    /// Stops serving (hung requests are released), removes the FIP routes it installed and
+    /// waits for the server to finish.
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
+        self.shared.paths.clear_routes();
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
@@ -290,7 +316,9 @@ impl SimHandle {
     /// Waits until the server stops (after the shutdown token is cancelled).
     pub async fn wait(mut self) -> Result<(), SimError> {
         if let Some(server) = self.server.take() {
-            match server.await {
+            let result = server.await;
+            self.shared.paths.clear_routes();
+            match result {
                 Ok(result) => result.map_err(SimError::Listener)?,
                 Err(join) => return Err(SimError::Listener(std::io::Error::other(join))),
             }
@@ -302,6 +330,7 @@ impl SimHandle {
 impl Drop for SimHandle {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        self.shared.paths.clear_routes();
     }
 }
 
@@ -336,9 +365,12 @@ pub struct SimOptions {
     pub api_key: Option<String>,
     /// CIDR new FIPs are allocated from (overrides the topology's).
     pub fip_pool: Option<String>,
-    /// TCP ports forwarded from a targeted FIP to its server (overrides the topology's; empty
-    /// disables forwarding).
+    /// TCP ports spliced from a targeted FIP to its server (overrides the topology's; empty
+    /// disables the splice). An opt-in for labs without nodes.
     pub forward_ports: Option<Vec<u16>>,
+    /// Route targeted FIPs through this device of the simulator's network namespace, as the
+    /// cloud does (`None`: no routes).
+    pub route_fips: Option<String>,
     /// Initial faults.
     pub faults: Faults,
 }
@@ -352,6 +384,7 @@ impl SimOptions {
             api_key,
             fip_pool,
             forward_ports,
+            route_fips,
             faults,
         } = self;
         let mut topo = match &topology {
@@ -379,6 +412,9 @@ impl SimOptions {
         let mut builder = Sim::builder().topology(topo).faults(faults);
         if let Some(state) = state {
             builder = builder.state_file(state);
+        }
+        if let Some(dev) = route_fips {
+            builder = builder.route_fips(dev);
         }
         Ok((builder, listen))
     }

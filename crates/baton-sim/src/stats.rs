@@ -24,6 +24,16 @@ pub struct Stats {
     pub routes: BTreeMap<String, RouteStats>,
     /// Per status (`"200"`).
     pub status: BTreeMap<String, u64>,
+    /// Floating IPs created, whatever became of the answer (lost, or its client gone).
+    #[serde(default)]
+    pub fips_created: u64,
+    /// Floating IPs deleted, whatever became of the answer.
+    #[serde(default)]
+    pub fips_deleted: u64,
+    /// Over every set of tags FIPs carried: the most FIPs that carried it at the same time,
+    /// minus one, summed (two FIPs a tag look-up finds for one Service count 1).
+    #[serde(default)]
+    pub duplicate_fips: u64,
 }
 
 /// Counters of one route.

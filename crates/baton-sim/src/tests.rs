@@ -8,6 +8,7 @@ fn options() -> SimOptions {
         api_key: None,
         fip_pool: None,
         forward_ports: None,
+        route_fips: None,
         faults: Faults::default(),
     }
 }

@@ -27,7 +27,9 @@ pub struct Topology {
     pub public_network: String,
     /// The network of the servers' private IPs.
     pub private_network: String,
-    /// TCP ports forwarded from a targeted FIP to its server's primary IP.
+    /// TCP ports spliced from a targeted FIP to its server's primary IP: an explicit opt-in for
+    /// labs without nodes (a node namespace per server), where no node could accept a routed
+    /// FIP. Empty by default: with lab nodes the FIP is routed ([`crate::SimBuilder::route_fips`]).
     pub forward_ports: Vec<u16>,
 }
 
@@ -167,7 +169,7 @@ impl Default for TopoFip {
 impl Default for Topology {
     /// The lab: project 123456, key `sim-token`, region `LT-Siauliai`, a bootstrap server, three
     /// control-plane servers and two workers (primary IPs in 198.51.100.0/24, private IPs in
-    /// 192.0.2.0/24), FIPs from 203.0.113.0/24, port 6443 forwarded.
+    /// 192.0.2.0/24), FIPs from 203.0.113.0/24, nothing spliced.
     fn default() -> Self {
         let server = |id: u64, hostname: &str, host: u8, role: &str| TopoServer {
             id,
@@ -193,7 +195,7 @@ impl Default for Topology {
             fip_pool: "203.0.113.0/24".into(),
             public_network: "198.51.100.0/24".into(),
             private_network: "192.0.2.0/24".into(),
-            forward_ports: vec![6443],
+            forward_ports: Vec::new(),
         }
     }
 }

@@ -1,8 +1,11 @@
 //! The simulator's state and the API semantics, without HTTP: each operation takes the parsed
 //! request and returns the object the API would send back, or an `ApiErr` (status + message).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -85,6 +88,69 @@ pub(crate) struct World {
     ips: Vec<IpRec>,
     fip_pool: String,
     pub(crate) forward_ports: Vec<u16>,
+    /// The IP writes of the last `list_lag` (what each changed), so that a lagging list can
+    /// show the IPs as they were.
+    #[serde(skip)]
+    history: VecDeque<IpChange>,
+    /// How far the IP list lags behind the writes (`Faults::list_lag_ms`).
+    #[serde(skip)]
+    pub(crate) list_lag: Duration,
+    /// How many FIPs carry each tag set, now and at most (duplicates).
+    #[serde(skip)]
+    census: TagCensus,
+}
+
+/// One IP write: the IP as it was before (`None`: it did not exist).
+#[derive(Debug, Clone)]
+struct IpChange {
+    at: Instant,
+    id: String,
+    before: Option<IpRec>,
+}
+
+/// For each set of tags carried by FIPs: how many FIPs carry it now, and at most since the last
+/// reset. A Service's FIP is found by its tags, so two FIPs with the same tags at once are a
+/// duplicate.
+#[derive(Debug, Clone, Default)]
+struct TagCensus {
+    by_tags: HashMap<Tags, (u64, u64)>,
+    created: u64,
+    deleted: u64,
+}
+
+impl TagCensus {
+    fn add(&mut self, tags: &Tags) {
+        if tags.is_empty() {
+            return;
+        }
+        let (now, peak) = self.by_tags.entry(tags.clone()).or_default();
+        *now += 1;
+        *peak = (*peak).max(*now);
+    }
+
+    fn remove(&mut self, tags: &Tags) {
+        if let Some((now, _)) = self.by_tags.get_mut(tags) {
+            *now = now.saturating_sub(1);
+        }
+    }
+
+    /// Peaks start again from what exists now.
+    fn reset<'a>(&mut self, fips: impl Iterator<Item = &'a Tags>) {
+        self.by_tags.clear();
+        self.created = 0;
+        self.deleted = 0;
+        for tags in fips {
+            self.add(tags);
+        }
+    }
+
+    /// Σ over tag sets of (the most FIPs that carried it at once − 1).
+    fn duplicates(&self) -> u64 {
+        self.by_tags
+            .values()
+            .map(|(_, peak)| peak.saturating_sub(1))
+            .sum()
+    }
 }
 
 /// A stable UUID-shaped id derived from a name (so the same topology gives the same ids).
@@ -155,6 +221,9 @@ impl World {
             ips: Vec::new(),
             fip_pool: topo.fip_pool.clone(),
             forward_ports: topo.forward_ports.clone(),
+            history: VecDeque::new(),
+            list_lag: Duration::ZERO,
+            census: TagCensus::default(),
         };
         let mut seen = HashSet::new();
         for s in &topo.servers {
@@ -250,6 +319,78 @@ impl World {
 
     pub(crate) fn project_id(&self) -> u64 {
         self.project.id
+    }
+
+    /// Starts counting duplicates afresh from the FIPs that exist now.
+    pub(crate) fn reset_census(&mut self) {
+        let fips = self
+            .ips
+            .iter()
+            .filter(|ip| ip.ip_type == IpType::FloatingIp)
+            .map(|ip| &ip.tags);
+        self.census.reset(fips);
+    }
+
+    /// Σ over the tag sets FIPs carried since the last reset of (the most FIPs that carried
+    /// one at the same time − 1): FIPs that a tag look-up would find twice.
+    pub(crate) fn duplicate_fips(&self) -> u64 {
+        self.census.duplicates()
+    }
+
+    /// FIPs created and deleted since the last reset (whatever became of the answers).
+    pub(crate) fn fips_created_deleted(&self) -> (u64, u64) {
+        (self.census.created, self.census.deleted)
+    }
+
+    /// Remembers an IP write for lagging lists (kept while `list_lag` is above 0).
+    fn changed(&mut self, id: &str, before: Option<IpRec>) {
+        let now = Instant::now();
+        while self
+            .history
+            .front()
+            .is_some_and(|c| now.duration_since(c.at) > self.list_lag)
+        {
+            self.history.pop_front();
+        }
+        if !self.list_lag.is_zero() {
+            self.history.push_back(IpChange {
+                at: now,
+                id: id.to_owned(),
+                before,
+            });
+        }
+    }
+
+    /// The IPs as a list lagging `list_lag` behind the writes shows them: the writes of the
+    /// last `list_lag` undone, newest first.
+    fn listed_ips(&self) -> std::borrow::Cow<'_, [IpRec]> {
+        let now = Instant::now();
+        let recent: Vec<&IpChange> = self
+            .history
+            .iter()
+            .filter(|c| now.duration_since(c.at) <= self.list_lag)
+            .collect();
+        if recent.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.ips);
+        }
+        let mut view: Vec<Option<IpRec>> = self.ips.iter().cloned().map(Some).collect();
+        let mut at: HashMap<String, usize> = self
+            .ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (ip.id.clone(), i))
+            .collect();
+        for change in recent.into_iter().rev() {
+            match (at.get(&change.id), &change.before) {
+                (Some(&i), before) => view[i].clone_from(before),
+                (None, Some(before)) => {
+                    at.insert(change.id.clone(), view.len());
+                    view.push(Some(before.clone()));
+                }
+                (None, None) => {}
+            }
+        }
+        std::borrow::Cow::Owned(view.into_iter().flatten().collect())
     }
 
     /// FIP address → the primary IP of the server it is targeted to.
@@ -518,11 +659,16 @@ impl World {
             .map(|t| serde_json::from_value(serde_json::Value::String(t.clone())).unwrap_or(IpType::Unknown))
             .collect();
         Ok(self
-            .ips
+            .listed_ips()
             .iter()
             .filter(|ip| wanted.is_empty() || wanted.contains(&ip.ip_type))
             .map(|ip| self.render_ip(ip, true))
             .collect())
+    }
+
+    /// Every IP as it is now (not lagging).
+    pub(crate) fn current_ips(&self) -> Vec<IpAddress> {
+        self.ips.iter().map(|ip| self.render_ip(ip, true)).collect()
     }
 
     pub(crate) fn get_ip(&self, id: &str) -> Res<IpAddress> {
@@ -568,6 +714,9 @@ impl World {
             vlan_id: None,
         };
         let out = self.render_ip(&rec, true);
+        self.census.add(&rec.tags);
+        self.census.created += 1;
+        self.changed(&rec.id, None);
         self.ips.push(rec);
         Ok(out)
     }
@@ -618,9 +767,14 @@ impl World {
             self.check_target(owner, current.region_id)?;
             target = Some(owner);
         }
+        self.changed(id, Some(current.clone()));
         let ip = &mut self.ips[idx];
         ip.target = target;
         if let Some(tags) = req.tags {
+            if ip.ip_type == IpType::FloatingIp {
+                self.census.remove(&current.tags);
+                self.census.add(&tags);
+            }
             ip.tags = tags; // wholesale replacement
         }
         if let Some(ptr) = req.ptr_record {
@@ -646,7 +800,10 @@ impl World {
         if reject_attached && ip.target.is_some() {
             return Err(ApiErr::new(400, "Attached IP address cannot be deleted"));
         }
-        self.ips.remove(idx);
+        let gone = self.ips.remove(idx);
+        self.census.remove(&gone.tags);
+        self.census.deleted += 1;
+        self.changed(id, Some(gone));
         Ok(())
     }
 

@@ -1,6 +1,7 @@
-//! FIP forwarding, in a lab (a private network namespace where the documentation ranges are
-//! local): traffic to the FIP reaches the server it is targeted to, and after one retarget call
-//! the other one.
+//! The FIP splice (the opt-in for labs without nodes: `forward_ports`), in a lab (a private
+//! network namespace where the documentation ranges are local): traffic to the FIP reaches the
+//! server it is targeted to, and after one retarget call the other one. Labs with nodes route
+//! the FIP instead (tests/route.rs).
 
 mod common;
 
@@ -49,7 +50,10 @@ fn traffic_follows_the_fip() {
         named_server(SocketAddr::new(lab::public_ip(12), PORT), "cp-1").await;
 
         let sim = Sim::builder()
-            .topology(Topology::default())
+            .topology(Topology {
+                forward_ports: vec![6443],
+                ..Topology::default()
+            })
             .faults(Faults::none())
             .bind("127.0.0.1:0".parse().unwrap())
             .await

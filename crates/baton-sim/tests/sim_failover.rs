@@ -1,6 +1,7 @@
 //! The simulator and the lab's node faults together, as the failover benchmark uses them: real
 //! kube-apiservers behind a FIP; the holder fails (hung, blackholed, partitioned), `/readyz`
-//! through the FIP stops answering, and one retarget brings it back from the other node.
+//! through the FIP stops answering, and one retarget brings it back from the other node. The
+//! servers are lab nodes and the FIP is routed to them, as the cloud does.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -11,16 +12,24 @@ use std::time::Duration;
 use baton_cloud::Cloud;
 use baton_cloud::model::{CreateIpRequest, ServerId, Tags, TargetedTo};
 use baton_sim::{Faults, Sim};
-use baton_testbed::{ControlPlane, Fault, Options, lab};
+use baton_testbed::control_plane::ProxyMode;
+use baton_testbed::{ControlPlane, Fault, Options, lab, node};
 
 #[test]
 fn readyz_through_the_fip_follows_a_retarget_away_from_a_failed_holder() {
     lab::run(|| async {
         // cp-0 (600101) on 198.51.100.11, cp-1 (600102) on 198.51.100.12, as in the topology.
-        let mut cp = ControlPlane::start(Options::servers(2)).await.unwrap();
+        let mut cp = ControlPlane::start(Options {
+            nodes: true,
+            proxy_mode: ProxyMode::None,
+            ..Options::servers(2)
+        })
+        .await
+        .unwrap();
         let sim = Sim::builder()
             .faults(Faults::none())
-            .bind("127.0.0.1:0".parse().unwrap())
+            .route_fips(node::BRIDGE)
+            .bind(std::net::SocketAddr::new(node::LAB_HOST, 0))
             .await
             .unwrap();
         let cloud = common::client(&sim, None);
@@ -33,6 +42,9 @@ fn readyz_through_the_fip_follows_a_retarget_away_from_a_failed_holder() {
             })
             .await
             .unwrap();
+        for node in ["cp-0", "cp-1"] {
+            common::accept(&cp, node, fip.address).await;
+        }
         // One pooled client, as a real one keeps its connection to the FIP.
         let http = baton_testbed::http_client(Some(cp.ca_der())).unwrap();
         let url = format!("https://{}:6443/readyz", fip.address);

@@ -166,6 +166,7 @@ async fn an_empty_forward_port_list_forwards_nothing() {
         api_key: None,
         fip_pool: None,
         forward_ports: Some(Vec::new()),
+        route_fips: None,
         faults: Faults::none(),
     };
     let stop = tokio_util::sync::CancellationToken::new();

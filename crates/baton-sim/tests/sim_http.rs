@@ -290,6 +290,42 @@ async fn admin_endpoint_counts_and_changes_faults() {
     assert_eq!(sim.stats().requests, 0);
 }
 
+/// A 404 storm on one route (`error_routes`): every server look-up answers 404 with the body a
+/// real missing server gets, while the project's server list (another route) still answers.
+#[tokio::test]
+async fn a_404_storm_on_server_look_ups_looks_like_real_404s_and_spares_other_routes() {
+    let sim = common::sim(Faults::none()).await;
+    let raw = Raw::new(&sim);
+    let (s, _, real) = raw.send(M::GET, "/v1/servers/999999", None).await;
+    assert_eq!(s, 404);
+    sim.set_faults(Faults {
+        error_rate: 1.0,
+        error_statuses: vec![404],
+        error_routes: vec!["GET /v1/servers/{id}".into()],
+        // Ignored for a 4xx: the API itself answers it, in JSON.
+        non_json_ratio: 1.0,
+        ..Faults::none()
+    })
+    .unwrap();
+    let (s, _, injected) = raw.send(M::GET, "/v1/servers/600101", None).await;
+    assert_eq!(s, 404);
+    assert_eq!(injected, real, "an injected 404 has a real one's body");
+    let (s, _, list) = raw.send(M::GET, "/v1/projects/123456/servers", None).await;
+    assert_eq!(s, 200, "the list is another route: {list}");
+    assert!(
+        list.as_array().unwrap().iter().any(|s| s["id"] == 600_101),
+        "{list}"
+    );
+    let bad = sim.set_faults(Faults {
+        error_routes: vec!["/v1/servers/{id}".into()],
+        ..Faults::none()
+    });
+    assert!(
+        bad.unwrap_err().to_string().contains("METHOD"),
+        "a route without a method is refused"
+    );
+}
+
 #[tokio::test]
 async fn state_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,9 +3,11 @@
 //!
 //! No I/O here: everything is a function of plain values, unit-tested in `tests.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use baton_cloud::model::{IpType, Server};
 use baton_core::ProviderId;
@@ -231,12 +233,84 @@ pub fn server_ref(node: &NodeFacts) -> Result<ServerRef, ProviderIdError> {
     }
 }
 
+/// Reads that must agree a Node's server is gone before the Node is deleted.
+pub const GONE_READS: u32 = 3;
+/// The least time from the first to the last of those reads.
+pub const GONE_SPAN: Duration = Duration::from_secs(60);
+/// How often a Node whose server looks gone is checked again.
+pub const GONE_RECHECK: Duration = Duration::from_secs(20);
+
+/// What one check of a not-Ready Node's missing server (its look-up by id answered 404) found,
+/// from the project's server list read right after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sighting {
+    /// The project's list was read, shows servers of this cluster, and not this one.
+    Gone,
+    /// The list shows the server: the 404 was not the truth (a transient error).
+    Present,
+    /// The project cannot be read: its list failed, or shows none of this cluster's other
+    /// servers (an API key or project ID for another project, a project being migrated). Nothing
+    /// can be concluded, and nothing is deleted.
+    Unreadable,
+}
+
+/// The sighting of `server` (whose look-up answered 404), given the project's server ids
+/// (`None`: the list failed) and the servers of the cluster's other Nodes.
+pub fn sighting(listed: Option<&[u64]>, server: u64, others: &BTreeSet<u64>) -> Sighting {
+    let Some(listed) = listed else {
+        return Sighting::Unreadable;
+    };
+    if listed.contains(&server) {
+        return Sighting::Present;
+    }
+    if !listed.iter().any(|id| others.contains(id)) {
+        return Sighting::Unreadable;
+    }
+    Sighting::Gone
+}
+
+/// Whether a Node whose server looks gone is deleted now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoneVerdict {
+    /// [`GONE_READS`] sightings in a row across at least [`GONE_SPAN`] agree: delete it.
+    Delete,
+    /// Not yet (or no longer): check again after [`GONE_RECHECK`].
+    Wait {
+        /// Consecutive [`Sighting::Gone`] so far.
+        reads: u32,
+    },
+}
+
+/// The sightings of one Node's server since they started agreeing it is gone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GoneReads {
+    first: Option<Instant>,
+    reads: u32,
+}
+
+impl GoneReads {
+    /// Counts `sighting` at `now`: a [`Sighting::Gone`] adds to the run, anything else ends it.
+    pub fn observe(&mut self, sighting: Sighting, now: Instant) -> GoneVerdict {
+        if sighting != Sighting::Gone {
+            *self = Self::default();
+            return GoneVerdict::Wait { reads: 0 };
+        }
+        let first = *self.first.get_or_insert(now);
+        self.reads += 1;
+        if self.reads >= GONE_READS && now.duration_since(first) >= GONE_SPAN {
+            GoneVerdict::Delete
+        } else {
+            GoneVerdict::Wait { reads: self.reads }
+        }
+    }
+}
+
 /// What to do with an initialised Node, given its server as the cloud shows it (`None`: 404).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lifecycle {
     /// Nothing.
     Keep,
-    /// The server no longer exists: delete the Node.
+    /// The server looks gone: delete the Node once that is confirmed ([`GoneReads`]).
     Delete,
     /// The server is shut down: taint the Node.
     MarkShutdown,
@@ -245,7 +319,8 @@ pub enum Lifecycle {
 }
 
 /// The lifecycle decision (the CCM's node lifecycle controller): a Node whose server is gone is
-/// deleted; a shut-down server taints its Node, and the taint goes when it runs again.
+/// deleted (after [`GoneReads`] confirms it); a shut-down server taints its Node, and the taint
+/// goes when it runs again.
 pub fn lifecycle(node: &NodeFacts, server: Option<&ServerFacts>) -> Lifecycle {
     match server {
         None => Lifecycle::Delete,

@@ -137,3 +137,67 @@ fn uninitialized_taint() {
     assert!(node(None, &[UNINITIALIZED_TAINT]).uninitialized());
     assert!(!node(None, &["other"]).uninitialized());
 }
+
+#[rstest]
+#[case::list_failed(None, &[600_102], Sighting::Unreadable)]
+#[case::listed(Some(&[600_101, 600_102][..]), &[600_102], Sighting::Present)]
+#[case::gone(Some(&[600_102, 600_103][..]), &[600_102], Sighting::Gone)]
+#[case::another_project(Some(&[700_001][..]), &[600_102], Sighting::Unreadable)]
+#[case::empty_project(Some(&[][..]), &[600_102], Sighting::Unreadable)]
+#[case::no_other_node(Some(&[600_102][..]), &[], Sighting::Unreadable)]
+fn what_a_404_means(#[case] listed: Option<&[u64]>, #[case] others: &[u64], #[case] want: Sighting) {
+    let others: std::collections::BTreeSet<u64> = others.iter().copied().collect();
+    assert_eq!(sighting(listed, 600_101, &others), want);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_is_deleted_only_after_three_agreeing_reads_across_a_minute() {
+    use tokio::time::{Duration, Instant, advance};
+    let mut reads = GoneReads::default();
+    assert_eq!(
+        reads.observe(Sighting::Gone, Instant::now()),
+        GoneVerdict::Wait { reads: 1 }
+    );
+    advance(Duration::from_secs(20)).await;
+    assert_eq!(
+        reads.observe(Sighting::Gone, Instant::now()),
+        GoneVerdict::Wait { reads: 2 }
+    );
+    advance(Duration::from_secs(20)).await;
+    // Three reads, but only 40 s apart.
+    assert_eq!(
+        reads.observe(Sighting::Gone, Instant::now()),
+        GoneVerdict::Wait { reads: 3 }
+    );
+    advance(Duration::from_secs(20)).await;
+    assert_eq!(reads.observe(Sighting::Gone, Instant::now()), GoneVerdict::Delete);
+}
+
+#[tokio::test(start_paused = true)]
+async fn any_other_sighting_starts_the_count_again() {
+    use tokio::time::{Duration, Instant, advance};
+    for interruption in [Sighting::Present, Sighting::Unreadable] {
+        let mut reads = GoneReads::default();
+        for _ in 0..3 {
+            reads.observe(Sighting::Gone, Instant::now());
+            advance(Duration::from_secs(30)).await;
+        }
+        assert_eq!(
+            reads.observe(interruption, Instant::now()),
+            GoneVerdict::Wait { reads: 0 }
+        );
+        // A 404 storm (every look-up 404, the list failing): never a deletion.
+        for _ in 0..10 {
+            advance(Duration::from_secs(20)).await;
+            assert_eq!(
+                reads.observe(interruption, Instant::now()),
+                GoneVerdict::Wait { reads: 0 },
+                "{interruption:?}"
+            );
+        }
+        assert_eq!(
+            reads.observe(Sighting::Gone, Instant::now()),
+            GoneVerdict::Wait { reads: 1 }
+        );
+    }
+}

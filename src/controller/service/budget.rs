@@ -61,16 +61,18 @@ pub fn admit(mut candidates: Vec<Candidate>, limit: Option<u32>) -> Admission {
 
 /// The budget over every Service's `facts`: the managed LoadBalancer Services not being deleted,
 /// oldest first (see [`admit`]). `mirror` is the mirror Service (`namespace`, `name`); a Service
-/// asking for one of the `control_plane` addresses is never announced, so it takes no slot.
+/// asking for one of the `never_announced` addresses (control-plane FIPs, FIPs the cloud routes
+/// to a server: [`super::plan::FipRoles::never_announced`]) is never announced, so it takes no
+/// slot.
 pub fn admitted(
     facts: &[ServiceFacts],
     mirror: (&str, &str),
-    control_plane: &BTreeSet<IpAddr>,
+    never_announced: &BTreeSet<IpAddr>,
     limit: Option<u32>,
 ) -> Admission {
     let candidates = facts
         .iter()
-        .filter(|f| !f.deleting && scope_excluding(f, mirror, control_plane, None) == Scope::Managed)
+        .filter(|f| !f.deleting && scope_excluding(f, mirror, never_announced, None) == Scope::Managed)
         .map(|f| Candidate {
             key: f.key(),
             created: f.created,

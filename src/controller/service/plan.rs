@@ -8,6 +8,9 @@
 //!                    ├──────────► Record          what baton wrote last time (id, address)
 //!  cloud FIPs ─► matching ──► pick()            ours (+ duplicates to release)
 //!                    └──────────► decide()        Publish | Create(region) | ByoIp | ReleaseForByoIp
+//!  cloud FIPs + every Service ──► FipRoles::of()  control-plane addresses (never touched)
+//!                                                 | routed to a server (bring-your-own routed:
+//!                                                   ingress, never announced by BGP)
 //! ```
 //!
 //! No I/O here: everything is a function of plain values, unit-tested in `tests.rs`.
@@ -181,38 +184,99 @@ pub fn asked_addresses(svc: &ServiceFacts, extra: Option<&str>) -> BTreeSet<IpAd
         .collect()
 }
 
-/// The control-plane FIPs' addresses: the FIP named by `fipTag`, every FIP routed (targeted) to a
-/// server — workload FIPs are announced by BGP and never targeted — and the `loadBalancerIP` of
-/// every Service annotated as a control-plane endpoint. A Service of any name asking for one of
-/// them is never handed to a load balancer (CPEM #258: MetalLB announcing the control-plane FIP,
-/// e.g. through cloud-provider-cherry's leftover mirror Service).
+/// Whether `svc` is a control-plane endpoint Service: annotated
+/// `baton.dev/control-plane-endpoint: "true"`, of class `baton.dev/control-plane` (the Services
+/// baton creates for that: the mirror, the bootstrap's API Services), baton's mirror (`mirror`,
+/// even if its annotation were lost), or cloud-provider-cherry's mirror
+/// (`kube-system/cloud-provider-cherry-kubernetes-external`, left behind on a switch).
+pub fn is_control_plane_service(svc: &ServiceFacts, mirror: (&str, &str)) -> bool {
+    svc.annotation(crate::names::CONTROL_PLANE_ENDPOINT_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || svc.class.as_deref() == Some(crate::names::CONTROL_PLANE_CLASS)
+        || (svc.namespace == mirror.0 && svc.name == mirror.1)
+        || (svc.namespace == "kube-system" && svc.name == crate::names::CCM_MIRROR_SERVICE)
+}
+
+/// The control-plane FIPs' addresses: the FIP named by `fipTag`, and every address a
+/// control-plane endpoint Service asks for ([`is_control_plane_service`]). A Service of any name
+/// asking for one of them is never handed to a load balancer (CPEM #258: MetalLB announcing the
+/// control-plane FIP, e.g. through cloud-provider-cherry's leftover mirror Service).
+///
+/// A FIP routed (targeted) to a server is **not** one by that alone: an operator may route a FIP
+/// to a node for a workload Service (a bring-your-own routed FIP, see [`routed_addresses`]).
 pub fn control_plane_addresses<B: std::borrow::Borrow<IpAddress>>(
     fip_tag: Option<&FipTag>,
     ips: &[B],
     services: &[ServiceFacts],
+    mirror: (&str, &str),
 ) -> BTreeSet<IpAddr> {
     let mut out: BTreeSet<IpAddr> = each_ip(ips)
         .filter(|ip| ip.ip_type == IpType::FloatingIp)
         .filter(|ip| {
-            ip.target().is_some()
-                || fip_tag.is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+            fip_tag.is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
         })
         .map(|ip| ip.address)
         .collect();
-    for svc in services {
-        let annotated = svc
-            .annotation(crate::controller::mirror::CONTROL_PLANE_ENDPOINT_ANNOTATION)
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        if annotated
-            && let Some(ip) = svc
-                .load_balancer_ip
-                .as_deref()
-                .and_then(|v| v.trim().parse().ok())
-        {
-            out.insert(ip);
-        }
+    for svc in services.iter().filter(|s| is_control_plane_service(s, mirror)) {
+        out.extend(asked_addresses(svc, None));
     }
     out
+}
+
+/// The addresses of the FIPs the cloud routes (targets) to a server. A managed Service asking
+/// for one that is not a control-plane address brings its own *routed* FIP: baton sets its
+/// ingress (VIP mode, so kube-proxy accepts it on the node the cloud routes it to) and never
+/// hands it to a BGP load balancer: the cloud already routes it to one server, and an
+/// announcement from other nodes would fight that route.
+pub fn routed_addresses<B: std::borrow::Borrow<IpAddress>>(ips: &[B]) -> BTreeMap<IpAddr, u64> {
+    each_ip(ips)
+        .filter(|ip| ip.ip_type == IpType::FloatingIp)
+        .filter_map(|ip| Some((ip.address, ip.target()?.0)))
+        .collect()
+}
+
+/// What the FIPs of the cloud are to the Service and BGP controllers, from one read of the
+/// (cached) IP list and the Services.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FipRoles {
+    /// Control-plane addresses ([`control_plane_addresses`]): a Service asking for one is never
+    /// touched.
+    pub control_plane: BTreeSet<IpAddr>,
+    /// The other FIPs routed to a server, with the server's id ([`routed_addresses`]): a
+    /// Service asking for one gets its ingress, never an announcement.
+    pub routed: BTreeMap<IpAddr, u64>,
+}
+
+impl FipRoles {
+    /// Sorts the FIPs of `ips` by role.
+    pub fn of<B: std::borrow::Borrow<IpAddress>>(
+        fip_tag: Option<&FipTag>,
+        ips: &[B],
+        services: &[ServiceFacts],
+        mirror: (&str, &str),
+    ) -> Self {
+        let control_plane = control_plane_addresses(fip_tag, ips, services, mirror);
+        let mut routed = routed_addresses(ips);
+        routed.retain(|ip, _| !control_plane.contains(ip));
+        Self {
+            control_plane,
+            routed,
+        }
+    }
+
+    /// Every address no load balancer may announce: the control-plane ones and the routed ones.
+    pub fn never_announced(&self) -> BTreeSet<IpAddr> {
+        self.control_plane
+            .iter()
+            .chain(self.routed.keys())
+            .copied()
+            .collect()
+    }
+
+    /// The server `ip` is routed to, when it is a bring-your-own routed FIP.
+    pub fn routed_to(&self, ip: IpAddr) -> Option<u64> {
+        self.routed.get(&ip).copied()
+    }
 }
 
 /// [`scope`], and a Service that asks for a control-plane FIP's address (see
@@ -584,17 +648,112 @@ pub struct TaggedFip {
     pub service_tag: String,
 }
 
-/// The FIPs whose Service is gone (or no longer a managed LoadBalancer): `owners` maps the
-/// `service` tag of every Service baton knows to whether that Service still may own a FIP.
+/// The candidates of the orphan sweep: the FIPs whose `service` tag names no Service in
+/// `owners` (the `service` tags of every Service the store shows, whatever its type).
 ///
 /// Kubernetes can delete an object whose finalizer was added concurrently with the delete request
 /// (kubernetes/kubernetes#77988), so a FIP can outlive its Service without a Cleanup ever running;
-/// this sweep releases it. Call it with the FIP list read *before* the Services were listed: a
-/// FIP is only created for a Service already seen, so a FIP on the list has its owner on the later
-/// list unless the owner is really gone.
-pub fn orphans(fips: &[TaggedFip], owners: &BTreeMap<String, bool>) -> Vec<String> {
+/// the sweep releases it. A candidate is only that: each is checked again right before it would
+/// be deleted ([`sweep_decision`]), because the list of Services it was picked from ages while
+/// the sweep runs (a Service re-created under the same name adopts its FIP).
+pub fn orphans<S: std::hash::BuildHasher>(
+    fips: &[TaggedFip],
+    owners: &std::collections::HashSet<String, S>,
+) -> Vec<String> {
     fips.iter()
-        .filter(|f| !owners.get(&f.service_tag).copied().unwrap_or(false))
+        .filter(|f| !owners.contains(&f.service_tag))
         .map(|f| f.id.clone())
         .collect()
+}
+
+/// How long a new term waits before its orphan sweep deletes anything (its watches may not show
+/// every Service yet), and how long after a Service was last seen its FIP is safe from the sweep.
+pub const SWEEP_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The FIP of a sweep candidate as the cloud shows it right before the delete (read by id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FipNow {
+    /// Still a Service FIP of this cluster carrying the candidate's `service` tag.
+    pub same_owner_tag: bool,
+    /// Routed (targeted) to a server.
+    pub routed: bool,
+    /// Carries the control-plane FIP tag.
+    pub control_plane: bool,
+}
+
+/// The Service a sweep candidate's `service` tag names, in the live Service store right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// It exists (whatever its type).
+    Exists,
+    /// It does not; it was last seen this long ago.
+    SeenAgo(std::time::Duration),
+    /// Never seen by this replica.
+    Unseen,
+}
+
+/// What the orphan sweep knows of one candidate right before deleting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepCheck {
+    /// How long this replica has led in its current term.
+    pub term_age: std::time::Duration,
+    /// The FIP as the cloud shows it now; `None`: gone.
+    pub fip: Option<FipNow>,
+    /// Its Service.
+    pub owner: Owner,
+}
+
+/// Why the sweep keeps a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// The term is younger than [`SWEEP_QUIET`]: the watches may not show every Service yet.
+    YoungTerm,
+    /// The cloud no longer has it.
+    Gone,
+    /// It no longer carries the tags that made it a candidate.
+    Retagged,
+    /// Routed to a server: never deleted.
+    Routed,
+    /// The control-plane FIP: never deleted.
+    ControlPlane,
+    /// Its Service exists.
+    OwnerExists,
+    /// Its Service was seen less than [`SWEEP_QUIET`] ago (deleted and maybe re-created).
+    OwnerSeenRecently,
+}
+
+/// The sweep's verdict on one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Release it now.
+    Delete,
+    /// Leave it.
+    Keep(Kept),
+}
+
+/// Whether to delete a sweep candidate, on what is known right before the delete: never in the
+/// first [`SWEEP_QUIET`] of a term, never a FIP whose Service exists or was seen within
+/// [`SWEEP_QUIET`], never a routed or control-plane FIP, never one the cloud no longer shows as
+/// the candidate it was.
+pub fn sweep_decision(check: &SweepCheck) -> Sweep {
+    if check.term_age < SWEEP_QUIET {
+        return Sweep::Keep(Kept::YoungTerm);
+    }
+    let Some(fip) = check.fip else {
+        return Sweep::Keep(Kept::Gone);
+    };
+    if !fip.same_owner_tag {
+        return Sweep::Keep(Kept::Retagged);
+    }
+    if fip.routed {
+        return Sweep::Keep(Kept::Routed);
+    }
+    if fip.control_plane {
+        return Sweep::Keep(Kept::ControlPlane);
+    }
+    match check.owner {
+        Owner::Exists => Sweep::Keep(Kept::OwnerExists),
+        Owner::SeenAgo(ago) if ago < SWEEP_QUIET => Sweep::Keep(Kept::OwnerSeenRecently),
+        Owner::SeenAgo(_) | Owner::Unseen => Sweep::Delete,
+    }
 }

@@ -1,6 +1,6 @@
 //! Table tests of the Service FIP planner (no I/O).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use baton_core::LoadBalancerMode;
@@ -342,7 +342,7 @@ fn removals_keep_a_user_ip() {
 }
 
 #[test]
-fn orphans_are_fips_without_a_managing_service() {
+fn orphans_are_fips_whose_service_is_not_in_the_store() {
     let fip = |id: &str, tag: &str| TaggedFip {
         id: id.into(),
         service_tag: tag.into(),
@@ -353,11 +353,47 @@ fn orphans_are_fips_without_a_managing_service() {
         fip("c", "cluster-ip"),
         fip("d", "live"),
     ];
-    let owners: BTreeMap<String, bool> = [("live".to_owned(), true), ("cluster-ip".to_owned(), false)]
-        .into_iter()
-        .collect();
-    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned(), "c".to_owned()]);
+    let owners: std::collections::HashSet<String> = ["live".to_owned(), "cluster-ip".to_owned()].into();
+    assert_eq!(orphans(&fips, &owners), vec!["b".to_owned()]);
     assert!(orphans(&[], &owners).is_empty());
+}
+
+const OLD_TERM: Duration = Duration::from_secs(600);
+
+const FIP: FipNow = FipNow {
+    same_owner_tag: true,
+    routed: false,
+    control_plane: false,
+};
+
+#[rstest]
+#[case::an_orphan_is_released(OLD_TERM, Some(FIP), Owner::Unseen, Sweep::Delete)]
+#[case::owner_gone_long_ago(OLD_TERM, Some(FIP), Owner::SeenAgo(Duration::from_secs(61)), Sweep::Delete)]
+#[case::never_in_a_young_term(
+    Duration::from_secs(59),
+    Some(FIP),
+    Owner::Unseen,
+    Sweep::Keep(Kept::YoungTerm)
+)]
+#[case::owner_exists_now(OLD_TERM, Some(FIP), Owner::Exists, Sweep::Keep(Kept::OwnerExists))]
+#[case::owner_seen_a_moment_ago(
+    OLD_TERM,
+    Some(FIP),
+    Owner::SeenAgo(Duration::from_secs(5)),
+    Sweep::Keep(Kept::OwnerSeenRecently)
+)]
+#[case::already_gone(OLD_TERM, None, Owner::Unseen, Sweep::Keep(Kept::Gone))]
+#[case::retagged(OLD_TERM, Some(FipNow { same_owner_tag: false, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::Retagged))]
+#[case::routed(OLD_TERM, Some(FipNow { routed: true, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::Routed))]
+#[case::control_plane(OLD_TERM, Some(FipNow { control_plane: true, ..FIP }), Owner::Unseen, Sweep::Keep(Kept::ControlPlane))]
+fn the_sweep_deletes_only_a_fip_orphaned_now(
+    #[case] term_age: Duration,
+    #[case] fip: Option<FipNow>,
+    #[case] owner: Owner,
+    #[case] want: Sweep,
+) {
+    let check = SweepCheck { term_age, fip, owner };
+    assert_eq!(sweep_decision(&check), want);
 }
 
 #[test]
@@ -414,34 +450,71 @@ fn asked_addresses_reads_every_implementations_annotation_and_the_spec() {
     assert!(asked_addresses(&lb("apps", "plain"), None).is_empty());
 }
 
+fn with_ip(mut svc: ServiceFacts, address: &str) -> ServiceFacts {
+    svc.load_balancer_ip = Some(address.into());
+    svc
+}
+
+#[rstest]
+#[case::annotated(with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", "true")]), true)]
+#[case::annotated_loosely(with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", " True ")]), true)]
+#[case::annotated_false(with(lb("default", "api"), &[("baton.dev/control-plane-endpoint", "false")]), false)]
+#[case::class(ServiceFacts { class: Some("baton.dev/control-plane".into()), ..lb("default", "api-int") }, true)]
+#[case::the_mirror_without_its_annotation(lb("kube-system", "baton-kubernetes-external"), true)]
+#[case::the_ccms_mirror(lb("kube-system", "cloud-provider-cherry-kubernetes-external"), true)]
+#[case::a_ccm_mirror_name_elsewhere(lb("apps", "cloud-provider-cherry-kubernetes-external"), false)]
+#[case::our_class(ServiceFacts { class: Some(LOAD_BALANCER_CLASS.into()), ..lb("apps", "web") }, false)]
+#[case::plain(lb("apps", "web"), false)]
+fn control_plane_service_table(#[case] svc: ServiceFacts, #[case] want: bool) {
+    assert_eq!(is_control_plane_service(&svc, MIRROR), want, "{svc:?}");
+}
+
 #[test]
 fn a_service_of_any_name_asking_for_a_control_plane_fip_is_never_managed() {
     let tag: baton_core::FipTag = "cluster=my-cp".parse().unwrap();
     let ips = vec![
         // The fipTag FIP, momentarily unassigned.
         cloud_fip("203.0.113.1", None, &[("cluster", "my-cp")]),
-        // Routed to a server: a control-plane endpoint's FIP.
+        // Routed to a server, and no control-plane Service asks for it: an operator's FIP for a
+        // workload Service, not a control-plane address.
         cloud_fip("203.0.113.2", Some(7), &[]),
         // A workload FIP (announced by BGP, never targeted).
         cloud_fip("203.0.113.3", None, &[("usage", "cloud-provider-cherry-auto")]),
+        // Routed to a server and asked for by a control-plane Service of class
+        // baton.dev/control-plane (a bootstrap API Service that lost its annotation).
+        cloud_fip("203.0.113.4", Some(8), &[]),
     ];
-    let mut api = with(
-        lb("default", "api"),
-        &[("baton.dev/control-plane-endpoint", "true")],
+    let api = with_ip(
+        with(
+            lb("default", "api"),
+            &[("baton.dev/control-plane-endpoint", "true")],
+        ),
+        "203.0.113.9",
     );
-    api.load_balancer_ip = Some("203.0.113.9".into());
-    let cp = control_plane_addresses(Some(&tag), &ips, std::slice::from_ref(&api));
+    let api_int = with_ip(
+        ServiceFacts {
+            class: Some("baton.dev/control-plane".into()),
+            ..lb("default", "api-int")
+        },
+        "203.0.113.4",
+    );
+    // baton's mirror by name, its annotation lost, asking by MetalLB's annotation.
+    let mirror = with(lb(MIRROR.0, MIRROR.1), &[(METALLB_IPS_ANNOTATION, "203.0.113.8")]);
+    let services = [api, api_int, mirror];
+    let cp = control_plane_addresses(Some(&tag), &ips, &services, MIRROR);
     let got: Vec<String> = cp.iter().map(ToString::to_string).collect();
-    assert_eq!(got, ["203.0.113.1", "203.0.113.2", "203.0.113.9"]);
+    assert_eq!(got, ["203.0.113.1", "203.0.113.4", "203.0.113.8", "203.0.113.9"]);
 
     // cloud-provider-cherry's leftover mirror, by spec and by MetalLB annotation.
-    let mut leftover = lb("kube-system", "cloud-provider-cherry-kubernetes-external");
-    leftover.load_balancer_ip = Some("203.0.113.1".into());
+    let leftover = with_ip(
+        lb("kube-system", "cloud-provider-cherry-kubernetes-external"),
+        "203.0.113.1",
+    );
     assert_eq!(
         scope_excluding(&leftover, MIRROR, &cp, None),
         Scope::Ignored(Ignored::ControlPlaneEndpoint)
     );
-    let by_annotation = with(lb("apps", "sneaky"), &[(METALLB_IPS_ANNOTATION, "203.0.113.2")]);
+    let by_annotation = with(lb("apps", "sneaky"), &[(METALLB_IPS_ANNOTATION, "203.0.113.4")]);
     assert_eq!(
         scope_excluding(&by_annotation, MIRROR, &cp, None),
         Scope::Ignored(Ignored::ControlPlaneEndpoint)
@@ -452,16 +525,82 @@ fn a_service_of_any_name_asking_for_a_control_plane_fip_is_never_managed() {
         scope_excluding(&custom, MIRROR, &cp, Some("example.com/ips")),
         Scope::Ignored(Ignored::ControlPlaneEndpoint)
     );
-    // A workload FIP or a user's own address is still the Service's.
+    // A workload FIP, a FIP routed to a server for a workload Service, or a user's own address
+    // is still the Service's.
     let workload = with(lb("apps", "web"), &[(METALLB_IPS_ANNOTATION, "203.0.113.3")]);
     assert_eq!(scope_excluding(&workload, MIRROR, &cp, None), Scope::Managed);
+    let routed = with_ip(lb("apps", "byo"), "203.0.113.2");
+    assert_eq!(scope_excluding(&routed, MIRROR, &cp, None), Scope::Managed);
     // Other reasons to ignore keep their reason.
-    let mut opted = with(lb("apps", "out"), &[(MANAGED_ANNOTATION, "false")]);
-    opted.load_balancer_ip = Some("203.0.113.1".into());
+    let opted = with_ip(
+        with(lb("apps", "out"), &[(MANAGED_ANNOTATION, "false")]),
+        "203.0.113.1",
+    );
     assert_eq!(
         scope_excluding(&opted, MIRROR, &cp, None),
         Scope::Ignored(Ignored::OptedOut)
     );
+    // Without a fipTag and without the Services, nothing is a control-plane address: routing
+    // alone never makes one.
+    assert!(control_plane_addresses(None, &ips, &[], MIRROR).is_empty());
+}
+
+#[test]
+fn a_routed_fip_of_a_workload_service_is_brought_not_announced() {
+    let tag: baton_core::FipTag = "cluster=my-cp".parse().unwrap();
+    let ips = vec![
+        // The control-plane FIP, routed to its holder: a control-plane address only.
+        cloud_fip("203.0.113.1", Some(600_101), &[("cluster", "my-cp")]),
+        // The operator's FIP, routed to cp-0 for a workload Service.
+        cloud_fip("203.0.113.2", Some(600_101), &[]),
+        // baton's FIP of a Service, which the operator then targeted to cp-1 by the API.
+        cloud_fip(
+            "203.0.113.3",
+            Some(600_102),
+            &[("usage", "cloud-provider-cherry-auto")],
+        ),
+        // A workload FIP announced by BGP.
+        cloud_fip("203.0.113.5", None, &[("usage", "cloud-provider-cherry-auto")]),
+    ];
+    let roles = FipRoles::of(Some(&tag), &ips, &[], MIRROR);
+    assert_eq!(roles.control_plane, BTreeSet::from([ip("203.0.113.1")]));
+    assert_eq!(
+        roles.routed,
+        BTreeMap::from([(ip("203.0.113.2"), 600_101), (ip("203.0.113.3"), 600_102)])
+    );
+    assert_eq!(roles.routed_to(ip("203.0.113.2")), Some(600_101));
+    assert_eq!(
+        roles.routed_to(ip("203.0.113.1")),
+        None,
+        "control-plane, not routed BYO"
+    );
+    assert_eq!(roles.routed_to(ip("203.0.113.5")), None, "announced by BGP");
+    assert_eq!(
+        roles.never_announced(),
+        BTreeSet::from([ip("203.0.113.1"), ip("203.0.113.2"), ip("203.0.113.3")])
+    );
+
+    // The Service asking for the routed FIP is managed: it brings its own address (no FIP of
+    // baton's carries its tags), so baton sets its ingress and reserves nothing.
+    let byo = with_ip(lb("apps", "byo"), "203.0.113.2");
+    assert_eq!(
+        scope_excluding(&byo, MIRROR, &roles.control_plane, None),
+        Scope::Managed
+    );
+    let requested = requested_ip(&byo, &metallb()).unwrap();
+    assert_eq!(requested, Some(ip("203.0.113.2")));
+    assert_eq!(decide(requested, None, None), Decision::ByoIp(ip("203.0.113.2")));
+    // It takes no slot of the BGP prefix budget (it is never announced); a plain Service does.
+    let plain = lb("apps", "web");
+    let admission = budget::admitted(&[byo.clone(), plain], MIRROR, &roles.never_announced(), Some(1));
+    assert!(admission.admitted.contains("apps/web"), "{admission:?}");
+    assert!(!admission.admitted.contains("apps/byo") && !admission.refuses("apps/byo"));
+    // Nor is it pending once its ingress shows the address.
+    let shown = ServiceFacts {
+        ingress_ips: vec!["203.0.113.2".into()],
+        ..byo
+    };
+    assert!(!is_pending(&shown, MIRROR, &roles.control_plane, None));
 }
 
 #[test]
@@ -502,47 +641,22 @@ fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own(
     );
 }
 
-fn cloud_ip(id: &str, tags: Tags) -> IpAddress {
-    IpAddress {
-        id: IpId::from(id),
-        tags,
-        ..cloud_fip("203.0.113.1", None, &[])
-    }
-}
-
 #[test]
-fn the_ip_index_finds_a_services_fips_by_tag_and_follows_a_new_list() {
-    let web = service_fip_tags("apps", "web", "uid-1");
-    let db = service_fip_tags("apps", "db", "uid-1");
-    let list: baton_cloud::model::IpList = Arc::new(
-        [
-            cloud_ip("a", web.clone()),
-            cloud_ip("b", db.clone()),
-            cloud_ip("c", web.clone()),
-            cloud_ip("d", Tags::new()),
-        ]
-        .into_iter()
-        .map(Arc::new)
-        .collect(),
+fn a_term_is_dated_from_its_first_look_and_a_lapse_starts_another() {
+    let t0 = tokio::time::Instant::now();
+    let s = Duration::from_secs;
+    let mut clock = TermClock::default();
+    assert_eq!(clock.age(None, t0), None, "not leading");
+    assert_eq!(clock.age(Some(t0 + s(10)), t0), Some(s(0)), "a term begins");
+    // Renewed before each deadline: one term.
+    assert_eq!(clock.age(Some(t0 + s(15)), t0 + s(8)), Some(s(8)));
+    assert_eq!(clock.age(Some(t0 + s(20)), t0 + s(14)), Some(s(14)));
+    // The deadline passed before the next look (a lapse, or renewals unseen): a new term.
+    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(25)), Some(s(0)));
+    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(30)), Some(s(5)));
+    assert_eq!(
+        clock.age(Some(t0 + s(30)), t0 + s(30)),
+        None,
+        "a deadline that is now has passed"
     );
-    let mut index = IpIndex::default();
-    index.refresh(&list);
-    let ids = |index: &IpIndex, list: &[Arc<IpAddress>], tags: &Tags| -> Vec<String> {
-        index
-            .with_service_tag(list, tags.get(SERVICE_KEY).map(String::as_str))
-            .filter(|ip| is_ours(ip, tags))
-            .map(|ip| ip.id.to_string())
-            .collect()
-    };
-    assert_eq!(ids(&index, &list, &web), ["a", "c"]);
-    assert_eq!(ids(&index, &list, &db), ["b"]);
-    assert!(index.ids.contains("d") && !index.ids.contains("e"));
-
-    // A new version of the list (a create patched the cache) is indexed anew.
-    let mut next = (*list).clone();
-    next.push(Arc::new(cloud_ip("e", db.clone())));
-    let next = Arc::new(next);
-    index.refresh(&next);
-    assert_eq!(ids(&index, &next, &db), ["b", "e"]);
-    assert!(index.ids.contains("e"));
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -32,6 +32,8 @@ pub struct TokenUser {
 }
 
 /// What to start.
+// Independent switches of a test bed, each set by name in a struct literal: no state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug)]
 pub struct Options {
     /// One kube-apiserver per address, port 6443, advertising that address.
@@ -50,12 +52,28 @@ pub struct Options {
     /// The API servers' `--etcd-prefix` (each control plane has its own etcd as well).
     pub etcd_prefix: String,
     /// Run every server except the bootstrap host (198.51.100.10) as a lab node
-    /// ([`crate::node`]): its own network namespace on the lab bridge, its API server, a
-    /// kubelet with containerd + runc, kube-controller-manager and kube-scheduler. Nodes
-    /// register themselves (cp-0 = 198.51.100.11, …) and are labelled control-plane.
+    /// ([`crate::node`]): its own network namespace on the lab bridge, where its API server and
+    /// kube-proxy run; FIPs are routed, not local (the simulator's `route_fips(node::BRIDGE)`),
+    /// so a node must accept a FIP's packets itself. Implied by `kubelets`.
+    pub nodes: bool,
+    /// Lab nodes ([`Options::nodes`]) that also run a kubelet with containerd + runc, a pod
+    /// network (CNI bridge, one /24 of 10.244.0.0/16 per node, routed by the hub),
+    /// kube-controller-manager and kube-scheduler. Nodes register themselves (cp-0 =
+    /// 198.51.100.11, …) and are labelled control-plane.
     pub kubelets: bool,
+    /// kube-proxy's mode on the lab nodes ([`ProxyMode::None`]: no kube-proxy).
+    pub proxy_mode: ProxyMode,
     /// OCI image archives loaded into every node's runtime (with `kubelets`).
     pub images: Vec<NodeImage>,
+    /// Every API server writes an audit log (level Metadata: who did what to which object, and
+    /// the answer's code), read back by [`ControlPlane::audit_events`].
+    pub audit: bool,
+    /// Run the API servers with API Priority and Fairness on (off by default, as before), with
+    /// small limits a test can saturate: [`APF_MAX_REQUESTS_INFLIGHT`] +
+    /// [`APF_MAX_MUTATING_REQUESTS_INFLIGHT`] seats per API server, shared by the priority
+    /// levels. The `system:masters` admin ([`ADMIN_TOKEN`]) is exempt from it;
+    /// the users of [`crate::load`] are not.
+    pub apf: bool,
 }
 
 impl Default for Options {
@@ -67,8 +85,35 @@ impl Default for Options {
             users: Vec::new(),
             node_addresses: BTreeMap::new(),
             etcd_prefix: "/registry".to_owned(),
+            nodes: false,
             kubelets: false,
+            proxy_mode: ProxyMode::default(),
             images: Vec::new(),
+            audit: false,
+            apf: false,
+        }
+    }
+}
+
+/// How kube-proxy runs on the lab nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// `--proxy-mode=iptables` (Debian's iptables, nf_tables backend): the default, as in most
+    /// clusters.
+    #[default]
+    Iptables,
+    /// `--proxy-mode=nftables`.
+    Nftables,
+    /// No kube-proxy (a cluster with a replacement, or none).
+    None,
+}
+
+impl ProxyMode {
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Self::Iptables => Some("iptables"),
+            Self::Nftables => Some("nftables"),
+            Self::None => None,
         }
     }
 }
@@ -81,6 +126,29 @@ impl Options {
             ..Self::default()
         }
     }
+
+    /// Whether the servers run as lab nodes ([`Options::nodes`] or [`Options::kubelets`]).
+    pub fn lab_nodes(&self) -> bool {
+        self.nodes || self.kubelets
+    }
+}
+
+/// `--max-requests-inflight` of an API server with [`Options::apf`]. With API Priority and
+/// Fairness, this plus [`APF_MAX_MUTATING_REQUESTS_INFLIGHT`] is the server's total concurrency
+/// limit (30 seats), divided among the priority levels by their shares: `workload-low` (where
+/// ServiceAccounts' requests go) gets 13 seats, `global-default` 3, `leader-election` 2 (the
+/// default is 600 in all). Small enough that [`crate::load::LoadGen`] fills them on two cores,
+/// large enough for the lab's own kubelets and controllers.
+pub const APF_MAX_REQUESTS_INFLIGHT: u32 = 20;
+/// `--max-mutating-requests-inflight` of an API server with [`Options::apf`].
+pub const APF_MAX_MUTATING_REQUESTS_INFLIGHT: u32 = 10;
+
+/// The pod network of the lab nodes: node `n` (cp-n) has `10.244.n.0/24`.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+/// The pod CIDR of lab node number `n`.
+pub fn pod_cidr(n: usize) -> String {
+    format!("10.244.{n}.0/24")
 }
 
 /// A running control plane. Dropping it kills every process and removes its files.
@@ -90,14 +158,24 @@ pub struct ControlPlane {
     etcd_url: String,
     ca_pem: String,
     ca_der: Vec<u8>,
+    /// The cluster CA, to sign more serving certificates ([`ControlPlane::issue_serving_cert`]).
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
     admin_cert: (String, String),
     etcd_prefix: String,
+    audit: bool,
     etcd: Proc,
+    /// Whether etcd is stopped ([`ControlPlane::pause_etcd`], [`ControlPlane::stall_etcd`]).
+    etcd_stop: Arc<Mutex<EtcdStop>>,
+    /// API Priority and Fairness on ([`Options::apf`]).
+    apf: bool,
     apiservers: Vec<ApiServer>,
     kcm: Option<Proc>,
     firewall: Firewall,
-    /// Lab nodes (with [`Options::kubelets`]); dropped first.
+    /// Lab nodes (with [`Options::nodes`] or [`Options::kubelets`]); dropped first.
     nodes: Vec<Node>,
+    proxy_mode: ProxyMode,
+    /// The lab nodes run kubelets (pods, the Node authorizer, ServiceAccount admission).
+    kubelets: bool,
 }
 
 struct ApiServer {
@@ -109,6 +187,35 @@ struct ApiServer {
     proc: Option<Proc>,
     /// Stopped with SIGSTOP.
     hung: bool,
+}
+
+/// Whether etcd is stopped, and which stop or resume was the last.
+#[derive(Debug, Default)]
+struct EtcdStop {
+    stopped: bool,
+    /// Bumped by every stop and resume, so the timed resume of a stall ends only that stall
+    /// (not a later pause, or a later and longer stall).
+    generation: u64,
+}
+
+/// A serving certificate signed by the cluster CA ([`ControlPlane::issue_serving_cert`]).
+#[derive(Clone)]
+pub struct ServingCert {
+    /// The certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PKCS#8, PEM).
+    pub key_pem: String,
+    /// The certificate (DER).
+    pub cert_der: Vec<u8>,
+    /// Its private key (PKCS#8, DER).
+    pub key_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for ServingCert {
+    /// Without the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingCert").finish_non_exhaustive()
+    }
 }
 
 /// Every address of the node whose API server is on `ip`: `ip`, its private twin when `ip` is
@@ -168,7 +275,7 @@ impl ControlPlane {
 
         let (client_port, peer_port) = (free_port()?, free_port()?);
         // With lab nodes, etcd listens on the bridge too, where the nodes' API servers reach it.
-        let etcd_host = if opts.kubelets {
+        let etcd_host = if opts.lab_nodes() {
             node::LAB_HOST.to_string()
         } else {
             "127.0.0.1".to_owned()
@@ -203,9 +310,13 @@ impl ControlPlane {
             etcd_url,
             ca_der: pki.ca_der,
             ca_pem: pki.ca_pem,
+            ca: pki.ca,
             admin_cert: (pki.admin_pem, pki.admin_key),
             etcd_prefix: opts.etcd_prefix.clone(),
+            audit: opts.audit,
             etcd,
+            etcd_stop: Arc::default(),
+            apf: opts.apf,
             apiservers: opts
                 .servers
                 .iter()
@@ -220,6 +331,8 @@ impl ControlPlane {
             kcm: None,
             firewall: Firewall::default(),
             nodes,
+            proxy_mode: opts.proxy_mode,
+            kubelets: opts.kubelets,
             dir,
         };
         for i in 0..cp.apiservers.len() {
@@ -236,13 +349,67 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        if opts.apf {
+            cp.wait_for_apf_config().await?;
+        }
         if opts.controller_manager && !opts.kubelets {
             cp.kcm = Some(cp.spawn_controller_manager()?);
         }
         if opts.kubelets {
             cp.start_nodes(&opts.images).await?;
+        } else if opts.nodes {
+            cp.start_kube_proxies()?;
         }
         Ok(cp)
+    }
+
+    /// Waits until the API server has created its suggested APF configuration (it does so
+    /// after `/readyz` answers): a test that names a FlowSchema or priority level can rely on it.
+    async fn wait_for_apf_config(&self) -> anyhow::Result<()> {
+        use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+        let schemas: Api<FlowSchema> = Api::all(self.client(0)?);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let names: Vec<String> = schemas
+                .list_metadata(&kube::api::ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|s| s.metadata.name)
+                .collect();
+            if [
+                "catch-all",
+                "global-default",
+                "service-accounts",
+                "system-leader-election",
+            ]
+            .iter()
+            .all(|n| names.iter().any(|m| m == n))
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the API servers' suggested FlowSchemas did not appear within 30 s (have {names:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Starts kube-proxy on every lab node (in [`Options::proxy_mode`]), talking to the node's
+    /// own API server.
+    fn start_kube_proxies(&mut self) -> anyhow::Result<()> {
+        let Some(mode) = self.proxy_mode.flag() else {
+            return Ok(());
+        };
+        for i in 0..self.apiservers.len() {
+            let Some(n) = self.apiservers[i].node else {
+                continue;
+            };
+            let name = self.nodes[n].name.clone();
+            let kc = self.write_kubeconfig_named(i, ADMIN_TOKEN, &format!("kube-proxy-{name}"))?;
+            self.nodes[n].start_kube_proxy(&self.bin, &kc, mode)?;
+        }
+        Ok(())
     }
 
     /// Starts each lab node's runtime, kubelet and controllers, waits until every Node is
@@ -269,6 +436,7 @@ impl ControlPlane {
             node.start_kubelet(&bin, &kubelet_kc, &ca)?;
             node.start_controllers(&bin, &admin_kc, self.dir.path())?;
         }
+        self.start_kube_proxies()?;
         let nodes: Api<KubeNode> = Api::all(self.client(self.first_node_apiserver())?);
         let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -319,9 +487,45 @@ impl ControlPlane {
         self.apiservers.iter().position(|a| a.node.is_some()).unwrap_or(0)
     }
 
-    /// The lab node names (`cp-0`, …), in API server order; empty without `kubelets`.
+    /// The lab node names (`cp-0`, …), in API server order; empty without lab nodes.
     pub fn node_names(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// `program` wrapped to run on lab node `name` (in its network and mount namespaces, as a
+    /// host-network pod or a systemd unit of that node would).
+    pub fn node_command(&self, name: &str, program: impl AsRef<Path>) -> anyhow::Result<Command> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no lab node {name}"))?;
+        anyhow::ensure!(!node.dead, "lab node {name} is powered off");
+        Ok(node.command(program.as_ref()))
+    }
+
+    /// Loads the nftables ruleset `rules` (`nft -f` syntax) on lab node `name`.
+    pub async fn node_nft(&self, name: &str, rules: &str) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut child = self
+            .node_command(name, "nft")?
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("running nft (Debian package nftables)")?;
+        let mut stdin = child.stdin.take().context("nft stdin")?;
+        stdin.write_all(rules.as_bytes()).await?;
+        drop(stdin);
+        let out = child.wait_with_output().await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "nft on {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(())
     }
 
     /// The network namespace (`ip netns` name) of lab node `name`.
@@ -398,6 +602,14 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// etcd's client address.
+    fn etcd_addr(&self) -> anyhow::Result<SocketAddr> {
+        let hostport = self.etcd_url.strip_prefix("http://").context("etcd URL")?;
+        hostport
+            .parse()
+            .with_context(|| format!("etcd address {hostport}"))
+    }
+
     /// A client of API server `i` as the `system:masters` admin.
     pub fn client(&self, i: usize) -> anyhow::Result<kube::Client> {
         self.client_as(i, ADMIN_TOKEN)
@@ -432,7 +644,31 @@ impl ControlPlane {
 
     /// The `kube::Config` behind [`client_as`](Self::client_as).
     pub fn kube_config(&self, i: usize, token: &str) -> anyhow::Result<kube::Config> {
-        let mut cfg = kube::Config::new(self.url(i).parse()?);
+        self.kube_config_for(&self.url(i), token)
+    }
+
+    /// Writes a kubeconfig for API server `i` authenticating with `token`; returns its path.
+    pub fn write_kubeconfig(&self, i: usize, token: &str) -> anyhow::Result<PathBuf> {
+        self.write_kubeconfig_named(i, token, &format!("kubeconfig-{i}-{}", token.len()))
+    }
+
+    /// Writes a kubeconfig for the server at `url` (e.g. a [`SlowApi`](crate::SlowApi) in
+    /// front of an API server), trusting the cluster CA and authenticating with `token`;
+    /// returns its path.
+    pub fn write_kubeconfig_for(&self, url: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let name: String = url
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = self.dir.path().join(format!("kubeconfig-{name}-{}", token.len()));
+        std::fs::write(&path, kubeconfig(url, &self.ca_pem, token))?;
+        Ok(path)
+    }
+
+    /// The `kube::Config` of a client of the server at `url` (trusting the cluster CA,
+    /// authenticating with `token`).
+    pub fn kube_config_for(&self, url: &str, token: &str) -> anyhow::Result<kube::Config> {
+        let mut cfg = kube::Config::new(url.parse().with_context(|| format!("server URL {url}"))?);
         cfg.root_cert = Some(vec![self.ca_der.clone()]);
         cfg.auth_info.token = Some(token.to_owned().into());
         cfg.connect_timeout = Some(Duration::from_secs(5));
@@ -440,9 +676,35 @@ impl ControlPlane {
         Ok(cfg)
     }
 
-    /// Writes a kubeconfig for API server `i` authenticating with `token`; returns its path.
-    pub fn write_kubeconfig(&self, i: usize, token: &str) -> anyhow::Result<PathBuf> {
-        self.write_kubeconfig_named(i, token, &format!("kubeconfig-{i}-{}", token.len()))
+    /// A serving certificate for `sans` (IP addresses or DNS names) signed by the cluster CA,
+    /// so that every client of the control plane trusts it (for a server that stands in for an
+    /// API server on another address, e.g. a [`SlowApi`](crate::SlowApi)).
+    pub fn issue_serving_cert(&self, sans: &[String]) -> anyhow::Result<ServingCert> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(sans.to_vec())
+            .with_context(|| format!("certificate names {sans:?}"))?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "baton-lab-server");
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok(ServingCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            cert_der: cert.der().to_vec(),
+            key_der: key.serialize_der(),
+        })
+    }
+
+    /// The network namespace (a path under `/run/netns`) of API server `i`'s lab node, if it
+    /// runs on one.
+    pub(crate) fn apiserver_netns(&self, i: usize) -> Option<PathBuf> {
+        let n = self.apiservers[i].node?;
+        Some(Path::new("/run/netns").join(&self.nodes[n].netns))
+    }
+
+    /// Whether the API servers run with API Priority and Fairness ([`Options::apf`]).
+    pub fn apf(&self) -> bool {
+        self.apf
     }
 
     fn write_kubeconfig_named(&self, i: usize, token: &str, file: &str) -> anyhow::Result<PathBuf> {
@@ -513,6 +775,78 @@ impl ControlPlane {
         self.apiservers[i].hung
     }
 
+    /// Stalls etcd for `d`, as a slow disk or a long fsync does: SIGSTOP now, SIGCONT after
+    /// `d` (from a thread of its own, whatever the caller's runtime is doing). Returns once the
+    /// kernel reports etcd stopped, so the stall starts when the caller's clock does. Every API
+    /// server shares this etcd.
+    ///
+    /// A [`resume_etcd`](Self::resume_etcd), [`pause_etcd`](Self::pause_etcd) or another stall
+    /// before `d` has passed supersedes this one (its timed resume then does nothing). A stopped
+    /// etcd is resumed when the control plane drops, also on panic.
+    pub fn stall_etcd(&self, d: Duration) -> anyhow::Result<()> {
+        let generation = self.stop_etcd()?;
+        let (stop, pid) = (Arc::clone(&self.etcd_stop), self.running_etcd_pid()?);
+        std::thread::Builder::new()
+            .name("etcd-stall".into())
+            .spawn(move || {
+                std::thread::sleep(d);
+                let mut stop = lock(&stop);
+                if stop.stopped && stop.generation == generation {
+                    let _ = signal(pid, nix::sys::signal::Signal::SIGCONT);
+                    stop.stopped = false;
+                    stop.generation += 1;
+                }
+            })
+            .context("starting the thread that ends the etcd stall")?;
+        Ok(())
+    }
+
+    /// Stops etcd (SIGSTOP) until [`resume_etcd`](Self::resume_etcd); returns once it is
+    /// stopped. Resumed when the control plane drops, also on panic.
+    pub fn pause_etcd(&self) -> anyhow::Result<()> {
+        self.stop_etcd().map(drop)
+    }
+
+    /// Resumes a stopped etcd (SIGCONT). No-op if it is not stopped.
+    pub fn resume_etcd(&self) -> anyhow::Result<()> {
+        let mut stop = lock(&self.etcd_stop);
+        if stop.stopped {
+            signal(self.running_etcd_pid()?, nix::sys::signal::Signal::SIGCONT)?;
+            stop.stopped = false;
+        }
+        stop.generation += 1;
+        Ok(())
+    }
+
+    /// Whether etcd is stopped ([`pause_etcd`](Self::pause_etcd), or a stall in progress).
+    pub fn is_etcd_paused(&self) -> bool {
+        lock(&self.etcd_stop).stopped
+    }
+
+    /// SIGSTOPs etcd and waits until it is stopped; returns the new stop generation.
+    fn stop_etcd(&self) -> anyhow::Result<u64> {
+        let pid = self.running_etcd_pid()?;
+        let mut stop = lock(&self.etcd_stop);
+        signal(pid, nix::sys::signal::Signal::SIGSTOP)?;
+        stop.stopped = true;
+        stop.generation += 1;
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        anyhow::ensure!(
+            wait_for_state(pid, |s| matches!(s, Some('T' | 't') | None), deadline),
+            "etcd ({pid}) did not stop within 2 s of SIGSTOP"
+        );
+        Ok(stop.generation)
+    }
+
+    /// etcd's process id, while it runs.
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.pid()
+    }
+
+    fn running_etcd_pid(&self) -> anyhow::Result<u32> {
+        self.etcd_pid().context("etcd is not running")
+    }
+
     /// Blackholes node `i`: every packet to or from any of its
     /// [`node_addresses`](Self::node_addresses) is dropped (nftables, in this lab's namespace),
     /// so connects to it time out; established connections stall. Undone by [`heal`](Self::heal).
@@ -527,11 +861,14 @@ impl ControlPlane {
 
     /// Partitions node `i`'s API server: TCP to and from port 6443 on the node's addresses is
     /// dropped, so nobody reaches it (connects time out), while the node's other ports and its
-    /// outgoing traffic (e.g. its baton replica calling the cloud) still work. Undone by
+    /// outgoing traffic (e.g. its baton replica calling the cloud) still work. On a lab node,
+    /// whose own processes reach its API server without crossing the network, the API server
+    /// also loses etcd, so it serves nobody, the node's own clients included. Undone by
     /// [`heal`](Self::heal).
     pub async fn partition(&mut self, i: usize) -> anyhow::Result<()> {
         if let Some(n) = self.apiservers[i].node {
-            return self.nodes[n].set_partition(Some(APISERVER_PORT)).await;
+            let etcd = self.etcd_addr()?;
+            return self.nodes[n].set_partition(Some((APISERVER_PORT, etcd))).await;
         }
         let addrs = self.apiservers[i].node_addrs.clone();
         self.firewall.set_partition(i, &addrs, Some(APISERVER_PORT)).await
@@ -631,7 +968,7 @@ impl ControlPlane {
             Some(n) => n.command(&self.bin.join("kube-apiserver")),
             None => Command::new(self.bin.join("kube-apiserver")),
         };
-        let with_nodes = !self.nodes.is_empty();
+        let with_nodes = self.kubelets;
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix={}", self.etcd_prefix),
@@ -661,15 +998,53 @@ impl ControlPlane {
                 "--disable-admission-plugins=ServiceAccount"
             }
             .into(),
-            "--enable-priority-and-fairness=false".into(),
+        ]);
+        if self.apf {
+            cmd.args([
+                "--enable-priority-and-fairness=true".to_owned(),
+                format!("--max-requests-inflight={APF_MAX_REQUESTS_INFLIGHT}"),
+                format!("--max-mutating-requests-inflight={APF_MAX_MUTATING_REQUESTS_INFLIGHT}"),
+            ]);
+        } else {
+            cmd.arg("--enable-priority-and-fairness=false");
+        }
+        cmd.args([
             "--profiling=false".into(),
             // `kubectl logs` and friends reach a lab node's kubelet by its address (the lab has
             // no DNS for node names).
             "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
             format!("--cert-dir={}", p(&format!("certs-{i}"))),
         ]);
+        if self.audit {
+            std::fs::write(
+                d.join("audit-policy.yaml"),
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+            )?;
+            cmd.args([
+                format!("--audit-policy-file={}", p("audit-policy.yaml")),
+                format!("--audit-log-path={}", p(&format!("audit-{i}.log"))),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ]);
+        }
         self.apiservers[i].proc = Some(Proc::spawn(&format!("apiserver-{i}"), d, &mut cmd)?);
         Ok(())
+    }
+
+    /// Every audit event the API servers logged so far (with [`Options::audit`]), in no
+    /// particular order: JSON objects of `audit.k8s.io/v1` `Event`.
+    pub fn audit_events(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let mut out = Vec::new();
+        for i in 0..self.apiservers.len() {
+            let path = self.dir.path().join(format!("audit-{i}.log"));
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                out.push(serde_json::from_str(line).with_context(|| format!("{}: {line}", path.display()))?);
+            }
+        }
+        Ok(out)
     }
 
     async fn wait_ready(&mut self, i: usize, timeout: Duration) -> anyhow::Result<()> {
@@ -712,6 +1087,7 @@ impl Drop for ControlPlane {
         for i in 0..self.apiservers.len() {
             let _ = self.unhang(i);
         }
+        let _ = self.resume_etcd();
         self.nodes.clear();
         self.firewall.remove_blocking();
         // Kill the API servers, the controller manager and etcd now and wait (bounded) until
@@ -740,7 +1116,7 @@ impl Drop for ControlPlane {
 /// The lab nodes of `opts` (with `kubelets`: every server but the bootstrap host, named as the
 /// simulator names them), adding each kubelet's token user (for the Node authorizer).
 fn plan_nodes(opts: &mut Options) -> Vec<(IpAddr, String)> {
-    if !opts.kubelets {
+    if !opts.lab_nodes() {
         return Vec::new();
     }
     let nodes: Vec<(IpAddr, String)> = opts
@@ -766,7 +1142,7 @@ async fn create_nodes(
     dir: &Path,
 ) -> anyhow::Result<Vec<Node>> {
     let mut nodes = Vec::new();
-    if !opts.kubelets {
+    if !opts.lab_nodes() {
         return Ok(nodes);
     }
     let hosts: Vec<IpAddr> = opts
@@ -778,8 +1154,9 @@ async fn create_nodes(
     node::sweep_stale();
     node::bridge(&hosts).await?;
     let lab_id = node::lab_id();
-    for (ip, name) in node_servers {
-        nodes.push(Node::create(&lab_id, name, &node_addrs(*ip, &opts.node_addresses), dir).await?);
+    for (n, (ip, name)) in node_servers.iter().enumerate() {
+        let addrs = node_addrs(*ip, &opts.node_addresses);
+        nodes.push(Node::create(&lab_id, name, &addrs, &pod_cidr(n), dir).await?);
     }
     Ok(nodes)
 }
@@ -811,6 +1188,11 @@ fn wait_for_state(pid: u32, done: impl Fn(Option<char>) -> bool, deadline: std::
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Locks `m`, also when a thread panicked holding it (the state is a flag and a counter).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn process_state(pid: u32) -> Option<char> {
@@ -946,6 +1328,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 struct Pki {
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
     ca_pem: String,
     ca_der: Vec<u8>,
     serving_pem: String,
@@ -1004,6 +1387,7 @@ impl Pki {
             admin_key: admin_key.serialize_pem(),
             ca_pem: ca.pem(),
             ca_der: ca.der().to_vec(),
+            ca,
             serving_pem: serving.pem(),
             serving_key: serving_key.serialize_pem(),
             sa_key: sa_key.serialize_pem(),
@@ -1018,7 +1402,7 @@ impl Pki {
         std::fs::write(dir.join("sa.key"), &self.sa_key)?;
         std::fs::write(dir.join("sa.pub"), &self.sa_pub)?;
         let mut tokens = format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n");
-        for u in &opts.users {
+        for u in opts.users.iter().chain(crate::load::all_users()) {
             let _ = writeln!(
                 tokens,
                 "{},{},{}-uid,\"{}\"",

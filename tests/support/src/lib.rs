@@ -12,6 +12,9 @@
 //! own network namespace on a lab bridge, its API server, a kubelet with containerd + runc,
 //! kube-controller-manager and kube-scheduler, so Deployments really run as pods.
 //!
+//! Grey failures ([`ControlPlane::stall_etcd`], [`SlowApi`], [`Options::apf`] with a
+//! [`LoadGen`]): a dependency that is slow, not dead.
+//!
 //! Binaries come from `scripts/testenv` (built once from Go modules, cached outside the repo).
 //! Every process is killed when its handle drops, and with `--pdeathsig` when the lab thread
 //! ends, so a panicking test leaves nothing behind.
@@ -34,11 +37,21 @@ pub fn init_tracing() {
 
 pub mod control_plane;
 pub mod fault;
+pub mod latency;
+pub mod load;
 pub mod node;
+pub mod slow_api;
+mod tls_server;
 
-pub use control_plane::{ADMIN_TOKEN, APISERVER_PORT, ControlPlane, Options, TokenUser};
+pub use control_plane::{
+    ADMIN_TOKEN, APF_MAX_MUTATING_REQUESTS_INFLIGHT, APF_MAX_REQUESTS_INFLIGHT, APISERVER_PORT, ControlPlane,
+    Options, ServingCert, TokenUser,
+};
 pub use fault::Fault;
+pub use latency::Latency;
+pub use load::{Load, LoadGen, LoadStats, Work};
 pub use node::{NodeImage, baton_image};
+pub use slow_api::{HeldWrite, Profile, SlowApi, SlowApiStats};
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.
 pub fn http_client(ca_der: Option<&[u8]>) -> anyhow::Result<reqwest::Client> {

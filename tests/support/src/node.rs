@@ -1,16 +1,27 @@
-//! Lab nodes: control-plane servers that behave like nodes, each with its own network namespace,
-//! a real container runtime (containerd + runc) and a real kubelet.
+//! Lab nodes: control-plane servers that behave like nodes, each with its own network namespace
+//! on the lab bridge, its API server and kube-proxy, and (with kubelets) a real container runtime
+//! (containerd + runc), a pod network and a real kubelet.
 //!
 //! ```text
-//!  lab namespace (the test's)                      node namespace cp-0 (one per node)
+//!  lab namespace (the hub, the test's)            node namespace cp-0 (one per node)
 //!  ┌───────────────────────────────────────┐      ┌────────────────────────────────────────┐
 //!  │ bridge baton0 198.51.100.1 192.0.2.1  │─veth─│ eth0 198.51.100.11/24 192.0.2.11/24    │
-//!  │   + hosts that are no node            │      │ kube-apiserver :6443, kubelet,         │
-//!  │     (the bootstrap host .10)          │      │ containerd (+ shims, hostNetwork pods),│
-//!  │ etcd 192.0.2.1, the simulator,        │      │ kube-controller-manager, kube-scheduler│
-//!  │ FIPs 203.0.113.0/24 local on lo       │      │ default route → 198.51.100.1           │
-//!  └───────────────────────────────────────┘      └────────────────────────────────────────┘
+//!  │   + hosts that are no node            │      │ kube-apiserver :6443, kube-proxy,      │
+//!  │     (the bootstrap host .10)          │      │ [kubelet, containerd (+ shims, pods),  │
+//!  │ etcd 192.0.2.1, the simulator         │      │  kube-controller-manager, scheduler,   │
+//!  │ routes, as the cloud's router:        │      │  cni0 10.244.0.1/24 for pods]          │
+//!  │   203.0.113.x/32 via <FIP's holder>   │      │ default route → 198.51.100.1           │
+//!  │   10.244.n.0/24 via <node n>          │      └────────────────────────────────────────┘
+//!  │ ip_forward=1, no ICMP redirects       │
+//!  └───────────────────────────────────────┘
 //! ```
+//!
+//! The FIP range is not local in the hub: the simulator routes each targeted FIP to its
+//! holder (`SimBuilder::route_fips(BRIDGE)`), and packets reach the node with the FIP as their
+//! destination, as Cherry Servers delivers them. Nothing on a node accepts them unless
+//! something there does (baton's node agent). The hub forwards (a node's own traffic to a FIP
+//! goes out through it and back) and sends no ICMP redirects: a node told "reach the FIP's
+//! holder directly" would keep going there after the route moved, which no cloud router does.
 //!
 //! Each node also has a mount namespace of its own (slave of the host's), held by a `sleep`
 //! process, in which `/run/containerd` and `/var/log/containers` are private tmpfs: the kubelet's
@@ -22,7 +33,7 @@
 //! namespace (API server, kubelet, containerd, shims, containers): a powered-off machine.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -141,11 +152,16 @@ pub(crate) fn sweep_stale() {
     }
 }
 
-/// Turns the current lab namespace into the hub of a bridged lab: the public and private ranges
-/// stop being local (the nodes own their addresses), the bridge gets the gateway addresses and
-/// `hosts` (addresses of servers that are no node, e.g. the bootstrap host). FIPs stay local.
+/// Turns the current lab namespace into the hub of a bridged lab: the public, private and FIP
+/// ranges stop being local (the nodes own their addresses; FIPs are routed to their holders),
+/// the hub forwards without ICMP redirects, and the bridge gets the gateway addresses and
+/// `hosts` (addresses of servers that are no node, e.g. the bootstrap host).
 pub(crate) async fn bridge(hosts: &[IpAddr]) -> anyhow::Result<()> {
-    for range in [crate::lab::PUBLIC_RANGE, crate::lab::PRIVATE_RANGE] {
+    for range in [
+        crate::lab::PUBLIC_RANGE,
+        crate::lab::PRIVATE_RANGE,
+        crate::lab::FIP_RANGE,
+    ] {
         // Absent already on a second control plane in the same lab: ignore.
         let _ = ip(&["route", "del", "local", range, "dev", "lo", "table", "local"]).await;
     }
@@ -153,6 +169,14 @@ pub(crate) async fn bridge(hosts: &[IpAddr]) -> anyhow::Result<()> {
         ip(&["link", "add", BRIDGE, "type", "bridge"]).await?;
     }
     ip(&["link", "set", BRIDGE, "up"]).await?;
+    for (key, value) in [
+        ("net.ipv4.ip_forward", "1"),
+        ("net.ipv4.conf.all.send_redirects", "0"),
+        ("net.ipv4.conf.default.send_redirects", "0"),
+        ("net.ipv4.conf.baton0.send_redirects", "0"),
+    ] {
+        sysctl(key, value).await?;
+    }
     let mut addrs = vec![format!("{GATEWAY}/24"), format!("{LAB_HOST}/24")];
     addrs.extend(hosts.iter().map(|h| format!("{h}/32")));
     for a in addrs {
@@ -183,6 +207,8 @@ pub(crate) struct Node {
     link_down: bool,
     partitioned: bool,
     pub(crate) dead: bool,
+    /// The node's pod network (its CNI bridge's subnet).
+    pod_cidr: String,
 }
 
 /// The cgroup v1 controllers the kubelet needs under its `cgroupRoot` (plus the named
@@ -194,7 +220,14 @@ const CGROUP_CONTROLLERS: [&str; 9] = [
 impl Node {
     /// Creates node `name` with addresses `addrs` (the public one first) in `dir`: its network
     /// namespace, the veth to the bridge, its mount namespace. Nothing runs in it yet.
-    pub(crate) async fn create(lab: &str, name: &str, addrs: &[IpAddr], dir: &Path) -> anyhow::Result<Self> {
+    /// `pod_cidr` is the node's share of the pod network; the hub routes it to the node.
+    pub(crate) async fn create(
+        lab: &str,
+        name: &str,
+        addrs: &[IpAddr],
+        pod_cidr: &str,
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
         let netns = format!("baton-{lab}-{name}");
         let veth = format!("v{name}");
         let dir = dir.join(name);
@@ -212,6 +245,7 @@ impl Node {
             link_down: false,
             partitioned: false,
             dead: false,
+            pod_cidr: pod_cidr.to_owned(),
             netns,
         };
         let ns = node.netns.clone();
@@ -226,6 +260,21 @@ impl Node {
             ip(&["-n", &ns, "addr", "add", &format!("{a}/24"), "dev", "eth0"]).await?;
         }
         ip(&["-n", &ns, "route", "add", "default", "via", &GATEWAY.to_string()]).await?;
+        // A node forwards (kubeadm's preflight requires it): kube-proxy's DNAT of a Service
+        // address to a pod on another node is forwarded. A new namespace starts without it, and
+        // the CNI bridge plugin turns it on only once a pod runs on the node.
+        ip(&["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"]).await?;
+        // The hub routes the node's pods, as a cloud's router does a node's routed subnet.
+        ip(&[
+            "route",
+            "replace",
+            pod_cidr,
+            "via",
+            &addrs[0].to_string(),
+            "dev",
+            BRIDGE,
+        ])
+        .await?;
         // The holder: keeps the node's mount namespace (slave of the host's, so host mounts
         // show, node mounts stay inside) with private /run/containerd and /var/log/containers.
         std::fs::create_dir_all("/var/log/containers").ok();
@@ -275,6 +324,7 @@ impl Node {
             link_down: false,
             partitioned: false,
             dead: true,
+            pod_cidr: String::new(),
         }
     }
 
@@ -327,9 +377,23 @@ impl Node {
         let d = self.dir.clone();
         let sock = d.join("containerd.sock");
         std::fs::create_dir_all(d.join("cni"))?;
+        // The pod network: a bridge with the node's /24 (the hub routes it here); host-local
+        // keeps its leases in the node's directory, not in the host's /var/lib/cni.
+        let cni = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": "lab-pods",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+                 "hairpinMode": true,
+                 "ipam": {"type": "host-local", "dataDir": d.join("cni-ipam"),
+                          "ranges": [[{"subnet": self.pod_cidr}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        });
         std::fs::write(
-            d.join("cni/10-loopback.conflist"),
-            r#"{"cniVersion": "0.4.0", "name": "lab-loopback", "plugins": [{"type": "loopback"}]}"#,
+            d.join("cni/10-lab-pods.conflist"),
+            serde_json::to_vec_pretty(&cni)?,
         )?;
         let config = format!(
             r#"version = 2
@@ -345,6 +409,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "docker.io/library/pause:3.10"
   # The lab runs without CAP_SYS_RESOURCE: a container's oom_score_adj cannot go below ours.
   restrict_oom_score_adj = true
+  # Pods' network namespaces under the state directory (the node's private /run/containerd),
+  # not in the host's /run/netns: they go with the node.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
     default_runtime_name = "runc"
@@ -478,6 +545,45 @@ syncFrequency: 5s
         self.spawn("kube-scheduler", &mut sched)
     }
 
+    /// Starts kube-proxy in `mode` (`iptables`, `nftables`), talking to `kubeconfig` (the node's
+    /// own API server); its health and metrics listen on the node's loopback.
+    pub(crate) fn start_kube_proxy(
+        &mut self,
+        bin: &Path,
+        kubeconfig: &Path,
+        mode: &str,
+    ) -> anyhow::Result<()> {
+        let d = self.dir.clone();
+        let config = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+mode: {mode}
+hostnameOverride: {name}
+bindAddress: {ip}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+clusterCIDR: {cluster}
+detectLocalMode: ClusterCIDR
+# Leave the node's conntrack sysctls alone (the lab shares one kernel).
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+",
+            kubeconfig = kubeconfig.display(),
+            name = self.name,
+            ip = self.addrs[0],
+            cluster = crate::control_plane::CLUSTER_CIDR,
+        );
+        std::fs::write(d.join("kube-proxy.yaml"), config)?;
+        let mut cmd = self.command(&bin.join("kube-proxy"));
+        cmd.arg(format!("--config={}", d.join("kube-proxy.yaml").display()))
+            .arg("--v=1");
+        self.spawn("kube-proxy", &mut cmd)
+    }
+
     /// Takes the node's link down (`false`) or up: every packet to or from it is lost.
     pub(crate) async fn set_link(&mut self, up: bool) -> anyhow::Result<()> {
         ip(&["link", "set", &self.veth, if up { "up" } else { "down" }]).await?;
@@ -485,14 +591,22 @@ syncFrequency: 5s
         Ok(())
     }
 
-    /// Drops TCP to port `port` arriving over the node's network (`Some`), or removes that rule.
-    pub(crate) async fn set_partition(&mut self, port: Option<u16>) -> anyhow::Result<()> {
+    /// Partitions the node (`Some`), or removes the partition: TCP to `port` (its API server)
+    /// arriving over the node's network is dropped, and so are etcd's answers (`etcd`, the
+    /// shared etcd's address) — the node's API server is cut off from the cluster, for everyone,
+    /// its own clients included, while the node's other ports and its traffic to anything else
+    /// (the cloud) still work. Drops are in the input hook: lost on the wire, not refused.
+    pub(crate) async fn set_partition(&mut self, port: Option<(u16, SocketAddr)>) -> anyhow::Result<()> {
         let mut script = "table inet baton_lab {}\ndelete table inet baton_lab\n".to_owned();
-        if let Some(port) = port {
+        if let Some((port, etcd)) = port {
+            let family = if etcd.is_ipv4() { "ip" } else { "ip6" };
             let _ = write!(
                 script,
                 "table inet baton_lab {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    \
-                 iifname \"eth0\" tcp dport {port} drop comment \"partition\"\n  }}\n}}\n"
+                 iifname \"eth0\" tcp dport {port} drop comment \"partition\"\n    \
+                 iifname \"eth0\" {family} saddr {} tcp sport {} drop comment \"partition: etcd\"\n  }}\n}}\n",
+                etcd.ip(),
+                etcd.port()
             );
         }
         let mut child = Command::new("nsenter")
@@ -531,19 +645,33 @@ syncFrequency: 5s
         self.partitioned
     }
 
-    /// The pids of every process in the node's network namespace.
+    /// The pids of every process of the node: in its network namespace, and in its cgroup tree
+    /// (the containers of pods on the pod network have a network namespace of their own).
     pub(crate) fn pids(&self) -> Vec<i32> {
-        let Ok(out) = std::process::Command::new("ip")
+        let mut pids: Vec<i32> = std::process::Command::new("ip")
             .args(["netns", "pids", &self.netns])
             .stderr(Stdio::null())
             .output()
-        else {
-            return Vec::new();
-        };
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+            .map(|out| {
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // cgroup v1 (these machines): the pids hierarchy; v2: the unified one.
+        let mut dirs = Vec::new();
+        for hierarchy in ["pids", "unified", ""] {
+            let root = Path::new("/sys/fs/cgroup").join(hierarchy);
+            collect_dirs(&root.join(self.cgroup.trim_start_matches('/')), &mut dirs);
+        }
+        for d in dirs {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Powers the node off: the link goes down and every process in it (API server, kubelet,
@@ -644,6 +772,22 @@ fn is_zombie(pid: i32) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))
         .unwrap_or(true)
+}
+
+async fn sysctl(key: &str, value: &str) -> anyhow::Result<()> {
+    let out = Command::new("sysctl")
+        .arg("-qw")
+        .arg(format!("{key}={value}"))
+        .output()
+        .await
+        .context("running sysctl")?;
+    if !out.status.success() {
+        bail!(
+            "sysctl {key}={value}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 async fn ip(args: &[&str]) -> anyhow::Result<()> {

@@ -246,6 +246,38 @@ fn lab_nodes_fail_in_every_class() {
             Connect::Accepted,
             "only the API server port is cut"
         );
+        // The node's own clients reach its API server without crossing the network, but it has
+        // lost etcd: it serves nobody.
+        let mut local = String::new();
+        for _ in 0..40 {
+            let out = cp
+                .node_command("cp-0", "curl")
+                .unwrap()
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "-m",
+                    "2",
+                    "--cacert",
+                ])
+                .arg(cp.dir().join("ca.crt"))
+                .arg(format!("https://{}/readyz", api(&cp, 0)))
+                .output()
+                .await
+                .unwrap();
+            local = String::from_utf8_lossy(&out.stdout).into_owned();
+            if local != "200" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_ne!(
+            local, "200",
+            "a partitioned node's API server still served its own node"
+        );
         cp.recover(0, Fault::Partition).await.unwrap();
         assert!(ready_again(&cp, 0).await);
 

@@ -47,3 +47,12 @@ impl Raw {
         (status, headers, value)
     }
 }
+
+/// Makes lab node `name` accept packets addressed to `fip` (a DNAT to its own address in the
+/// prerouting hook), as baton's node agent does on a control-plane node.
+pub async fn accept(cp: &baton_testbed::ControlPlane, name: &str, fip: std::net::IpAddr) {
+    let rules = format!(
+        "table ip lab_accept {{ chain prerouting {{ type nat hook prerouting priority dstnat; ip daddr {fip} redirect; }}; }}"
+    );
+    cp.node_nft(name, &rules).await.unwrap();
+}

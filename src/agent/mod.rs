@@ -1,0 +1,412 @@
+//! `baton agent`: makes a control-plane node accept the packets the cloud routes to it for a
+//! control-plane Floating IP. Cherry Servers delivers a FIP's packets with the FIP as their
+//! destination; the agent keeps one nftables rule per FIP in the prerouting hook, `daddr FIP
+//! redirect`, which rewrites the destination to the address the packet arrived on (ports kept),
+//! where the API server listens. On the FIP's holder (the Services' annotation
+//! `baton.dev/fip-holder-address` is one of this node's addresses) it also keeps `daddr FIP dnat
+//! to <that address>` in the output hook: the node's own packets for its FIP would come back
+//! from the cloud's router with the node's own source address, and be dropped.
+//! docs/agent.md says why this way and not another.
+//!
+//! ```text
+//!  --fip (static) ───────────────────────────────────────┐
+//!  Services (watch.rs; services.rs, pure) ─► FIPs+holders ┼─► plan.rs: wanted(), plan() ─► InSync
+//!  kernel state at start (kept until listed) ─────────────┤        ▲                  └─► Replace
+//!  this node's addresses (getifaddrs, every pass) ────────┘        │ read back                │
+//!  netlink.rs (NETLINK_NETFILTER socket) ◄── nft.rs (pure encoder/decoder) ◄──────────────────┘
+//!     table ip|ip6 baton: chain prerouting (nat, hook prerouting, priority -100), one rule
+//!     per FIP; chain output (nat, hook output, priority -100), one rule per FIP held here;
+//!     replaced in one transaction; re-read every --recheck-interval-ms
+//!  admin.rs: /health /ready /metrics on --health-listen
+//! ```
+//!
+//! On exit the rules stay (a restart must not drop traffic); `--cleanup` removes the tables.
+
+pub mod admin;
+pub mod netlink;
+pub mod nft;
+pub mod plan;
+pub mod services;
+pub mod watch;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, error, info, warn};
+
+use self::admin::{Health, Metrics};
+use self::netlink::KernelError;
+use self::plan::{Pairs, Plan, Source, Wanted};
+use self::services::FipSet;
+
+/// Flags of `baton agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// A Floating IP to accept whatever the Services say, e.g. for an installer that needs it
+    /// before any Service exists. Repeatable; comma-separated in the environment variable.
+    #[arg(long, env = "BATON_AGENT_FIP", value_name = "IP", value_delimiter = ',')]
+    pub fip: Vec<IpAddr>,
+
+    /// Do not watch Services: accept only the `--fip` addresses (a node without a cluster yet,
+    /// or a systemd unit).
+    #[arg(long, env = "BATON_AGENT_NO_KUBE")]
+    pub no_kube: bool,
+
+    /// Remove baton's nftables tables (`ip baton`, `ip6 baton`) and exit: the uninstall step.
+    #[arg(long, env = "BATON_AGENT_CLEANUP")]
+    pub cleanup: bool,
+
+    /// kubeconfig of this node's API server (default: in-cluster, then `KUBECONFIG` /
+    /// `~/.kube/config`). Never the FIP.
+    #[arg(long, env = "BATON_AGENT_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Name prefix of baton's objects, as for `baton controller`: the mirror Service
+    /// `kube-system/<prefix>-kubernetes-external` is a control-plane endpoint.
+    #[arg(long, env = "BATON_PREFIX", default_value = "baton", value_name = "PREFIX")]
+    pub prefix: String,
+
+    /// Listen address of `/health`, `/ready` and `/metrics`; `off` disables it.
+    #[arg(
+        long,
+        env = "BATON_AGENT_HEALTH_LISTEN",
+        default_value = "127.0.0.1:9594",
+        value_name = "ADDR|off"
+    )]
+    pub health_listen: String,
+
+    /// How often the kernel's table is read back (and restored if something changed it), in
+    /// milliseconds.
+    #[arg(
+        long,
+        env = "BATON_AGENT_RECHECK_INTERVAL_MS",
+        default_value_t = 10_000,
+        value_name = "MS"
+    )]
+    pub recheck_interval_ms: u64,
+}
+
+/// Errors of `baton agent`.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{field} {value}: {why}")]
+    Config {
+        field: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("health server on {addr}: {source}")]
+    Health {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// Whether the error is bad input (exit code 2) rather than a runtime failure.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Config { .. } | Self::KubeConfig(_))
+    }
+}
+
+/// The flags, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub fips: BTreeSet<IpAddr>,
+    /// `None`: `--no-kube`.
+    pub mirror: Option<String>,
+    pub cleanup: bool,
+    pub kubeconfig: Option<PathBuf>,
+    pub health_listen: Option<SocketAddr>,
+    pub recheck: Duration,
+}
+
+/// The shortest `--recheck-interval-ms`.
+const MIN_RECHECK_MS: u64 = 100;
+
+impl Settings {
+    /// Checks the flags; a bad one is named with its value.
+    pub fn from_args(args: &AgentArgs) -> Result<Self, AgentError> {
+        let bad = |field, value: String, why: String| AgentError::Config { field, value, why };
+        let mut fips = BTreeSet::new();
+        for ip in &args.fip {
+            services::usable(*ip).map_err(|why| {
+                bad(
+                    "--fip",
+                    ip.to_string(),
+                    format!("cannot be a Floating IP ({why})"),
+                )
+            })?;
+            fips.insert(*ip);
+        }
+        if args.no_kube && fips.is_empty() && !args.cleanup {
+            return Err(bad(
+                "--no-kube",
+                "true".into(),
+                "without Services the agent needs at least one --fip".into(),
+            ));
+        }
+        let prefix = &args.prefix;
+        if !baton_core::names::is_dns1123_label(prefix) || prefix.len() > 43 {
+            return Err(bad(
+                "--prefix",
+                prefix.clone(),
+                "must be a lowercase DNS label of at most 43 characters".into(),
+            ));
+        }
+        let health_listen = match args.health_listen.as_str() {
+            "off" => None,
+            v => Some(
+                v.parse()
+                    .map_err(|_| bad("--health-listen", v.to_owned(), "expected IP:port or off".into()))?,
+            ),
+        };
+        if args.recheck_interval_ms < MIN_RECHECK_MS {
+            return Err(bad(
+                "--recheck-interval-ms",
+                args.recheck_interval_ms.to_string(),
+                format!("must be at least {MIN_RECHECK_MS}"),
+            ));
+        }
+        Ok(Self {
+            fips,
+            mirror: (!args.no_kube).then(|| services::mirror_name(prefix)),
+            cleanup: args.cleanup,
+            kubeconfig: args.kubeconfig.clone(),
+            health_listen,
+            recheck: Duration::from_millis(args.recheck_interval_ms),
+        })
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT (or, with `--cleanup`, removes the tables).
+pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        crate::signal::shutdown().await;
+        on_signal.cancel();
+    });
+    run_until(&args, shutdown).await
+}
+
+/// Runs the agent until `shutdown` is cancelled.
+pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<(), AgentError> {
+    let settings = Settings::from_args(args)?;
+    if settings.cleanup {
+        let removed = netlink::run(netlink::Socket::remove_all).await?;
+        let tables: Vec<String> = removed.iter().map(|f| format!("{f} {}", nft::TABLE)).collect();
+        info!(tables = %tables.join(", "), "baton's nftables tables removed");
+        return Ok(());
+    }
+    let client = match &settings.mirror {
+        Some(_) => Some(kube_client(settings.kubeconfig.as_deref()).await?),
+        None => None,
+    };
+    // Whatever the kernel accepts now stays until the Services are listed.
+    let at_start = plan::accepted(&netlink::run(netlink::Socket::read).await?);
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        fips = %list(&settings.fips),
+        kept = %list(&at_start.fips),
+        held_here = %Pairs(&at_start.held),
+        services = client.is_some(),
+        "baton agent starting"
+    );
+    let status = client.as_ref().map(|_| Arc::new(watch::WatchStatus::default()));
+    let health = Arc::new(Health::new(status.clone()));
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = settings.health_listen {
+        let listener = admin::bind(addr)
+            .await
+            .map_err(|source| AgentError::Health { addr, source })?;
+        tokio::spawn(
+            admin::serve(
+                listener,
+                Arc::clone(&health),
+                Arc::clone(&metrics),
+                shutdown.clone(),
+            )
+            .instrument(tracing::info_span!("health")),
+        );
+    }
+    let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(FipSet::default));
+    // With --no-kube nobody sends; the sender lives as long as the loop.
+    let _no_watch = match (client, settings.mirror.clone(), status) {
+        (Some(client), Some(mirror), Some(status)) => {
+            let h = Arc::clone(&health);
+            let stop = shutdown.clone();
+            tokio::spawn(
+                async move {
+                    watch::watch_services(client, mirror, tx, status, stop).await;
+                    h.watch_ended();
+                }
+                .instrument(tracing::info_span!("services")),
+            );
+            None
+        }
+        _ => Some(tx),
+    };
+    let inputs = Inputs {
+        fixed: settings.fips,
+        at_start,
+    };
+    reconcile(inputs, rx, &health, &metrics, settings.recheck, &shutdown).await;
+    info!("stopping; the FIP rules stay in place");
+    Ok(())
+}
+
+/// The client for the Service watch.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, AgentError> {
+    let config = crate::kube::config::load(kubeconfig)
+        .await
+        .map_err(|e| AgentError::KubeConfig(e.with_path()))?;
+    kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))
+}
+
+/// What the wanted set is made of, besides the Services and this node's addresses.
+struct Inputs {
+    fixed: BTreeSet<IpAddr>,
+    /// What the kernel held when the agent started (kept until the Services are listed).
+    at_start: Wanted,
+}
+
+/// Keeps the kernel's tables equal to the wanted FIPs: at once when they change, and every
+/// `recheck` (someone may flush the ruleset, this node's addresses may change); after a failure
+/// again within a second, doubling up to `recheck`.
+async fn reconcile(
+    inputs: Inputs,
+    mut rx: tokio::sync::watch::Receiver<Option<FipSet>>,
+    health: &Health,
+    metrics: &Metrics,
+    recheck: Duration,
+    shutdown: &CancellationToken,
+) {
+    let first_retry = Duration::from_millis(500).min(recheck);
+    let mut retry = first_retry;
+    let mut applied: Option<Wanted> = None;
+    let mut open = true;
+    loop {
+        let services = rx.borrow_and_update().clone();
+        let pause = if once(&inputs, services.as_ref(), &mut applied, health, metrics).await {
+            retry = first_retry;
+            recheck
+        } else {
+            let p = retry;
+            retry = (retry * 2).min(recheck);
+            p
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = async { if open { rx.changed().await } else { std::future::pending().await } } => {
+                open = changed.is_ok();
+            }
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// One pass: read the kernel and this node's addresses, replace what differs, read it back.
+/// True when the kernel holds what is wanted.
+async fn once(
+    inputs: &Inputs,
+    services: Option<&FipSet>,
+    applied: &mut Option<Wanted>,
+    health: &Health,
+    metrics: &Metrics,
+) -> bool {
+    let (observed, local) = match netlink::run(|s| Ok((s.read()?, netlink::local_addresses()?))).await {
+        Ok(o) => o,
+        Err(error) => {
+            warn!(%error, "reading the FIP rules failed");
+            health.failed(error.to_string());
+            return false;
+        }
+    };
+    let source = services.map_or(Source::HeldAtStart(&inputs.at_start), Source::Services);
+    let want = &plan::wanted(&inputs.fixed, &source, &local);
+    let Plan::Replace {
+        families,
+        added,
+        removed,
+        now_held,
+        no_longer_held,
+        reasons,
+    } = plan::plan(want, &observed)
+    else {
+        metrics.observe(&observed, true);
+        health.in_sync();
+        if applied.as_ref() != Some(want) {
+            info!(fips = %list(&want.fips), held_here = %Pairs(&want.held), "FIP acceptance in place");
+            *applied = Some(want.clone());
+        }
+        return true;
+    };
+    if applied.as_ref() == Some(want) {
+        warn!(why = %reasons.join("; "), "baton's nftables table changed under the agent; restoring it");
+        metrics.repaired();
+    }
+    let w = want.clone();
+    let result = netlink::run(move |s| {
+        s.replace(&w, &families)?;
+        s.read()
+    })
+    .await;
+    metrics.updated(result.is_ok());
+    let after = match result {
+        Ok(after) => after,
+        Err(error) => {
+            error!(
+                %error,
+                added = %list(&added),
+                removed = %list(&removed),
+                now_held = %list(&now_held),
+                no_longer_held = %list(&no_longer_held),
+                "FIP acceptance not updated"
+            );
+            health.failed(error.to_string());
+            metrics.observe(&observed, false);
+            return false;
+        }
+    };
+    let check = plan::plan(want, &after);
+    metrics.observe(&after, check == Plan::InSync);
+    if let Plan::Replace { reasons: still, .. } = check {
+        let why = format!("after the update the kernel still differs: {}", still.join("; "));
+        warn!(%why, "FIP acceptance not updated");
+        health.failed(why);
+        return false;
+    }
+    info!(
+        added = %list(&added),
+        removed = %list(&removed),
+        now_held = %list(&now_held),
+        no_longer_held = %list(&no_longer_held),
+        fips = %list(&want.fips),
+        held_here = %Pairs(&want.held),
+        "FIP acceptance updated"
+    );
+    health.in_sync();
+    *applied = Some(want.clone());
+    true
+}
+
+/// `a, b, c` (or `-`).
+fn list(ips: &BTreeSet<IpAddr>) -> String {
+    if ips.is_empty() {
+        return "-".into();
+    }
+    ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests;
