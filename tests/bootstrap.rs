@@ -613,14 +613,19 @@ async fn assert_pods_did_the_work(cp: &ControlPlane, client: &kube::Client) {
         running.iter().any(|(p, _)| *p == holder),
         "the Lease is held by a pod: {holder}"
     );
-    // The container's process, seen from the node: uid 65532, root filesystem read-only.
+    // The container's process, seen from the node: uid 65532, root filesystem read-only. (The
+    // agent DaemonSet's `baton agent` runs on the node too, as root with NET_ADMIN.)
     for node in &nodes {
         let procs: Vec<i32> = cp
             .node_processes(node)
             .into_iter()
             .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "baton"))
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"controller"))
+            })
             .collect();
-        assert_eq!(procs.len(), 1, "one baton process on {node}");
+        assert_eq!(procs.len(), 1, "one baton controller process on {node}");
         let status = std::fs::read_to_string(format!("/proc/{}/status", procs[0])).unwrap();
         let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
         assert_eq!(
