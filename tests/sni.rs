@@ -3,6 +3,10 @@
 //! certificate. Real HTTPS clients reach each tenant's API through the one router address with
 //! the tenant's host name as SNI and authenticate with the tenant's client certificate, which
 //! only that tenant's API server accepts (TLS is never terminated on the way).
+//!
+//! The failover tests put the router where it ships: on a hosting cluster's control-plane lab
+//! nodes, behind that cluster's control-plane FIP, which the simulator routes to its holder as
+//! the cloud does (`baton agent` on each node accepts it; nothing is spliced).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
 mod common;
@@ -711,25 +715,55 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
     });
 }
 
-/// A router on a control-plane node's own address (as a hostNetwork pod listens), routing
-/// `routes`; no admin server (three share the lab).
-fn node_router(listen: SocketAddr, routes: &[String], log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
-    cmd.args(["sni", "serve", "--listen", &listen.to_string()]);
-    for r in routes {
-        cmd.args(["--route", r]);
-    }
-    cmd.env("BATON_LOG", "info,baton=debug")
+/// The hosting cluster's control-plane servers: lab nodes cp-0..2 (198.51.100.11-13).
+const HOSTING_CP: [u64; 3] = [600_101, 600_102, 600_103];
+
+/// `program` (baton) on lab node cp-`i`, in its network and mount namespaces, as the shipped
+/// DaemonSets' host-network pods run there; its log in `log`.
+fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> Child {
+    cp.node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
+        .unwrap()
+        .args(args)
+        .env("BATON_LOG", "info,baton=debug")
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(std::fs::File::create(log).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap()
 }
 
+/// The SNI router on lab node cp-`i`, listening on the node's `0.0.0.0:443` (as the shipped
+/// DaemonSet's host-network pod does) and routing `routes`; no admin server.
+fn node_router(cp: &ControlPlane, i: usize, routes: &[String], log: &Path) -> Child {
+    let mut args = vec!["sni", "serve", "--listen", "0.0.0.0:443"];
+    for r in routes {
+        args.extend(["--route", r.as_str()]);
+    }
+    on_node(cp, i, &args, log)
+}
+
+/// `baton agent` on lab node cp-`i` (the shipped DaemonSet's job), watching that node's API
+/// server: the node accepts the control-plane FIP's packets, on every port (docs/agent.md).
+fn node_agent(cp: &ControlPlane, i: usize, log: &Path) -> Child {
+    let kubeconfig = cp.write_kubeconfig(i, baton_testbed::ADMIN_TOKEN).unwrap();
+    on_node(
+        cp,
+        i,
+        &[
+            "agent",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--health-listen",
+            "off",
+        ],
+        log,
+    )
+}
+
 /// `baton controller` of the hosting cluster (API server `apiserver`), moving the FIP tagged
-/// `cluster=lab-cp` between its control-plane nodes, unchanged from how it runs for one cluster.
+/// `cluster=lab-cp` between its control-plane nodes, unchanged from how it runs for one cluster,
+/// and probing the SNI router on every one of them (`sniRouterPort` 443). It runs on the lab
+/// host, which is no node: its probes through the FIP cross the cloud's route.
 fn hosting_controller(cp: &ControlPlane, sim: &baton_sim::SimHandle, apiserver: usize, log: &Path) -> Child {
     let kubeconfig = cp
         .write_kubeconfig(apiserver, baton_testbed::ADMIN_TOKEN)
@@ -744,6 +778,7 @@ fn hosting_controller(cp: &ControlPlane, sim: &baton_sim::SimHandle, apiserver: 
         .env("CHERRY_FIP_TAG", "cluster=lab-cp")
         .env("CHERRY_BASE_URL", sim.base_url().as_str())
         .env("BATON_API_RATE_LIMIT", "4")
+        .env("BATON_SNI_ROUTER_PORT", "443")
         .env("BATON_LOG", "info,baton=debug")
         .stdout(Stdio::null())
         .stderr(log)
@@ -764,67 +799,152 @@ async fn tenants_answer(a: &Tenant, b: &Tenant, to: SocketAddr) -> bool {
     true
 }
 
+/// The hosting node (index into [`HOSTING_CP`]) the cloud routes `fip` to: the simulator's
+/// own state, read without an API call.
+fn holder_of(sim: &baton_sim::SimHandle, fip: &baton_cloud::model::IpAddress) -> Option<usize> {
+    let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
+    HOSTING_CP.iter().position(|&c| c == id)
+}
+
+/// The lab hub's route for `fip` (`ip route show <fip>/32`): the cloud's router.
+async fn hub_route(fip: std::net::IpAddr) -> String {
+    let out = Command::new("ip")
+        .args(["route", "show", &format!("{fip}/32")])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// After a failure at `t0` on the FIP's holder `from`: how long until the cloud routed the FIP
+/// to another node (polled every 10 ms), and until both tenants answered through the shared
+/// address again (tried from the move on, each try bounded to 2 s). Returns the new holder too.
+async fn failover(
+    sim: &baton_sim::SimHandle,
+    fip: &baton_cloud::model::IpAddress,
+    from: usize,
+    (t1, t2): (&Tenant, &Tenant),
+    t0: Instant,
+) -> (usize, Duration, Duration) {
+    let shared = SocketAddr::new(fip.address, 443);
+    let to = loop {
+        if let Some(h) = holder_of(sim, fip).filter(|h| *h != from) {
+            break h;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the FIP did not leave cp-{from} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let moved = t0.elapsed();
+    loop {
+        let answered = tokio::time::timeout(Duration::from_secs(2), tenants_answer(t1, t2, shared)).await;
+        if matches!(answered, Ok(true)) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "both tenants did not answer through the FIP on cp-{to} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (to, moved, t0.elapsed())
+}
+
+/// The shared FIP on the path real nodes have: the hosting cluster's three control-plane
+/// servers are lab nodes, the cloud *routes* the FIP to its holder (packets keep the FIP as
+/// their destination; the simulator splices nothing), and each node runs what ships there:
+/// `baton agent` (the node accepts the FIP) and the SNI router on its `0.0.0.0:443`. The
+/// controller probes the routers (`sniRouterPort`); the tenants' API servers and the clients
+/// are on the lab host, which is no node. One lab for two failures in turn:
+/// - the holder is powered off (API server, router, agent, link): both tenants answer again
+///   through the FIP, from another node;
+/// - then only the router on the new holder is killed (its API server answers on): the FIP
+///   moves (`RouterDown`) to the node whose API server and router both serve.
 #[test]
-fn killing_the_node_that_holds_the_shared_fip_keeps_every_tenant_reachable() {
-    use baton_cloud::Cloud as _;
-    const CP: [u64; 3] = [600_101, 600_102, 600_103];
+fn the_shared_fip_leaves_a_dead_holder_and_a_holder_whose_router_was_killed() {
     lab::run(|| async {
         let dir = tempfile::tempdir().unwrap();
-        // The hosting cluster's three control-plane nodes (198.51.100.11-13) each run a router;
-        // the tenants' API servers run elsewhere.
-        let (hosting, t1, t2) = tokio::join!(
-            ControlPlane::start(Options::servers(3)),
-            tenant("t1", &[21]),
-            tenant("t2", &[23])
-        );
-        let mut hosting = hosting.unwrap();
-        let topology = baton_sim::Topology {
-            forward_ports: vec![6443, 443],
-            ..baton_sim::Topology::default()
-        };
-        let sim = common::sim(baton_sim::Faults::none(), topology).await;
-        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+        let logs = dir.path();
+        let mut hosting = ControlPlane::start(Options {
+            nodes: true,
+            ..Options::servers(3)
+        })
+        .await
+        .expect("the hosting control plane on lab nodes");
+        // The tenants' API servers on hosts that are no node, reachable from the nodes.
+        for n in [21, 23] {
+            baton_testbed::node::add_lab_host(lab::public_ip(n))
+                .await
+                .unwrap();
+        }
+        let (t1, t2) = tokio::join!(tenant("t1", &[21]), tenant("t2", &[23]));
+        let sim = common::routed_sim(baton_sim::Faults::none(), baton_sim::Topology::default()).await;
+        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), HOSTING_CP[0]).await;
         let tenant_routes = [t1.route(), t2.route()];
-        let mut routers: Vec<Child> = hosting
-            .addresses()
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| {
-                node_router(
-                    SocketAddr::new(*ip, 443),
-                    &tenant_routes,
-                    &dir.path().join(format!("router-{i}.log")),
-                )
-            })
+        let _agents: Vec<Child> = (0..3)
+            .map(|i| node_agent(&hosting, i, &logs.join(format!("agent-{i}.log"))))
             .collect();
-        let _controller = hosting_controller(&hosting, &sim, 1, &dir.path().join("controller.log"));
+        let mut routers: Vec<Child> = (0..3)
+            .map(|i| node_router(&hosting, i, &tenant_routes, &logs.join(format!("router-{i}.log"))))
+            .collect();
+        let controller_log = logs.join("controller.log");
+        let _controller = hosting_controller(&hosting, &sim, 1, &controller_log);
         let shared = SocketAddr::new(fip.address, 443);
         common::wait_for(
             "both tenants through the shared FIP",
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             || tenants_answer(&t1, &t2, shared),
         )
         .await;
-
-        // The holder (cp-0) dies: its API server and its router.
-        let killed = Instant::now();
-        hosting.kill_apiserver(0).await;
-        routers[0].kill().await.unwrap();
-        common::wait_for(
-            "both tenants through the FIP again",
-            Duration::from_secs(30),
-            || tenants_answer(&t1, &t2, shared),
-        )
-        .await;
-        eprintln!(
-            "tenants reachable through the shared FIP {:?} after its holder died",
-            killed.elapsed()
+        // Let the controller see every router Up before the failures; nothing moved meanwhile.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            holder_of(&sim, &fip),
+            Some(0),
+            "the FIP moved with nothing failed"
         );
-        let holder = cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0);
+        let addrs = hosting.addresses();
+        let route = hub_route(fip.address).await;
         assert!(
-            matches!(holder, Some(id) if id == CP[1] || id == CP[2]),
-            "FIP moved: {holder:?}"
+            route.contains(&format!("via {}", addrs[0])),
+            "the FIP is routed to cp-0, not spliced: {route:?}"
         );
+
+        // The holder is powered off: its API server, router and agent die, its link goes down.
+        let t0 = Instant::now();
+        hosting.kill_node("cp-0").await.unwrap();
+        let (h, moved, answered) = failover(&sim, &fip, 0, (&t1, &t2), t0).await;
+        eprintln!(
+            "holder cp-0 powered off: FIP moved to cp-{h} after {} ms, tenants answered through it after {} ms",
+            moved.as_millis(),
+            answered.as_millis()
+        );
+        let route = hub_route(fip.address).await;
+        assert!(route.contains(&format!("via {}", addrs[h])), "{route:?}");
+
+        // Only the new holder's router dies; its API server answers on.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(holder_of(&sim, &fip), Some(h), "the FIP moved again by itself");
+        let seen = std::fs::read_to_string(&controller_log).unwrap().len();
+        let t0 = Instant::now();
+        routers[h].kill().await.unwrap();
+        let (r, moved, answered) = failover(&sim, &fip, h, (&t1, &t2), t0).await;
+        eprintln!(
+            "router on the holder cp-{h} killed: FIP moved to cp-{r} after {} ms, tenants answered through it after {} ms",
+            moved.as_millis(),
+            answered.as_millis()
+        );
+        assert_ne!(r, 0, "moved to the powered-off node");
+        let log = std::fs::read_to_string(&controller_log).unwrap();
+        assert!(
+            log[seen..].contains("RouterDown"),
+            "moved because of the router: {}",
+            &log[seen..]
+        );
+        let route = hub_route(fip.address).await;
+        assert!(route.contains(&format!("via {}", addrs[r])), "{route:?}");
     });
 }
 
@@ -1092,107 +1212,5 @@ fn tenants_come_only_from_allowed_namespaces_domains_and_networks() {
             "only t2's own Service is routed: {text}"
         );
         recording.abort();
-    });
-}
-
-/// With `sniRouterPort` set, the controller probes the router on every control-plane node:
-/// killing only the router on the FIP holder (its API server keeps answering) moves the shared
-/// FIP to a node whose router serves.
-#[test]
-fn killing_only_the_router_on_the_holder_moves_the_shared_fip() {
-    use baton_cloud::Cloud as _;
-    const CP: [u64; 3] = [600_101, 600_102, 600_103];
-    lab::run(|| async {
-        let dir = tempfile::tempdir().unwrap();
-        let (hosting, t1, t2) = tokio::join!(
-            ControlPlane::start(Options::servers(3)),
-            tenant("t1", &[21]),
-            tenant("t2", &[23])
-        );
-        let hosting = hosting.unwrap();
-        let topology = baton_sim::Topology {
-            forward_ports: vec![6443, 443],
-            ..baton_sim::Topology::default()
-        };
-        let sim = common::sim(baton_sim::Faults::none(), topology).await;
-        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
-        let tenant_routes = [t1.route(), t2.route()];
-        let mut routers: Vec<Child> = hosting
-            .addresses()
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| {
-                node_router(
-                    SocketAddr::new(*ip, 443),
-                    &tenant_routes,
-                    &dir.path().join(format!("router-{i}.log")),
-                )
-            })
-            .collect();
-        let kubeconfig = hosting.write_kubeconfig(1, baton_testbed::ADMIN_TOKEN).unwrap();
-        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
-        let _controller = Command::new(env!("CARGO_BIN_EXE_baton"))
-            .arg("controller")
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args(["--identity", "replica-a", "--admin-listen", "off"])
-            .env("CHERRY_API_KEY", "sim-token")
-            .env("CHERRY_PROJECT_ID", "123456")
-            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
-            .env("CHERRY_BASE_URL", sim.base_url().as_str())
-            .env("BATON_API_RATE_LIMIT", "4")
-            .env("BATON_SNI_ROUTER_PORT", "443")
-            .env("BATON_LOG", "info,baton=debug")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let shared = SocketAddr::new(fip.address, 443);
-        common::wait_for(
-            "both tenants through the shared FIP",
-            Duration::from_secs(30),
-            || tenants_answer(&t1, &t2, shared),
-        )
-        .await;
-        // Let the controller see every router Up before the failure.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(
-            cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0),
-            Some(CP[0])
-        );
-
-        // Only the holder's router dies; its API server answers on.
-        let killed = Instant::now();
-        routers[0].kill().await.unwrap();
-        common::wait_for("the FIP on another node", Duration::from_secs(30), || async {
-            cloud
-                .ip(&fip.id)
-                .await
-                .ok()
-                .and_then(|ip| ip.target())
-                .is_some_and(|t| t.0 != CP[0])
-        })
-        .await;
-        let moved = killed.elapsed();
-        common::wait_for(
-            "both tenants through the FIP again",
-            Duration::from_secs(30),
-            || tenants_answer(&t1, &t2, shared),
-        )
-        .await;
-        eprintln!(
-            "router on the holder killed: FIP moved after {moved:?}, tenants answered after {:?}",
-            killed.elapsed()
-        );
-        let controller_log = std::fs::read_to_string(dir.path().join("controller.log")).unwrap();
-        assert!(
-            controller_log.contains("RouterDown"),
-            "moved because of the router: {controller_log}"
-        );
-        let holder = cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0);
-        assert!(
-            matches!(holder, Some(id) if id == CP[1] || id == CP[2]),
-            "{holder:?}"
-        );
     });
 }
