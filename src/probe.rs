@@ -16,6 +16,8 @@
 //! ```text
 //!   set_targets([addr…]) ── one ProbeLoop per target ── GET https://<server_name>:<port><path>
 //!                                (connected to addr, TLS by crate::kube::tls)
+//!                                — or a caller's own check (`Prober::with_check`: the
+//!                                controller's probe of the SNI router)
 //!        ▼ HealthTracker (rise/fall), failing_since
 //!   watch<BTreeMap<SocketAddr, Health>> ──▶ subscribe(): the failover loop, the bootstrap's DNS
 //! ```
@@ -58,9 +60,15 @@ impl ProbeObserver for () {
     fn observe(&self, _: SocketAddr, _: bool, _: Duration) {}
 }
 
+/// A probe of its own: resolves to whether `target` is healthy (bounded by the settings'
+/// timeout).
+pub type Check = Arc<dyn Fn(SocketAddr) -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
+
 /// The set of probed targets and their current health.
 pub struct Prober {
     settings: ProbeSettings,
+    /// `None`: `GET <path>` over TLS.
+    check: Option<Check>,
     observer: Arc<dyn ProbeObserver>,
     tasks: BTreeMap<SocketAddr, CancellationToken>,
     /// Every probe loop stops when this is cancelled (or the prober dropped).
@@ -96,12 +104,21 @@ impl Prober {
         let (health_tx, _) = watch::channel(BTreeMap::new());
         Self {
             settings,
+            check: None,
             observer,
             tasks: BTreeMap::new(),
             shutdown,
             health_tx,
             failing_since: FailingSince::default(),
         }
+    }
+
+    /// A prober whose probes run `check` instead of `GET <path>` (the settings' interval,
+    /// timeout and thresholds apply; its path, server name and CA are not used).
+    pub fn with_check(settings: ProbeSettings, observer: Arc<dyn ProbeObserver>, check: Check) -> Self {
+        let mut prober = Self::new(settings, observer);
+        prober.check = Some(check);
+        prober
     }
 
     /// When `target`'s current run of failed probes began (`None` after a success).
@@ -158,21 +175,17 @@ impl Prober {
             if self.tasks.contains_key(&t) {
                 continue;
             }
-            let client = probe_client(&self.settings, t)?;
+            let check = match &self.check {
+                Some(check) => Arc::clone(check),
+                None => readyz(&self.settings, t)?,
+            };
             let token = self.shutdown.child_token();
             self.tasks.insert(t, token.clone());
             self.health_tx
                 .send_if_modified(|m| m.insert(t, Health::Unknown).is_none());
-            let url = format!(
-                "https://{}:{}{}",
-                self.settings.server_name,
-                t.port(),
-                self.settings.path
-            );
             tokio::spawn(
                 ProbeLoop {
-                    client,
-                    url,
+                    check,
                     target: t,
                     settings: self.settings.clone(),
                     health_tx: self.health_tx.clone(),
@@ -232,10 +245,32 @@ fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client
         .map_err(ProbeError::Client)
 }
 
+/// `GET https://<server_name>:<port><path>`, connected to `target`: healthy on a 2xx answer.
+fn readyz(s: &ProbeSettings, target: SocketAddr) -> Result<Check, ProbeError> {
+    let client = probe_client(s, target)?;
+    let url = format!("https://{}:{}{}", s.server_name, target.port(), s.path);
+    Ok(Arc::new(move |_| {
+        let (client, url) = (client.clone(), url.clone());
+        Box::pin(async move {
+            // The client's own timeout bounds connect + TLS + answer.
+            match client.get(&url).send().await {
+                Ok(r) if r.status().is_success() => true,
+                Ok(r) => {
+                    tracing::debug!(status = %r.status(), "probe failed");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(reason = %error_chain(&e), "probe failed");
+                    false
+                }
+            }
+        })
+    }))
+}
+
 /// The probes of one target.
 struct ProbeLoop {
-    client: reqwest::Client,
-    url: String,
+    check: Check,
     target: SocketAddr,
     settings: ProbeSettings,
     health_tx: watch::Sender<BTreeMap<SocketAddr, Health>>,
@@ -255,21 +290,11 @@ impl ProbeLoop {
             tokio::select! {
                 () = token.cancelled() => return,
                 _ = tick.tick(), if in_flight.len() < max_in_flight => {
-                    let (client, url) = (self.client.clone(), self.url.clone());
+                    let probe = (self.check)(self.target);
+                    let timeout = self.settings.timeout;
                     in_flight.push(async move {
                         let started = Instant::now();
-                        // The client's own timeout bounds connect + TLS + answer.
-                        let ok = match client.get(&url).send().await {
-                            Ok(r) if r.status().is_success() => true,
-                            Ok(r) => {
-                                tracing::debug!(status = %r.status(), "probe failed");
-                                false
-                            }
-                            Err(e) => {
-                                tracing::debug!(reason = %error_chain(&e), "probe failed");
-                                false
-                            }
-                        };
+                        let ok = tokio::time::timeout(timeout, probe).await.unwrap_or(false);
                         (started, ok)
                     });
                 }

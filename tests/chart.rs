@@ -262,15 +262,46 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
         "manifests/sni-router.yaml",
         without_image,
     );
-    // A namespace and extra flags reach the command line.
+    // The controller probes the routers (their port) only when they are enabled.
+    let router_port = |docs: &[Value]| {
+        find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "BATON_SNI_ROUTER_PORT")
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(router_port(&off), None);
+    assert_eq!(router_port(&on), Some(json!("443")));
+    // A namespace, extra flags, backend networks and tenant namespaces reach the router.
     args.extend_from_slice(&[
         "--set",
         "sniRouter.namespace=tenants",
         "--set",
         "sniRouter.extraArgs={--threads,2}",
+        "--set",
+        "sniRouter.backendCIDRs={10.244.0.0/16,10.245.0.0/16}",
+        "--set",
+        "sniRouter.tenantNamespaces={t1=t1.example.com}",
     ]);
     let custom = helm.template(&args);
     let ds = find_named(&custom, "DaemonSet", "baton-sni");
+    let env = &ds["spec"]["template"]["spec"]["containers"][0]["env"];
+    let value = |name: &str| {
+        env.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(
+        value("BATON_SNI_BACKEND_CIDR"),
+        Some(json!("10.244.0.0/16,10.245.0.0/16"))
+    );
+    assert_eq!(
+        value("BATON_SNI_TENANT_NAMESPACE"),
+        Some(json!("t1=t1.example.com"))
+    );
     assert_eq!(
         ds["spec"]["template"]["spec"]["containers"][0]["args"],
         json!([

@@ -465,6 +465,10 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
                 "sni",
                 "serve",
                 "--services",
+                // The tenants' namespace, allowed by the operator (else their Services are
+                // ignored and no Event is written).
+                "--tenant-namespace",
+                "tenants=baton.test",
                 "--listen",
                 "127.0.0.1:18443",
                 "--kubeconfig",
@@ -553,9 +557,10 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
                 .filter(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_ref()).is_some())
         })
         .await;
-        // The SNI router's tenants: three Services claiming one host, the oldest wins; the
-        // winner goes, and the newest is told again, now about the next one (the same Event on
-        // the same Service: counted into its series, a patch).
+        // The SNI router's tenants: three Services claiming one host, the oldest wins (an Event
+        // on both Services of each conflict); the winner goes, and the newest conflicts with the
+        // next one; it stops claiming the host and claims it again: the same Event on the same
+        // pair, counted into its series (a patch).
         let tenants: Api<Service> = Api::namespaced(admin.clone(), "tenants");
         for name in ["a-first", "b-second", "c-third"] {
             // A tenant's API servers: a ClusterIP Service (no FIP of its own).
@@ -567,6 +572,14 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         tenants.delete("a-first", &DeleteParams::default()).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
+        for hosts in [Value::Null, json!("api.t1.baton.test")] {
+            let claim = json!({"metadata": {"annotations": {"baton.dev/sni-hosts": hosts}}});
+            tenants
+                .patch("c-third", &PatchParams::default(), &Patch::Merge(&claim))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
 
         // ---- The authenticated metrics endpoints. ----
         for base in [CONTROLLER_METRICS, SNI_METRICS] {

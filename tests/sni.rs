@@ -3,6 +3,10 @@
 //! certificate. Real HTTPS clients reach each tenant's API through the one router address with
 //! the tenant's host name as SNI and authenticate with the tenant's client certificate, which
 //! only that tenant's API server accepts (TLS is never terminated on the way).
+//!
+//! The failover tests put the router where it ships: on a hosting cluster's control-plane lab
+//! nodes, behind that cluster's control-plane FIP, which the simulator routes to its holder as
+//! the cloud does (`baton agent` on each node accepts it; nothing is spliced).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
 mod common;
@@ -517,19 +521,31 @@ fn three_tenants_behind_one_address_with_their_own_client_certificates() {
     });
 }
 
-/// A tenant Service in `cp` (selectorless, port `https`) naming `hosts`, and its EndpointSlice
-/// listing `backends` (port 6443), as a hosting platform's operator would create them.
+/// A tenant Service in `cp`'s namespace `default` (selectorless, port `https`) naming `hosts`,
+/// and its EndpointSlice listing `backends` (port 6443), as a hosting platform's operator would
+/// create them.
 async fn tenant_service(cp: &ControlPlane, name: &str, hosts: &str, backends: &[std::net::IpAddr]) {
+    tenant_service_in(cp, "default", name, hosts, backends).await;
+}
+
+/// [`tenant_service`] in namespace `ns`.
+async fn tenant_service_in(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    hosts: &str,
+    backends: &[std::net::IpAddr],
+) {
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let client = cp.client(0).unwrap();
     let svc: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default",
+        "metadata": {"name": name, "namespace": ns,
                      "annotations": {"baton.dev/sni-hosts": hosts}},
         "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 6443}]}
     }))
     .unwrap();
-    Api::<Service>::namespaced(client.clone(), "default")
+    Api::<Service>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
@@ -538,17 +554,61 @@ async fn tenant_service(cp: &ControlPlane, name: &str, hosts: &str, backends: &[
         .map(|ip| serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}}))
         .collect();
     let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-1"), "namespace": "default",
+        "metadata": {"name": format!("{name}-1"), "namespace": ns,
                      "labels": {"kubernetes.io/service-name": name}},
         "addressType": "IPv4",
         "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
         "endpoints": endpoints,
     }))
     .unwrap();
-    Api::<EndpointSlice>::namespaced(client, "default")
+    Api::<EndpointSlice>::namespaced(client, ns)
         .create(&PostParams::default(), &slice)
         .await
         .unwrap();
+}
+
+/// A namespace in `cp`; `domains`: labelled `baton.dev/sni-tenants=true` (allowed to have
+/// tenants) with these domains in `baton.dev/sni-domains`.
+async fn tenant_namespace(cp: &ControlPlane, name: &str, domains: Option<&str>) {
+    let mut meta = serde_json::json!({"name": name});
+    if let Some(d) = domains {
+        meta["labels"] = serde_json::json!({"baton.dev/sni-tenants": "true"});
+        meta["annotations"] = serde_json::json!({"baton.dev/sni-domains": d});
+    }
+    let obj: Namespace = serde_json::from_value(serde_json::json!({ "metadata": meta })).unwrap();
+    Api::<Namespace>::all(cp.client(0).unwrap())
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+/// Waits until namespace `ns` of `cp` has a Warning Event `reason` on Service `service`;
+/// returns its note.
+async fn wait_event(cp: &ControlPlane, ns: &str, service: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(0).unwrap(), ns);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = events.list(&kube::api::ListParams::default()).await.unwrap();
+        if let Some(e) = list.items.iter().find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(service)
+        }) {
+            return e.note.clone().unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no {reason} Event on {ns}/{service}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every Event of namespace `ns` of `cp` about Service `service`.
+async fn events_on(cp: &ControlPlane, ns: &str, service: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(0).unwrap(), ns);
+    let list = events.list(&kube::api::ListParams::default()).await.unwrap();
+    list.items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(service))
+        .map(|e| e.reason.clone().unwrap_or_default())
+        .collect()
 }
 
 /// Polls until `host` answers through the router with `host`'s tenant's namespaces.
@@ -576,6 +636,10 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             "--services".into(),
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
+            "--tenant-namespace".into(),
+            "default=baton.test".into(),
+            "--backend-cidr".into(),
+            lab::PUBLIC_RANGE.into(),
         ];
         let _child = router(None, &log, &flags);
         wait_listening(router_addr()).await;
@@ -619,22 +683,13 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
             streaming.await.unwrap()
         );
 
-        // A newer Service claiming t2's name does not take it; it gets a Warning Event.
+        // A newer Service claiming t2's name does not take it; both Services get a Warning
+        // Event naming the other.
         tenant_service(&t1.cp, "t2-dup", &t2.host(), &t1.cp.addresses()).await;
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(t1.cp.client(0).unwrap(), "default");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let list = events.list(&kube::api::ListParams::default()).await.unwrap();
-            if list.items.iter().any(|e| {
-                e.reason.as_deref() == Some("SniHostConflict")
-                    && e.involved_object.name.as_deref() == Some("t2-dup")
-            }) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no SniHostConflict Event on t2-dup");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let refused = wait_event(&t1.cp, "default", "t2-dup", "SniHostConflict").await;
+        assert!(refused.contains("already routed by default/t2-api"), "{refused}");
+        let kept = wait_event(&t1.cp, "default", "t2-api", "SniHostConflict").await;
+        assert!(kept.contains("default/t2-dup also claims"), "{kept}");
         let fresh = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
         only_its_own_namespaces(&t2, &fresh).await;
 
@@ -660,25 +715,55 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
     });
 }
 
-/// A router on a control-plane node's own address (as a hostNetwork pod listens), routing
-/// `routes`; no admin server (three share the lab).
-fn node_router(listen: SocketAddr, routes: &[String], log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
-    cmd.args(["sni", "serve", "--listen", &listen.to_string()]);
-    for r in routes {
-        cmd.args(["--route", r]);
-    }
-    cmd.env("BATON_LOG", "info,baton=debug")
+/// The hosting cluster's control-plane servers: lab nodes cp-0..2 (198.51.100.11-13).
+const HOSTING_CP: [u64; 3] = [600_101, 600_102, 600_103];
+
+/// `program` (baton) on lab node cp-`i`, in its network and mount namespaces, as the shipped
+/// DaemonSets' host-network pods run there; its log in `log`.
+fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> Child {
+    cp.node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
+        .unwrap()
+        .args(args)
+        .env("BATON_LOG", "info,baton=debug")
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(std::fs::File::create(log).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap()
 }
 
+/// The SNI router on lab node cp-`i`, listening on the node's `0.0.0.0:443` (as the shipped
+/// DaemonSet's host-network pod does) and routing `routes`; no admin server.
+fn node_router(cp: &ControlPlane, i: usize, routes: &[String], log: &Path) -> Child {
+    let mut args = vec!["sni", "serve", "--listen", "0.0.0.0:443"];
+    for r in routes {
+        args.extend(["--route", r.as_str()]);
+    }
+    on_node(cp, i, &args, log)
+}
+
+/// `baton agent` on lab node cp-`i` (the shipped DaemonSet's job), watching that node's API
+/// server: the node accepts the control-plane FIP's packets, on every port (docs/agent.md).
+fn node_agent(cp: &ControlPlane, i: usize, log: &Path) -> Child {
+    let kubeconfig = cp.write_kubeconfig(i, baton_testbed::ADMIN_TOKEN).unwrap();
+    on_node(
+        cp,
+        i,
+        &[
+            "agent",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--health-listen",
+            "off",
+        ],
+        log,
+    )
+}
+
 /// `baton controller` of the hosting cluster (API server `apiserver`), moving the FIP tagged
-/// `cluster=lab-cp` between its control-plane nodes, unchanged from how it runs for one cluster.
+/// `cluster=lab-cp` between its control-plane nodes, unchanged from how it runs for one cluster,
+/// and probing the SNI router on every one of them (`sniRouterPort` 443). It runs on the lab
+/// host, which is no node: its probes through the FIP cross the cloud's route.
 fn hosting_controller(cp: &ControlPlane, sim: &baton_sim::SimHandle, apiserver: usize, log: &Path) -> Child {
     let kubeconfig = cp
         .write_kubeconfig(apiserver, baton_testbed::ADMIN_TOKEN)
@@ -693,6 +778,7 @@ fn hosting_controller(cp: &ControlPlane, sim: &baton_sim::SimHandle, apiserver: 
         .env("CHERRY_FIP_TAG", "cluster=lab-cp")
         .env("CHERRY_BASE_URL", sim.base_url().as_str())
         .env("BATON_API_RATE_LIMIT", "4")
+        .env("BATON_SNI_ROUTER_PORT", "443")
         .env("BATON_LOG", "info,baton=debug")
         .stdout(Stdio::null())
         .stderr(log)
@@ -713,67 +799,152 @@ async fn tenants_answer(a: &Tenant, b: &Tenant, to: SocketAddr) -> bool {
     true
 }
 
+/// The hosting node (index into [`HOSTING_CP`]) the cloud routes `fip` to: the simulator's
+/// own state, read without an API call.
+fn holder_of(sim: &baton_sim::SimHandle, fip: &baton_cloud::model::IpAddress) -> Option<usize> {
+    let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
+    HOSTING_CP.iter().position(|&c| c == id)
+}
+
+/// The lab hub's route for `fip` (`ip route show <fip>/32`): the cloud's router.
+async fn hub_route(fip: std::net::IpAddr) -> String {
+    let out = Command::new("ip")
+        .args(["route", "show", &format!("{fip}/32")])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// After a failure at `t0` on the FIP's holder `from`: how long until the cloud routed the FIP
+/// to another node (polled every 10 ms), and until both tenants answered through the shared
+/// address again (tried from the move on, each try bounded to 2 s). Returns the new holder too.
+async fn failover(
+    sim: &baton_sim::SimHandle,
+    fip: &baton_cloud::model::IpAddress,
+    from: usize,
+    (t1, t2): (&Tenant, &Tenant),
+    t0: Instant,
+) -> (usize, Duration, Duration) {
+    let shared = SocketAddr::new(fip.address, 443);
+    let to = loop {
+        if let Some(h) = holder_of(sim, fip).filter(|h| *h != from) {
+            break h;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the FIP did not leave cp-{from} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let moved = t0.elapsed();
+    loop {
+        let answered = tokio::time::timeout(Duration::from_secs(2), tenants_answer(t1, t2, shared)).await;
+        if matches!(answered, Ok(true)) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "both tenants did not answer through the FIP on cp-{to} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (to, moved, t0.elapsed())
+}
+
+/// The shared FIP on the path real nodes have: the hosting cluster's three control-plane
+/// servers are lab nodes, the cloud *routes* the FIP to its holder (packets keep the FIP as
+/// their destination; the simulator splices nothing), and each node runs what ships there:
+/// `baton agent` (the node accepts the FIP) and the SNI router on its `0.0.0.0:443`. The
+/// controller probes the routers (`sniRouterPort`); the tenants' API servers and the clients
+/// are on the lab host, which is no node. One lab for two failures in turn:
+/// - the holder is powered off (API server, router, agent, link): both tenants answer again
+///   through the FIP, from another node;
+/// - then only the router on the new holder is killed (its API server answers on): the FIP
+///   moves (`RouterDown`) to the node whose API server and router both serve.
 #[test]
-fn killing_the_node_that_holds_the_shared_fip_keeps_every_tenant_reachable() {
-    use baton_cloud::Cloud as _;
-    const CP: [u64; 3] = [600_101, 600_102, 600_103];
+fn the_shared_fip_leaves_a_dead_holder_and_a_holder_whose_router_was_killed() {
     lab::run(|| async {
         let dir = tempfile::tempdir().unwrap();
-        // The hosting cluster's three control-plane nodes (198.51.100.11-13) each run a router;
-        // the tenants' API servers run elsewhere.
-        let (hosting, t1, t2) = tokio::join!(
-            ControlPlane::start(Options::servers(3)),
-            tenant("t1", &[21]),
-            tenant("t2", &[23])
-        );
-        let mut hosting = hosting.unwrap();
-        let topology = baton_sim::Topology {
-            forward_ports: vec![6443, 443],
-            ..baton_sim::Topology::default()
-        };
-        let sim = common::sim(baton_sim::Faults::none(), topology).await;
-        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
+        let logs = dir.path();
+        let mut hosting = ControlPlane::start(Options {
+            nodes: true,
+            ..Options::servers(3)
+        })
+        .await
+        .expect("the hosting control plane on lab nodes");
+        // The tenants' API servers on hosts that are no node, reachable from the nodes.
+        for n in [21, 23] {
+            baton_testbed::node::add_lab_host(lab::public_ip(n))
+                .await
+                .unwrap();
+        }
+        let (t1, t2) = tokio::join!(tenant("t1", &[21]), tenant("t2", &[23]));
+        let sim = common::routed_sim(baton_sim::Faults::none(), baton_sim::Topology::default()).await;
+        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), HOSTING_CP[0]).await;
         let tenant_routes = [t1.route(), t2.route()];
-        let mut routers: Vec<Child> = hosting
-            .addresses()
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| {
-                node_router(
-                    SocketAddr::new(*ip, 443),
-                    &tenant_routes,
-                    &dir.path().join(format!("router-{i}.log")),
-                )
-            })
+        let _agents: Vec<Child> = (0..3)
+            .map(|i| node_agent(&hosting, i, &logs.join(format!("agent-{i}.log"))))
             .collect();
-        let _controller = hosting_controller(&hosting, &sim, 1, &dir.path().join("controller.log"));
+        let mut routers: Vec<Child> = (0..3)
+            .map(|i| node_router(&hosting, i, &tenant_routes, &logs.join(format!("router-{i}.log"))))
+            .collect();
+        let controller_log = logs.join("controller.log");
+        let _controller = hosting_controller(&hosting, &sim, 1, &controller_log);
         let shared = SocketAddr::new(fip.address, 443);
         common::wait_for(
             "both tenants through the shared FIP",
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             || tenants_answer(&t1, &t2, shared),
         )
         .await;
-
-        // The holder (cp-0) dies: its API server and its router.
-        let killed = Instant::now();
-        hosting.kill_apiserver(0).await;
-        routers[0].kill().await.unwrap();
-        common::wait_for(
-            "both tenants through the FIP again",
-            Duration::from_secs(30),
-            || tenants_answer(&t1, &t2, shared),
-        )
-        .await;
-        eprintln!(
-            "tenants reachable through the shared FIP {:?} after its holder died",
-            killed.elapsed()
+        // Let the controller see every router Up before the failures; nothing moved meanwhile.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            holder_of(&sim, &fip),
+            Some(0),
+            "the FIP moved with nothing failed"
         );
-        let holder = cloud.ip(&fip.id).await.unwrap().target().map(|s| s.0);
+        let addrs = hosting.addresses();
+        let route = hub_route(fip.address).await;
         assert!(
-            matches!(holder, Some(id) if id == CP[1] || id == CP[2]),
-            "FIP moved: {holder:?}"
+            route.contains(&format!("via {}", addrs[0])),
+            "the FIP is routed to cp-0, not spliced: {route:?}"
         );
+
+        // The holder is powered off: its API server, router and agent die, its link goes down.
+        let t0 = Instant::now();
+        hosting.kill_node("cp-0").await.unwrap();
+        let (h, moved, answered) = failover(&sim, &fip, 0, (&t1, &t2), t0).await;
+        eprintln!(
+            "holder cp-0 powered off: FIP moved to cp-{h} after {} ms, tenants answered through it after {} ms",
+            moved.as_millis(),
+            answered.as_millis()
+        );
+        let route = hub_route(fip.address).await;
+        assert!(route.contains(&format!("via {}", addrs[h])), "{route:?}");
+
+        // Only the new holder's router dies; its API server answers on.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(holder_of(&sim, &fip), Some(h), "the FIP moved again by itself");
+        let seen = std::fs::read_to_string(&controller_log).unwrap().len();
+        let t0 = Instant::now();
+        routers[h].kill().await.unwrap();
+        let (r, moved, answered) = failover(&sim, &fip, h, (&t1, &t2), t0).await;
+        eprintln!(
+            "router on the holder cp-{h} killed: FIP moved to cp-{r} after {} ms, tenants answered through it after {} ms",
+            moved.as_millis(),
+            answered.as_millis()
+        );
+        assert_ne!(r, 0, "moved to the powered-off node");
+        let log = std::fs::read_to_string(&controller_log).unwrap();
+        assert!(
+            log[seen..].contains("RouterDown"),
+            "moved because of the router: {}",
+            &log[seen..]
+        );
+        let route = hub_route(fip.address).await;
+        assert!(route.contains(&format!("via {}", addrs[r])), "{route:?}");
     });
 }
 
@@ -880,8 +1051,29 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
 
         let admin = hosting.client(0).unwrap();
         common::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=pods-cp").await;
-        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml", "sni-router.yaml"]).await;
-        tenant_service(&hosting, "t1", &t1.host(), &t1.cp.addresses()).await;
+        common::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml"]).await;
+        // The shipped router with the one value an operator must give: its backends' network.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/sni-router.yaml");
+        let shipped = std::fs::read_to_string(&path).unwrap();
+        let unset = "- name: BATON_SNI_BACKEND_CIDR\n              value: \"\"";
+        assert!(
+            shipped.contains(unset),
+            "manifests/sni-router.yaml leaves BATON_SNI_BACKEND_CIDR empty"
+        );
+        let set = shipped.replace(
+            unset,
+            &format!(
+                "- name: BATON_SNI_BACKEND_CIDR\n              value: \"{}\"",
+                lab::PUBLIC_RANGE
+            ),
+        );
+        let objects = baton::bootstrap::config::parse_manifests(&path, &set).unwrap();
+        baton::bootstrap::steps::apply_manifests(&admin, &objects)
+            .await
+            .unwrap();
+        // The tenant lives in a namespace the operator labelled, under its domain.
+        tenant_namespace(&hosting, "tenants", Some("baton.test")).await;
+        tenant_service_in(&hosting, "tenants", "t1", &t1.host(), &t1.cp.addresses()).await;
 
         let shared = SocketAddr::new(fip.address, 443);
         let started = Instant::now();
@@ -942,5 +1134,83 @@ fn the_shipped_router_daemonset_serves_a_tenant_through_the_control_plane_fip() 
         );
         // Every router pod ran with its own service account and the shipped RBAC.
         common::assert_pod_logs_clean(&hosting, "SNI router serving", 3, sim.api_key());
+    });
+}
+
+/// Tenants only where the operator allows them: a Service in a namespace nobody allowed is
+/// ignored (even the oldest claim of a name), a claim outside the namespace's domains is refused
+/// with an Event, and an EndpointSlice address outside `--backend-cidr` is never dialled.
+#[test]
+fn tenants_come_only_from_allowed_namespaces_domains_and_networks() {
+    lab::run(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        // t1 is the hosting cluster (the Services live there); t2's API server is the backend.
+        let (t1, t2) = tokio::join!(tenant("t1", &[21]), tenant("t2", &[23]));
+        // A listener on an address outside the allowed network, counting connections.
+        let outside = SocketAddr::new(lab::private_ip(50), baton_testbed::APISERVER_PORT);
+        let dialled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let listener = tokio::net::TcpListener::bind(outside).await.unwrap();
+        let counter = Arc::clone(&dialled);
+        let recording = tokio::spawn(async move {
+            while let Ok((_s, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let kubeconfig = t1.cp.write_kubeconfig(0, baton_testbed::ADMIN_TOKEN).unwrap();
+        let flags = [
+            "--services".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--backend-cidr".into(),
+            lab::PUBLIC_RANGE.into(),
+        ];
+        let _child = router(None, &dir.path().join("router.log"), &flags);
+        wait_listening(router_addr()).await;
+
+        // First (so the oldest claims): a namespace nobody allowed, and one allowed for
+        // another domain, both claiming t2's name.
+        tenant_namespace(&t1.cp, "rogue", None).await;
+        tenant_service_in(&t1.cp, "rogue", "grab", &t2.host(), &t1.cp.addresses()).await;
+        tenant_namespace(&t1.cp, "tenant-a", Some("a.baton.test")).await;
+        tenant_service_in(&t1.cp, "tenant-a", "grab", &t2.host(), &t1.cp.addresses()).await;
+        let note = wait_event(&t1.cp, "tenant-a", "grab", "SniHostNotAllowed").await;
+        assert!(
+            note.contains("not in its namespace's domains (a.baton.test)"),
+            "{note}"
+        );
+        let c2 = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+        assert!(
+            namespaces(&c2, &t2.host()).await.is_err(),
+            "neither claim is routed (else t1's API server would answer t2's name)"
+        );
+
+        // Then t2's own namespace: its Service lists an address outside the allowed network
+        // beside t2's API server.
+        tenant_namespace(&t1.cp, "tenant-t2", Some("t2.baton.test")).await;
+        let mut backends = t2.cp.addresses();
+        backends.insert(0, outside.ip());
+        tenant_service_in(&t1.cp, "tenant-t2", "api", &t2.host(), &backends).await;
+        wait_routed(&c2, &t2.host(), "tenant-t2").await;
+        let note = wait_event(&t1.cp, "tenant-t2", "api", "SniBackendNotAllowed").await;
+        assert!(note.contains(&outside.ip().to_string()), "{note}");
+        for _ in 0..10 {
+            let fresh = client_via_router(&t2.host(), t2.cp.ca_der(), t2.cp.admin_client_cert());
+            only_its_own_namespaces(&t2, &fresh).await;
+        }
+        assert_eq!(
+            dialled.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the address outside --backend-cidr was never dialled"
+        );
+        assert!(
+            events_on(&t1.cp, "rogue", "grab").await.is_empty(),
+            "a Service of a namespace not allowed is ignored, not even told"
+        );
+        let text = metrics().await;
+        assert!(
+            text.lines().any(|l| l == "baton_sni_hosts 1"),
+            "only t2's own Service is routed: {text}"
+        );
+        recording.abort();
     });
 }

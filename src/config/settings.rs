@@ -279,6 +279,10 @@ settings! {
         flag: "health-check-fall", env: "BATON_HEALTH_CHECK_FALL", file: "healthCheckFall", default: Some("3"),
         secret: false, doc: "Consecutive failed probes before an API server counts as failed",
         parse: count, show: text },
+    SniRouterPort sni_router_port => health_check.sni_router_port {
+        flag: "sni-router-port", env: "BATON_SNI_ROUTER_PORT", file: "sniRouterPort", default: Some("0"),
+        secret: false, doc: "Port of the SNI router (baton sni serve) on the control-plane nodes: a FIP holder whose router stops answering its probes loses the FIP, as one whose API server fails; 0 = routers not probed",
+        parse: |v| v.parse::<u16>().map_err(|_| "must be a port number, 0-65535".to_owned()), show: text },
     LeaseDuration lease_duration => lease.duration {
         flag: "lease-duration", env: "BATON_LEASE_DURATION", file: "leaseDuration", default: Some("1s"),
         secret: false, doc: "How long the controller's leader Lease stays valid without renewal: a follower takes over this long after it last saw the Lease change",
@@ -419,6 +423,8 @@ pub struct HealthCheck {
     pub rise: u32,
     pub fall: u32,
     pub use_host_ip: bool,
+    /// The SNI router's port on the candidates (0: not probed).
+    pub sni_router_port: u16,
 }
 
 /// Leader-election timings of `baton controller` (docs/controller.md explains the safety rule

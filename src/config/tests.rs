@@ -70,6 +70,7 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
         Id::AnnotationFipRegion => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
         Id::FipTag => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
         Id::ApiServerPort => (["6443", "443", "8443"], Some("70000")),
+        Id::SniRouterPort => (["443", "8443", "9443"], Some("70000")),
         Id::BgpNodeSelector => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
         Id::BgpPrefixLimit => (["10", "1", "250"], Some("-3")),
         Id::FipHealthCheckUseHostIp => (["true", "1", "True"], Some("yes")),
@@ -92,6 +93,7 @@ fn file_json(s: &Setting, value: &str) -> serde_json::Value {
     let v = match s.id {
         Id::ProjectId
         | Id::ApiServerPort
+        | Id::SniRouterPort
         | Id::HealthCheckRise
         | Id::HealthCheckFall
         | Id::BgpPrefixLimit => serde_json::Value::from(value.parse::<u64>().unwrap()),

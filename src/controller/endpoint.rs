@@ -6,8 +6,8 @@
 //!  Services (control-plane endpoints) ┘                 │
 //!                                                       ▼
 //!  Prober: /readyz on every candidate and every FIP ─► health (rise/fall) ─► core::failover::decide
-//!                                                                               │ Move (leader only,
-//!                                                                               ▼  hold-down)
+//!  RouterProbes (sniRouterPort ≠ 0): the SNI router on ─► Candidate::router ─┘   │ Move (leader only,
+//!    every candidate, its own health check                                      ▼  hold-down)
 //!                           one retarget call (urgent priority, fenced by the lease), read back, Event
 //! ```
 //!
@@ -229,6 +229,8 @@ async fn run_on(
     let mut services = endpoint_services(&all_services.state(), &mirror_name);
     let mut prober = Prober::new(opts.probe.clone(), Arc::clone(&metrics) as _);
     let mut health_rx = prober.subscribe();
+    let mut routers = RouterProbes::new(ctx.config.health_check.sni_router_port, &opts.probe);
+    let mut router_rx = routers.subscribe();
     let mut server_list = ServerList::default();
     let mut states: BTreeMap<String, EndpointState> = BTreeMap::new();
     let mut tick = tokio::time::interval(opts.tick);
@@ -251,6 +253,7 @@ async fn run_on(
             () = std::future::ready(()), if std::mem::take(&mut again) => {}
             _ = tick.tick() => {}
             _ = health_rx.changed() => {}
+            _ = router_rx.changed(), if routers.is_on() => {}
             // A new leader acts at once, not at the next tick.
             () = leader.changed() => {}
             () = sleep_until_opt(prefetch_at) => {}
@@ -301,18 +304,11 @@ async fn run_on(
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
         let probe_addrs = probe_addresses(&api_servers, &endpoints, servers);
-        let mut targets: Vec<SocketAddr> = probe_addrs.clone();
-        if !ctx.config.health_check.use_host_ip {
-            targets.extend(
-                endpoints
-                    .iter()
-                    .map(|e| SocketAddr::new(e.fip.address, e.fip_port)),
-            );
-        }
-        prober.set_targets(&targets)?;
+        prober.set_targets(&probe_targets(&ctx, &probe_addrs, &endpoints))?;
+        routers.follow(&probe_addrs)?;
 
         let node_list = nodes.state();
-        let candidates = candidates(&probe_addrs, servers, &node_list, &prober);
+        let candidates = candidates(&probe_addrs, servers, &node_list, &prober, &routers);
 
         let step = Step {
             ctx: &ctx,
@@ -327,6 +323,69 @@ async fn run_on(
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
             .await?;
+    }
+}
+
+/// What the API server prober probes: every candidate, and each FIP unless `useHostIP`.
+fn probe_targets(ctx: &Context, probe_addrs: &[SocketAddr], endpoints: &[EndpointRef]) -> Vec<SocketAddr> {
+    let mut targets = probe_addrs.to_vec();
+    if !ctx.config.health_check.use_host_ip {
+        targets.extend(
+            endpoints
+                .iter()
+                .map(|e| SocketAddr::new(e.fip.address, e.fip_port)),
+        );
+    }
+    targets
+}
+
+/// The SNI routers' health, a signal of its own beside the API servers' (`sniRouterPort`): the
+/// router on every candidate's address is probed with its own health check (a ClientHello for
+/// `health.baton.invalid`, answered by the router itself), with the API servers' interval,
+/// timeout and rise/fall. Off (`None` for every candidate) while the port is 0.
+struct RouterProbes {
+    port: u16,
+    prober: Option<Prober>,
+}
+
+impl RouterProbes {
+    fn new(port: u16, settings: &ProbeSettings) -> Self {
+        let prober = (port != 0)
+            .then(|| Prober::with_check(settings.clone(), Arc::new(()), crate::sni::health::router_check()));
+        Self { port, prober }
+    }
+
+    fn is_on(&self) -> bool {
+        self.prober.is_some()
+    }
+
+    /// Health changes (none when off: do not wait on it then).
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<BTreeMap<SocketAddr, Health>> {
+        match &self.prober {
+            Some(p) => p.subscribe(),
+            None => tokio::sync::watch::channel(BTreeMap::new()).1,
+        }
+    }
+
+    /// Probes the router on each candidate API server's address.
+    fn follow(&mut self, candidates: &[SocketAddr]) -> Result<(), ProbeError> {
+        let port = self.port;
+        match &mut self.prober {
+            Some(p) => p.set_targets(
+                &candidates
+                    .iter()
+                    .map(|a| SocketAddr::new(a.ip(), port))
+                    .collect::<Vec<_>>(),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// The router's health on `ip` (`None`: routers are not probed).
+    fn health(&self, ip: IpAddr) -> Option<Health> {
+        self.prober
+            .as_ref()
+            .map(|p| p.health(&SocketAddr::new(ip, self.port)))
     }
 }
 
@@ -657,7 +716,11 @@ impl Step<'_> {
                             EventType::Warning,
                             "NoHealthyControlPlane",
                             "Failover",
-                            format!("FIP {} should move ({}) but no control-plane API server is healthy; keeping it", ep.fip.address, reason.as_str()),
+                            if reason == Reason::RouterDown {
+                                format!("FIP {} should move ({}) but no other control-plane node's API server and SNI router are both healthy; keeping it", ep.fip.address, reason.as_str())
+                            } else {
+                                format!("FIP {} should move ({}) but no control-plane API server is healthy; keeping it", ep.fip.address, reason.as_str())
+                            },
                         )
                         .await;
                     }
@@ -999,6 +1062,7 @@ fn candidates(
     servers: &[Server],
     nodes: &[Arc<Node>],
     prober: &Prober,
+    routers: &RouterProbes,
 ) -> Vec<(Candidate, SocketAddr)> {
     let backed: Vec<(SocketAddr, &Server, Option<&Arc<Node>>)> = addrs
         .iter()
@@ -1021,6 +1085,7 @@ fn candidates(
                     .and_then(|s| s.unschedulable)
                     .unwrap_or(false),
                 deleting: node.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
+                router: routers.health(addr.ip()),
             };
             (candidate, addr)
         })
@@ -1723,5 +1788,75 @@ mod tests {
         let later = t + HoldDown::MAX + Duration::from_secs(1);
         hold.moved(later, Reason::FipUnreachable);
         assert!(!hold.holds(later + HoldDown::BASE, Reason::FipUnreachable));
+    }
+
+    /// A stand-in for `baton sni serve`'s health answer on `addr`'s port; dropped, it is gone.
+    async fn answering_router() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    // Answer like the router: once the ClientHello names the health check.
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        if let Ok(crate::sni::hello::Hello::Complete { sni }) =
+                            crate::sni::hello::parse(&got, 16_384)
+                        {
+                            if sni.as_deref() == Some(crate::sni::router::HEALTH_NAME) {
+                                let _ = s.write_all(&crate::sni::router::UNRECOGNIZED_NAME).await;
+                            }
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn router_probes_follow_the_candidates_and_see_a_router_stop() {
+        let settings = ProbeSettings {
+            path: "/readyz".into(),
+            server_name: "kubernetes.default.svc".into(),
+            ca_der: Vec::new(),
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_millis(200),
+            thresholds: baton_core::health::Thresholds { rise: 2, fall: 3 },
+        };
+        let off = RouterProbes::new(0, &settings);
+        assert!(!off.is_on());
+        assert_eq!(off.health("127.0.0.1".parse().unwrap()), None, "not watched");
+
+        let (router, task) = answering_router().await;
+        let mut on = RouterProbes::new(router.port(), &settings);
+        let mut rx = on.subscribe();
+        // The candidate is the API server's address (port 6443): the router on the same IP.
+        on.follow(&[SocketAddr::new(router.ip(), 6443)]).unwrap();
+        router_health(&on, &mut rx, router.ip(), Health::Up).await;
+        task.abort(); // the router stops accepting
+        let _ = task.await;
+        router_health(&on, &mut rx, router.ip(), Health::Down).await;
+    }
+
+    async fn router_health(
+        on: &RouterProbes,
+        rx: &mut tokio::sync::watch::Receiver<BTreeMap<SocketAddr, Health>>,
+        ip: IpAddr,
+        want: Health,
+    ) {
+        while on.health(ip) != Some(want) {
+            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                .await
+                .unwrap_or_else(|_| panic!("router never {want:?}"))
+                .unwrap();
+        }
     }
 }

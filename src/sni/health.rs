@@ -7,20 +7,28 @@
 //!  RouteTable (watch) ─► per tenant with a CA: Prober::set_targets(backends)
 //!  Prober::subscribe ─► Backend::set_probed_down(addr, Down) ─► BackendSet::order skips it
 //! ```
+//!
+//! Also the other way round: [`router_check`], the probe `baton controller` runs against the
+//! router on every control-plane node (`sniRouterPort`), so that the shared FIP leaves a node
+//! whose router stopped serving.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::health::{Health as ProbeHealth, Thresholds};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::hello::{client_hello, record};
 use super::metrics::Metrics;
+use super::router::{HEALTH_NAME, UNRECOGNIZED_NAME};
 use super::routes::{Health, RouteTable};
-use crate::probe::{ProbeSettings, Prober};
+use crate::probe::{Check, ProbeSettings, Prober};
 
 /// A tenant's CA for health checks: `HOST=FILE` (`--health-ca`); the error says why.
 pub fn parse_ca(spec: &str) -> Result<(String, Vec<Vec<u8>>), String> {
@@ -68,6 +76,32 @@ pub async fn run(
             changed = routes.changed() => if changed.is_err() { return },
         }
     }
+}
+
+/// The router's own health check: connect, send a ClientHello for [`HEALTH_NAME`], and expect
+/// the router's `unrecognized_name` alert. A router that is gone refuses the connect; one that
+/// hangs (or is full) answers nothing within the probe's timeout.
+pub fn router_check() -> Check {
+    let hello: Arc<[u8]> = record(&client_hello(Some(HEALTH_NAME))).into();
+    Arc::new(move |target: SocketAddr| {
+        let hello = Arc::clone(&hello);
+        Box::pin(async move {
+            let answered = async {
+                let mut s = tokio::net::TcpStream::connect(target).await?;
+                s.write_all(&hello).await?;
+                let mut alert = [0u8; UNRECOGNIZED_NAME.len()];
+                s.read_exact(&mut alert).await?;
+                Ok::<_, std::io::Error>(alert == UNRECOGNIZED_NAME)
+            };
+            match answered.await {
+                Ok(ok) => ok,
+                Err(error) => {
+                    tracing::debug!(%error, %target, "router health check failed");
+                    false
+                }
+            }
+        })
+    })
 }
 
 fn settings(host: &str, ca: &[Vec<u8>]) -> ProbeSettings {

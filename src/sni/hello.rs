@@ -279,40 +279,55 @@ pub fn normalize_host(name: &[u8]) -> Result<String, HelloError> {
     Ok(String::from_utf8_lossy(name).to_ascii_lowercase())
 }
 
+/// A minimal ClientHello handshake message (header included) naming `sni` (no server_name
+/// extension if `None`): what the router's own health check sends (`baton controller`), and
+/// what the tests build theirs from.
+pub fn client_hello(sni: Option<&str>) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&[3, 3]);
+    body.extend_from_slice(&[7; 32]);
+    body.push(32);
+    body.extend_from_slice(&[9; 32]);
+    body.extend_from_slice(&[0, 4, 0x13, 0x01, 0x13, 0x02]);
+    body.extend_from_slice(&[1, 0]);
+    let mut exts = Vec::new();
+    // supported_versions, to look like a TLS 1.3 hello.
+    exts.extend_from_slice(&[0, 43, 0, 3, 2, 3, 4]);
+    if let Some(name) = sni {
+        let name = name.as_bytes();
+        let mut list = vec![0];
+        list.extend_from_slice(&len16(name.len()));
+        list.extend_from_slice(name);
+        exts.extend_from_slice(&[0, 0]);
+        exts.extend_from_slice(&len16(list.len() + 2));
+        exts.extend_from_slice(&len16(list.len()));
+        exts.extend_from_slice(&list);
+    }
+    body.extend_from_slice(&len16(exts.len()));
+    body.extend_from_slice(&exts);
+    let len = u32::try_from(body.len()).unwrap_or(0).to_be_bytes();
+    let mut msg = vec![CLIENT_HELLO, len[1], len[2], len[3]];
+    msg.extend_from_slice(&body);
+    msg
+}
+
+/// `msg` in one handshake record (it must fit: at most 16 KiB).
+pub fn record(msg: &[u8]) -> Vec<u8> {
+    let mut out = vec![HANDSHAKE, 3, 1];
+    out.extend_from_slice(&len16(msg.len()));
+    out.extend_from_slice(msg);
+    out
+}
+
+fn len16(n: usize) -> [u8; 2] {
+    u16::try_from(n).unwrap_or(u16::MAX).to_be_bytes()
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
-    //! ClientHellos built by hand, and split into records, for tests.
+    //! ClientHellos split into records, for tests.
 
-    /// A ClientHello handshake message (header included) naming `sni` (no extension if `None`).
-    pub(crate) fn client_hello(sni: Option<&str>) -> Vec<u8> {
-        let mut body = Vec::new();
-        body.extend_from_slice(&[3, 3]);
-        body.extend_from_slice(&[7; 32]);
-        body.push(32);
-        body.extend_from_slice(&[9; 32]);
-        body.extend_from_slice(&[0, 4, 0x13, 0x01, 0x13, 0x02]);
-        body.extend_from_slice(&[1, 0]);
-        let mut exts = Vec::new();
-        // supported_versions, to look like a TLS 1.3 hello.
-        exts.extend_from_slice(&[0, 43, 0, 3, 2, 3, 4]);
-        if let Some(name) = sni {
-            let n = u16::try_from(name.len()).unwrap();
-            let mut list = vec![0];
-            list.extend_from_slice(&n.to_be_bytes());
-            list.extend_from_slice(name.as_bytes());
-            let l = u16::try_from(list.len()).unwrap();
-            exts.extend_from_slice(&[0, 0]);
-            exts.extend_from_slice(&(l + 2).to_be_bytes());
-            exts.extend_from_slice(&l.to_be_bytes());
-            exts.extend_from_slice(&list);
-        }
-        body.extend_from_slice(&u16::try_from(exts.len()).unwrap().to_be_bytes());
-        body.extend_from_slice(&exts);
-        let len = u32::try_from(body.len()).unwrap().to_be_bytes();
-        let mut msg = vec![1, len[1], len[2], len[3]];
-        msg.extend_from_slice(&body);
-        msg
-    }
+    pub(crate) use super::client_hello;
 
     /// `msg` wrapped in handshake records of at most `chunk` bytes each.
     pub(crate) fn records(msg: &[u8], chunk: usize) -> Vec<u8> {

@@ -45,6 +45,12 @@ pub struct Metrics {
     backend_failures: Family<BackendLabel, Counter>,
     reloads: Family<ReasonLabel, Counter>,
     hosts: Gauge,
+    open: Gauge,
+    pending: Gauge,
+    max_connections: Gauge,
+    accept_waits: Counter,
+    closed: Family<ReasonLabel, Counter>,
+    health_checks: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,6 +73,12 @@ impl Default for Metrics {
             backend_failures: Family::default(),
             reloads: Family::default(),
             hosts: Gauge::default(),
+            open: Gauge::default(),
+            pending: Gauge::default(),
+            max_connections: Gauge::default(),
+            accept_waits: Counter::default(),
+            closed: Family::default(),
+            health_checks: Counter::default(),
         };
         registry.register("accepted", "TCP connections accepted", m.accepted.clone());
         registry.register(
@@ -81,14 +93,15 @@ impl Default for Metrics {
         );
         registry.register(
             "bytes",
-            "Bytes spliced, per tenant and direction (counted when a connection ends)",
+            "Bytes spliced, per tenant and direction (counted as they go)",
             m.bytes.clone(),
         );
         registry.register(
             "rejected",
-            "Connections closed before a backend was chosen, per reason (unknown_sni, no_sni, \
-             hello_timeout, not_tls, malformed, too_large, bad_name, proxy_header, closed, \
-             no_backend)",
+            "Connections closed before they were spliced, per reason (source_limit, \
+             source_pending_limit, evicted, hello_timeout, closed, not_tls, malformed, too_large, \
+             bad_name, proxy_header, unknown_sni, no_sni, no_backend, no_healthy_backend, \
+             connect_limit, connect_failed)",
             m.rejected.clone(),
         );
         registry.register(
@@ -107,6 +120,36 @@ impl Default for Metrics {
             m.reloads.clone(),
         );
         registry.register("hosts", "Host names routed", m.hosts.clone());
+        registry.register(
+            "open_connections",
+            "Connections open now (not yet routed and spliced)",
+            m.open.clone(),
+        );
+        registry.register(
+            "pending_connections",
+            "Connections not yet routed (reading their PROXY header and ClientHello)",
+            m.pending.clone(),
+        );
+        registry.register(
+            "max_connections",
+            "The most connections open at once (--max-connections, or what open files allow)",
+            m.max_connections.clone(),
+        );
+        registry.register(
+            "accept_waits",
+            "Times the accept loops waited for a free connection slot (every slot taken)",
+            m.accept_waits.clone(),
+        );
+        registry.register(
+            "closed",
+            "Spliced connections ended by the router, per reason (idle_timeout, stall_timeout, error)",
+            m.closed.clone(),
+        );
+        registry.register(
+            "health_checks",
+            "The router's own health checks answered (server name health.baton.invalid)",
+            m.health_checks.clone(),
+        );
         *m.registry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
@@ -121,6 +164,33 @@ impl Metrics {
 
     pub fn rejected(&self, reason: &'static str) {
         self.rejected.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// A spliced connection ended by the router (a timeout, an error).
+    pub fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub fn health_check(&self) {
+        self.health_checks.inc();
+    }
+
+    pub fn accept_waited(&self) {
+        self.accept_waits.inc();
+    }
+
+    pub fn set_max_connections(&self, max: usize) {
+        self.max_connections.set(i64::try_from(max).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a connection open until the guard is dropped.
+    pub fn open(&self) -> GaugeGuard<'_> {
+        GaugeGuard::new(&self.open)
+    }
+
+    /// Counts a connection pending until the guard is dropped.
+    pub fn pending(&self) -> GaugeGuard<'_> {
+        GaugeGuard::new(&self.pending)
     }
 
     /// `host`'s per-connection metrics, looked up once: a connection then only bumps atomics
@@ -196,10 +266,30 @@ impl TenantMetrics {
         ActiveGuard { active: &self.active }
     }
 
-    /// Bytes a connection carried, counted when it ends.
-    pub fn bytes(&self, to_backend: u64, to_client: u64) {
-        self.to_backend.inc_by(to_backend);
-        self.to_client.inc_by(to_client);
+    /// Bytes to the backend, counted as they go.
+    pub fn to_backend(&self) -> &Counter {
+        &self.to_backend
+    }
+
+    /// Bytes to the client, counted as they go.
+    pub fn to_client(&self) -> &Counter {
+        &self.to_client
+    }
+}
+
+/// Holds a gauge one higher while it lives.
+pub struct GaugeGuard<'a>(&'a Gauge);
+
+impl<'a> GaugeGuard<'a> {
+    fn new(gauge: &'a Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -8,17 +8,20 @@
 //!  --services (kube.rs) ─┘   (file re-read every --reload-interval-ms; a bad file keeps       │
 //!                             the old routes; Services watched, reloaded on every change)     │
 //!                                                                                   ▼
-//!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: read within the bounds,
-//!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► choose, connect, replay, splice
-//!    (on each of --threads threads: its own SO_REUSEPORT sockets and event loop)
+//!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: admit (admission.rs: caps,
+//!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► pending queue), read within the bounds,
+//!    (on each of --threads threads: its own           choose, connect, replay, splice (pump.rs)
+//!     SO_REUSEPORT sockets and event loop)
 //!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs (plain HTTP: keep it on loopback)
 //!  --metrics-listen ADDR ► /metrics over HTTPS, TokenReview + SubjectAccessReview (crate::admin)
 //!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
 //! ```
 //!
-//! The parsers (`hello`, `proxy_protocol`) and the route table (`routes`) are pure and need no
-//! server; `router` is the only module doing I/O on client connections.
+//! The parsers (`hello`, `proxy_protocol`), the route table (`routes`), the admission
+//! bookkeeping (`admission`) and the tenant policy (`kube::Policy`) are pure and need no server;
+//! `router` and `pump` are the only modules doing I/O on client connections.
 
+pub mod admission;
 pub mod dns;
 pub mod health;
 pub mod hello;
@@ -42,7 +45,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use self::admission::Caps;
 use self::metrics::Metrics;
+use self::pump::Timeouts;
 use self::router::{Kind, Limits, Router};
 use self::routes::{Health, RouteError, RouteSpec, RouteTable};
 
@@ -158,6 +163,97 @@ pub struct ServeArgs {
     )]
     pub connect_timeout_ms: u64,
 
+    /// The most connections open at once (not yet routed and spliced); beyond it no connection
+    /// is accepted until one ends. 0: as many as the open-files limit allows (two descriptors
+    /// per connection, after the pipes'), at most 100000.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_CONNECTIONS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub max_connections: usize,
+
+    /// The most connections open at once from one client address (an IPv6 /64 counts as one);
+    /// more are reset at once.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_CONNECTIONS_PER_SOURCE",
+        default_value_t = 4096,
+        value_name = "N"
+    )]
+    pub max_connections_per_source: usize,
+
+    /// The most connections not yet routed (reading their ClientHello) at once, and at most
+    /// --max-connections; a new one beyond it evicts the oldest.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_PENDING",
+        default_value_t = 20_000,
+        value_name = "N"
+    )]
+    pub max_pending: usize,
+
+    /// The most connections not yet routed from one client address; more are reset at once.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_PENDING_PER_SOURCE",
+        default_value_t = 128,
+        value_name = "N"
+    )]
+    pub max_pending_per_source: usize,
+
+    /// The most bytes all connections not yet routed hold together; beyond it the oldest are
+    /// evicted.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_PENDING_BYTES",
+        default_value_t = 16 << 20,
+        value_name = "BYTES"
+    )]
+    pub max_pending_bytes: usize,
+
+    /// The most connects in flight at once to one tenant's backends; more connections to it
+    /// are refused at once.
+    #[arg(
+        long,
+        env = "BATON_SNI_MAX_CONNECTING",
+        default_value_t = 512,
+        value_name = "N"
+    )]
+    pub max_connecting: usize,
+
+    /// A spliced connection with no byte in either direction for this long is closed, in
+    /// seconds (API watches stay busier: clients send HTTP/2 PINGs every 30 s or so).
+    #[arg(
+        long,
+        env = "BATON_SNI_IDLE_TIMEOUT_S",
+        default_value_t = 3600,
+        value_name = "S"
+    )]
+    pub idle_timeout_s: u64,
+
+    /// A spliced connection whose peer takes none of the bytes waiting for it for this long is
+    /// closed, in seconds.
+    #[arg(
+        long,
+        env = "BATON_SNI_STALL_TIMEOUT_S",
+        default_value_t = 300,
+        value_name = "S"
+    )]
+    pub stall_timeout_s: u64,
+
+    /// PROXY listener: the v2 TLV type whose value names the tenant (one of its host names),
+    /// for clients that send no SNI; `0x00` not to read one.
+    #[arg(
+        long,
+        env = "BATON_SNI_PROXY_TENANT_TLV",
+        default_value = "0xE0",
+        value_name = "TYPE",
+        value_parser = parse_tlv_type
+    )]
+    pub proxy_tenant_tlv: u8,
+
     /// Threads that accept and splice connections, each with its own listening socket
     /// (`SO_REUSEPORT`: the kernel spreads new connections over them) and its own event loop,
     /// like nginx's worker processes; 0: one per CPU the process may use.
@@ -173,9 +269,41 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_SNI_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Only tenant Services in this namespace (default: all namespaces).
+    /// Watch tenant Services in this namespace only (default: all namespaces; a namespace must
+    /// still be allowed, see --tenant-namespace and --tenant-namespace-label).
     #[arg(long, env = "BATON_SNI_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
+
+    /// Allow tenant Services in namespace NS, with host names in (or under) these domains.
+    /// Repeatable; `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "BATON_SNI_TENANT_NAMESPACE",
+        value_name = "NS=DOMAIN[,DOMAIN…]",
+        value_delimiter = ';'
+    )]
+    pub tenant_namespace: Vec<String>,
+
+    /// Allow tenant Services in namespaces carrying this label (`KEY=VALUE`), with host names
+    /// under the domains of their annotation `baton.dev/sni-domains`; `""`: no namespace by label.
+    #[arg(
+        long,
+        env = "BATON_SNI_TENANT_NAMESPACE_LABEL",
+        default_value = "baton.dev/sni-tenants=true",
+        value_name = "KEY=VALUE"
+    )]
+    pub tenant_namespace_label: String,
+
+    /// Tenant Services' backends must be in one of these networks (`CIDR`); never loopback,
+    /// link-local, multicast or an address of this node. None given: no Service backend is
+    /// dialled. Repeatable; comma-separated in the environment variable.
+    #[arg(
+        long,
+        env = "BATON_SNI_BACKEND_CIDR",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    pub backend_cidr: Vec<String>,
 
     /// Publish every routed host name inside `--dns-zone` in DNS, answering with
     /// `--dns-address`, from an embedded authoritative server on these addresses (UDP and TCP).
@@ -345,20 +473,21 @@ impl Sources {
 
 async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let flags = flag_routes(&args)?;
+    let limits = check_limits(&args)?;
     let admin_servers = AdminServers::of(&args);
     let ServeArgs {
         listen,
         proxy_listen,
         routes_file,
         reload_interval_ms,
-        max_hello_bytes,
-        hello_timeout_ms,
-        connect_timeout_ms,
         drain_s,
         threads,
         services,
         kubeconfig,
         namespace,
+        tenant_namespace,
+        tenant_namespace_label,
+        backend_cidr,
         dns_listen,
         dns_zone,
         dns_address,
@@ -366,13 +495,14 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         ..
     } = args;
     let cas = health_cas(&health_ca)?;
-    let limits = check_limits(
-        &listen,
-        &proxy_listen,
-        max_hello_bytes,
-        hello_timeout_ms,
-        connect_timeout_ms,
+    let policy = tenant_policy(
+        services,
+        &tenant_namespace,
+        &tenant_namespace_label,
+        &backend_cidr,
     )?;
+    let threads = thread_count(threads);
+    let limits = fit_to_open_files(limits, threads);
     let file = routes_file.as_ref().map(|p| load_file(&flags, p)).transpose()?;
     // The metrics server's reviews need the API server too.
     let kube = kube_client(
@@ -394,11 +524,6 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     });
     sources.set_file(file.unwrap_or_default());
 
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    } else {
-        threads
-    };
     let listeners = bind_all(&listen, &proxy_listen, threads)?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -423,14 +548,19 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     let workers = Workers::start(&router, listeners, &shutdown, &tracker)?;
     admin_servers.spawn(kube, &metrics, &shutdown).await?;
     let reload = routes_file.map(|p| (p, Duration::from_millis(reload_interval_ms.max(10))));
-    watch_sources(&sources, reload, client.map(|c| (c, namespace)), &shutdown);
-    let hosts = router_hosts(&router);
+    watch_sources(
+        &sources,
+        reload,
+        client.map(|c| (c, namespace, policy)),
+        &shutdown,
+    );
     info!(
         version = env!("CARGO_PKG_VERSION"),
         ?listen,
         ?proxy_listen,
-        hosts,
+        hosts = router_hosts(&router),
         services,
+        max_connections = limits.caps.max_connections,
         "SNI router serving"
     );
     crate::signal::shutdown().await;
@@ -441,6 +571,34 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         let _ = dns.await;
     }
     Ok(())
+}
+
+/// `--threads`: 0 is one per CPU the process may use.
+fn thread_count(threads: usize) -> usize {
+    if threads == 0 {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    } else {
+        threads
+    }
+}
+
+/// Who may be a tenant (`--services`), with a warning when nothing can be.
+fn tenant_policy(
+    services: bool,
+    namespaces: &[String],
+    label: &str,
+    cidrs: &[String],
+) -> Result<kube::Policy, SniError> {
+    let policy = kube::Policy::from_flags(namespaces, label, cidrs)?;
+    if services && policy.allows_nothing() {
+        warn!(
+            "--services: no namespace is allowed (no --tenant-namespace, no --tenant-namespace-label): no Service is routed"
+        );
+    }
+    if services && policy.backend_cidrs.is_empty() {
+        warn!("--services: no --backend-cidr: no tenant Service's backend is dialled");
+    }
+    Ok(policy)
 }
 
 /// `--health-ca` parsed: tenant host → CA certificates.
@@ -461,16 +619,22 @@ fn health_cas(specs: &[String]) -> Result<BTreeMap<String, Vec<Vec<u8>>>, SniErr
 fn watch_sources(
     sources: &Arc<Sources>,
     reload: Option<(PathBuf, Duration)>,
-    services: Option<(::kube::Client, Option<String>)>,
+    services: Option<(::kube::Client, Option<String>, kube::Policy)>,
     shutdown: &CancellationToken,
 ) {
     if let Some((path, interval)) = reload {
         tokio::spawn(reload_loop(Arc::clone(sources), path, interval, shutdown.clone()));
     }
-    if let Some((client, namespace)) = services {
+    if let Some((client, namespace, policy)) = services {
         let s = Arc::clone(sources);
         let publish = move |tenants: Vec<kube::Tenant>| s.set_services(kube::spec(&tenants));
-        tokio::spawn(kube::watch_tenants(client, namespace, publish, shutdown.clone()));
+        tokio::spawn(kube::watch_tenants(
+            client,
+            namespace,
+            policy,
+            publish,
+            shutdown.clone(),
+        ));
     }
 }
 
@@ -558,32 +722,114 @@ impl Workers {
 }
 
 /// The bounds, checked.
-fn check_limits(
-    listen: &[SocketAddr],
-    proxy_listen: &[SocketAddr],
-    max_hello_bytes: usize,
-    hello_timeout_ms: u64,
-    connect_timeout_ms: u64,
-) -> Result<Limits, SniError> {
-    if listen.is_empty() && proxy_listen.is_empty() {
-        return Err(SniError::Config {
-            field: "--listen",
-            value: String::new(),
-            why: "give --listen or --proxy-listen".into(),
-        });
+fn check_limits(args: &ServeArgs) -> Result<Limits, SniError> {
+    let bad = |field: &'static str, value: String, why: &str| SniError::Config {
+        field,
+        value,
+        why: why.into(),
+    };
+    if args.listen.is_empty() && args.proxy_listen.is_empty() {
+        return Err(bad("--listen", String::new(), "give --listen or --proxy-listen"));
     }
-    if !(512..=1 << 20).contains(&max_hello_bytes) {
-        return Err(SniError::Config {
-            field: "--max-hello-bytes",
-            value: max_hello_bytes.to_string(),
-            why: "must be between 512 and 1048576".into(),
-        });
+    if !(512..=1 << 20).contains(&args.max_hello_bytes) {
+        return Err(bad(
+            "--max-hello-bytes",
+            args.max_hello_bytes.to_string(),
+            "must be between 512 and 1048576",
+        ));
+    }
+    for (field, value) in [
+        ("--max-connections-per-source", args.max_connections_per_source),
+        ("--max-pending", args.max_pending),
+        ("--max-pending-per-source", args.max_pending_per_source),
+        ("--max-connecting", args.max_connecting),
+    ] {
+        if value == 0 {
+            return Err(bad(field, "0".into(), "must be at least 1"));
+        }
+    }
+    if args.max_pending_bytes < args.max_hello_bytes {
+        return Err(bad(
+            "--max-pending-bytes",
+            args.max_pending_bytes.to_string(),
+            "must be at least --max-hello-bytes",
+        ));
+    }
+    for (field, value) in [
+        ("--idle-timeout-s", args.idle_timeout_s),
+        ("--stall-timeout-s", args.stall_timeout_s),
+    ] {
+        if value == 0 {
+            return Err(bad(field, "0".into(), "must be at least 1"));
+        }
     }
     Ok(Limits {
-        max_hello: max_hello_bytes,
-        hello_timeout: Duration::from_millis(hello_timeout_ms.max(1)),
-        connect_timeout: Duration::from_millis(connect_timeout_ms.max(1)),
+        max_hello: args.max_hello_bytes,
+        hello_timeout: Duration::from_millis(args.hello_timeout_ms.max(1)),
+        connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+        max_connecting: args.max_connecting,
+        timeouts: Timeouts {
+            idle: Duration::from_secs(args.idle_timeout_s),
+            stall: Duration::from_secs(args.stall_timeout_s),
+        },
+        caps: Caps {
+            max_connections: args.max_connections,
+            per_source: args.max_connections_per_source,
+            max_pending: args.max_pending,
+            pending_per_source: args.max_pending_per_source,
+            pending_bytes: args.max_pending_bytes,
+        },
+        proxy_tenant_tlv: (args.proxy_tenant_tlv != 0).then_some(args.proxy_tenant_tlv),
     })
+}
+
+/// `0xE0`, `224`: a TLV type.
+fn parse_tlv_type(v: &str) -> Result<u8, String> {
+    let v = v.trim();
+    let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(hex) => u8::from_str_radix(hex, 16),
+        None => v.parse::<u8>(),
+    };
+    parsed.map_err(|_| format!("{v:?} is not a TLV type (0x00-0xFF)"))
+}
+
+/// The most connections by default, whatever the open-files limit allows.
+const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
+/// Descriptors kept for everything but connections and pipes (listeners, admin, DNS, logs).
+const RESERVED_FDS: u64 = 256;
+
+/// Raises the soft limit on open files to the hard one, and fits `--max-connections` to it: two
+/// descriptors per connection, after every thread's pipes (0: as many as fit, at most
+/// [`DEFAULT_MAX_CONNECTIONS`]; more than fit: lowered, with a warning).
+fn fit_to_open_files(mut limits: Limits, threads: usize) -> Limits {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let open_files = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        Err(_) => 1024,
+    };
+    let pipes = u64::try_from(threads * pump::PIPES_PER_THREAD * 2).unwrap_or(u64::MAX);
+    let fit = usize::try_from(open_files.saturating_sub(RESERVED_FDS + pipes) / 2)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let wanted = limits.caps.max_connections;
+    limits.caps.max_connections = match wanted {
+        0 => fit.min(DEFAULT_MAX_CONNECTIONS),
+        n if n > fit => {
+            warn!(
+                max_connections = n,
+                open_files, fit, "--max-connections needs more open files than allowed; lowered"
+            );
+            fit
+        }
+        n => n,
+    };
+    limits
 }
 
 /// The Kubernetes client for `--services`.
@@ -640,11 +886,14 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     )?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
-    // Accepted connections inherit it (Linux): no setsockopt per connection.
+    // Accepted connections inherit them (Linux): no setsockopt per connection.
     socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(&router::keepalive_settings())?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
+    // As many as the kernel allows (somaxconn): a burst of new connections, an attack among
+    // them, waits in the backlog instead of being dropped (a dropped SYN costs a client 1 s).
+    socket.listen(4096)?;
     Ok(socket.into())
 }
 

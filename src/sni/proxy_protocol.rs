@@ -4,8 +4,11 @@
 //! ```text
 //!  v1: "PROXY TCP4 <src> <dst> <sport> <dport>\r\n"   (text, at most 107 bytes)
 //!      "PROXY UNKNOWN …\r\n"                           (no addresses)
-//!  v2: \r\n\r\n\0\r\nQUIT\n, ver|cmd, fam|proto, len(2), addresses, TLVs (skipped)
+//!  v2: \r\n\r\n\0\r\nQUIT\n, ver|cmd, fam|proto, len(2), addresses, TLVs
 //!      LOCAL command or UNSPEC family                   (no addresses)
+//!      TLV of the configured tenant type (`--proxy-tenant-tlv`, 0xE0 by default, in the
+//!      range the spec leaves to applications): the tenant's host name, as HyperShift's and
+//!      Azure Private Link's proxies carry a cluster or link id for clients that send no SNI
 //! ```
 //!
 //! The header is stripped: the bytes after it (the client's TLS stream) go to the backend.
@@ -35,6 +38,8 @@ pub struct Header {
     pub source: Option<SocketAddr>,
     /// The address the client connected to, if the header carries one.
     pub destination: Option<SocketAddr>,
+    /// The tenant's host name from the tenant TLV (v2 only), lower case.
+    pub tenant: Option<String>,
 }
 
 /// Why the bytes are not a PROXY header.
@@ -54,6 +59,11 @@ pub enum ProxyError {
 
 /// Parses the PROXY header at the start of `buf`; `limit` bounds a v2 header's length.
 pub fn parse(buf: &[u8], limit: usize) -> Result<Proxied, ProxyError> {
+    parse_with(buf, limit, None)
+}
+
+/// [`parse`], also reading the tenant's host name from v2 TLVs of type `tenant_tlv`.
+pub fn parse_with(buf: &[u8], limit: usize, tenant_tlv: Option<u8>) -> Result<Proxied, ProxyError> {
     // Decide the version from as many signature bytes as are there.
     let v1 = b"PROXY ";
     let n = buf.len().min(V2_SIGNATURE.len());
@@ -61,7 +71,7 @@ pub fn parse(buf: &[u8], limit: usize) -> Result<Proxied, ProxyError> {
         return if n < V2_SIGNATURE.len() {
             Ok(Proxied::Incomplete { need: 16 })
         } else {
-            parse_v2(buf, limit)
+            parse_v2(buf, limit, tenant_tlv)
         };
     }
     let n = buf.len().min(v1.len());
@@ -94,6 +104,7 @@ fn parse_v1(buf: &[u8]) -> Result<Proxied, ProxyError> {
                 len,
                 source: None,
                 destination: None,
+                tenant: None,
             }));
         }
         Some("TCP4" | "TCP6") => {}
@@ -109,10 +120,11 @@ fn parse_v1(buf: &[u8]) -> Result<Proxied, ProxyError> {
         len,
         source: Some(SocketAddr::new(ip(src)?, port(sport)?)),
         destination: Some(SocketAddr::new(ip(dst)?, port(dport)?)),
+        tenant: None,
     }))
 }
 
-fn parse_v2(buf: &[u8], limit: usize) -> Result<Proxied, ProxyError> {
+fn parse_v2(buf: &[u8], limit: usize, tenant_tlv: Option<u8>) -> Result<Proxied, ProxyError> {
     let Some(fixed) = buf.get(12..16) else {
         return Ok(Proxied::Incomplete { need: 16 });
     };
@@ -131,18 +143,38 @@ fn parse_v2(buf: &[u8], limit: usize) -> Result<Proxied, ProxyError> {
     let Some(body) = buf.get(16..total) else {
         return Ok(Proxied::Incomplete { need: total });
     };
+    match ver_cmd & 0x0f {
+        0 => {
+            // LOCAL: a health check from the proxy itself
+            return Ok(Proxied::Complete(Header {
+                len: total,
+                source: None,
+                destination: None,
+                tenant: None,
+            }));
+        }
+        1 => {}
+        _ => return Err(ProxyError::V2("command is not LOCAL or PROXY")),
+    }
+    // The address block's length by family; TLVs follow it.
+    let addr_len = match fam >> 4 {
+        1 => 12,
+        2 => 36,
+        3 => 216,
+        _ => 0,
+    };
+    let tenant = match tenant_tlv {
+        Some(t) => tenant_from_tlvs(body.get(addr_len..).unwrap_or_default(), t)?,
+        None => None,
+    };
     let header = |source, destination| {
         Ok(Proxied::Complete(Header {
             len: total,
             source,
             destination,
+            tenant: tenant.clone(),
         }))
     };
-    match ver_cmd & 0x0f {
-        0 => return header(None, None), // LOCAL: a health check from the proxy itself
-        1 => {}
-        _ => return Err(ProxyError::V2("command is not LOCAL or PROXY")),
-    }
     match fam {
         // TCP over IPv4: src(4) dst(4) sport(2) dport(2)
         0x11 => {
@@ -171,6 +203,24 @@ fn parse_v2(buf: &[u8], limit: usize) -> Result<Proxied, ProxyError> {
         // UNSPEC (or UDP / unix sockets, which carry no TCP destination): no addresses.
         _ => header(None, None),
     }
+}
+
+/// The value of the TLV of type `wanted` in `tlvs`, as a host name.
+fn tenant_from_tlvs(mut tlvs: &[u8], wanted: u8) -> Result<Option<String>, ProxyError> {
+    while !tlvs.is_empty() {
+        let [kind, hi, lo, rest @ ..] = tlvs else {
+            return Err(ProxyError::V2("TLV header truncated"));
+        };
+        let len = usize::from(u16::from_be_bytes([*hi, *lo]));
+        let value = rest.get(..len).ok_or(ProxyError::V2("TLV value truncated"))?;
+        if *kind == wanted {
+            return super::hello::normalize_host(value)
+                .map(Some)
+                .map_err(|_| ProxyError::V2("tenant TLV is not a host name"));
+        }
+        tlvs = &rest[len..];
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -3,10 +3,16 @@
 //! (`tokio::sync::watch`), so a connection keeps the backend it was spliced to.
 //!
 //! Backend health outlives tables: a backend that refused a connection (or did not answer
-//! within the connect timeout) is skipped for [`DOWN_FOR`], and one an active health check
-//! (`health.rs`) says is Down is skipped until it is up again; if every backend of the set is
-//! down, all are tried in order. The state lives in [`Health`], keyed by address, so a reload
-//! does not forget it.
+//! within the connect timeout) is skipped for [`DOWN_FOR`]; after that ONE connection at a time
+//! tries it (a trial: up again if it connects, down for another [`DOWN_FOR`] if not), and one an
+//! active health check (`health.rs`) says is Down is skipped until it is Up again. While a
+//! tenant has no backend to try, its connections are refused at once (fail fast) instead of
+//! each waiting out connect timeouts. The state lives in [`Health`], keyed by address, so a
+//! reload does not forget it.
+//!
+//! A tenant may have routes per listening port (a Service's `port` 8132 for konnectivity beside
+//! its `https` port): a connection to local port P takes the tenant's port-P backends if it
+//! has them, else its default ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -43,8 +49,10 @@ impl RouteError {
 #[derive(Debug)]
 pub struct Backend {
     pub addr: SocketAddr,
-    /// Milliseconds since [`Health`]'s epoch until which the backend is skipped (0: up).
+    /// Milliseconds since [`Health`]'s epoch until which the backend is skipped; 0: up.
     down_until: AtomicU64,
+    /// A connection is trying the backend after its hold-down (one at a time).
+    trial: AtomicBool,
     /// An active health check says Down (`health.rs`); false while none runs.
     probed_down: AtomicBool,
 }
@@ -59,6 +67,46 @@ impl Backend {
     /// Records an active health check's verdict; returns whether it changed.
     pub fn set_probed_down(&self, down: bool) -> bool {
         self.probed_down.swap(down, Ordering::Relaxed) != down
+    }
+
+    /// Whether a connection may try the backend now: it is up, or its hold-down is over and no
+    /// other connection is trying it (then this one is its trial).
+    fn claim(self: &Arc<Self>, now_ms: u64) -> Option<Attempt> {
+        if self.probed_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.down_until.load(Ordering::Relaxed) {
+            0 => Some(Attempt {
+                backend: Arc::clone(self),
+                trial: false,
+            }),
+            until if until <= now_ms => self
+                .trial
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+                .then(|| Attempt {
+                    backend: Arc::clone(self),
+                    trial: true,
+                }),
+            _ => None,
+        }
+    }
+}
+
+/// A backend one connection may try. A trial's claim ends when the attempt is dropped, whatever
+/// happened (a connection closed mid-connect does not keep the backend claimed).
+#[derive(Debug)]
+pub struct Attempt {
+    pub backend: Arc<Backend>,
+    /// Whether this is the one trial after a hold-down.
+    pub trial: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.trial {
+            self.backend.trial.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -90,15 +138,18 @@ impl Health {
                 Arc::new(Backend {
                     addr,
                     down_until: AtomicU64::new(0),
+                    trial: AtomicBool::new(false),
                     probed_down: AtomicBool::new(false),
                 })
             })
             .clone()
     }
 
-    /// Milliseconds since this `Health` was made.
+    /// Milliseconds since this `Health` was made (never 0, which means "up").
     pub fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// Records a failed connect.
@@ -113,14 +164,28 @@ impl Health {
     }
 }
 
+/// Why a backend set gave no backend to try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoBackend {
+    /// The set has no backends (a tenant without a ready endpoint).
+    Empty,
+    /// Every backend is down and none is due for a trial: fail fast.
+    NoneHealthy,
+    /// The set has its most connects in flight.
+    Busy,
+}
+
 /// The backends of one tenant (or of the default route).
 #[derive(Debug)]
 pub struct BackendSet {
-    /// The name used in logs and metric labels: the first host name, or `default`.
+    /// The name used in logs and metric labels: the first host name (with `:PORT` for a
+    /// port's own backends), or `default`.
     pub name: String,
     pub backends: Vec<Arc<Backend>>,
     /// Round-robin start.
     next: AtomicUsize,
+    /// Connects in flight now.
+    connecting: AtomicUsize,
     /// The tenant's metric handles, looked up on first use.
     metrics: OnceLock<TenantMetrics>,
 }
@@ -131,6 +196,7 @@ impl BackendSet {
             name,
             backends,
             next: AtomicUsize::new(0),
+            connecting: AtomicUsize::new(0),
             metrics: OnceLock::new(),
         }
     }
@@ -140,18 +206,42 @@ impl BackendSet {
         self.metrics.get_or_init(|| metrics.tenant(&self.name))
     }
 
-    /// The order to try the backends in for one connection: round-robin among those up, then
-    /// those down (only tried when every one is down, or the up ones all failed).
-    pub fn order(&self, now_ms: u64) -> Vec<Arc<Backend>> {
+    /// The backends one connection may try, in order: round-robin among those up, then a
+    /// down one whose hold-down is over (its one trial). Empty with the reason when there is
+    /// none — the connection is refused at once.
+    pub fn order(&self, now_ms: u64) -> Result<Vec<Attempt>, NoBackend> {
         let n = self.backends.len();
         if n == 0 {
-            return Vec::new();
+            return Err(NoBackend::Empty);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let rotated = self.backends[start..].iter().chain(&self.backends[..start]);
-        let (mut up, down): (Vec<_>, Vec<_>) = rotated.cloned().partition(|b| b.is_up(now_ms));
-        up.extend(down);
-        up
+        let mut out: Vec<Attempt> = rotated.filter_map(|b| b.claim(now_ms)).collect();
+        out.sort_by_key(|a| a.trial); // stable: the up ones first, in round-robin order
+        if out.is_empty() {
+            Err(NoBackend::NoneHealthy)
+        } else {
+            Ok(out)
+        }
+    }
+
+    /// A slot for one connect, if fewer than `max` are in flight for this set.
+    pub fn connecting(self: &Arc<Self>, max: usize) -> Result<ConnectSlot, NoBackend> {
+        if self.connecting.fetch_add(1, Ordering::AcqRel) >= max {
+            self.connecting.fetch_sub(1, Ordering::AcqRel);
+            return Err(NoBackend::Busy);
+        }
+        Ok(ConnectSlot(Arc::clone(self)))
+    }
+}
+
+/// One connect in flight for a backend set, counted until dropped.
+#[derive(Debug)]
+pub struct ConnectSlot(Arc<BackendSet>);
+
+impl Drop for ConnectSlot {
+    fn drop(&mut self) {
+        self.0.connecting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -159,6 +249,8 @@ impl BackendSet {
 #[derive(Debug, Default)]
 pub struct RouteTable {
     hosts: HashMap<String, Arc<BackendSet>>,
+    /// A tenant's backends for connections to one local port: host → (port, backends).
+    ports: HashMap<String, Vec<(u16, Arc<BackendSet>)>>,
     default: Option<Arc<BackendSet>>,
     /// PROXY listener: original destination (address and port, or address alone) → host name.
     destinations: HashMap<SocketAddr, String>,
@@ -171,9 +263,26 @@ impl RouteTable {
         host.and_then(|h| self.hosts.get(h)).or(self.default.as_ref())
     }
 
+    /// The backend set for a host name reached on local port `port`: the tenant's backends
+    /// for that port, else its default ones, else the default route.
+    pub fn for_host_port(&self, host: Option<&str>, port: u16) -> Option<&Arc<BackendSet>> {
+        if let Some(h) = host
+            && let Some(by_port) = self.ports.get(h)
+            && let Some((_, set)) = by_port.iter().find(|(p, _)| *p == port)
+        {
+            return Some(set);
+        }
+        self.for_host(host)
+    }
+
     /// The backend set of exactly `host` (no default).
     pub fn get(&self, host: &str) -> Option<&Arc<BackendSet>> {
         self.hosts.get(host)
+    }
+
+    /// Whether `host` is routed (on any port).
+    pub fn is_routed(&self, host: &str) -> bool {
+        self.hosts.contains_key(host) || self.ports.contains_key(host)
     }
 
     /// The host name an original destination is mapped to.
@@ -187,7 +296,12 @@ impl RouteTable {
     /// Every distinct backend set with its host names (for metrics and logs).
     pub fn sets(&self) -> Vec<Arc<BackendSet>> {
         let mut seen: BTreeMap<String, Arc<BackendSet>> = BTreeMap::new();
-        for set in self.hosts.values().chain(self.default.as_ref()) {
+        for set in self
+            .hosts
+            .values()
+            .chain(self.ports.values().flatten().map(|(_, s)| s))
+            .chain(self.default.as_ref())
+        {
             seen.entry(set.name.clone()).or_insert_with(|| set.clone());
         }
         seen.into_values().collect()
@@ -212,6 +326,8 @@ pub struct RouteSpec {
     pub default: Vec<SocketAddr>,
     /// Original destination → host name.
     pub destinations: Vec<(Destination, String)>,
+    /// (host names, local port, backends): a tenant's backends for connections to that port.
+    pub ports: Vec<(Vec<String>, u16, Vec<SocketAddr>)>,
 }
 
 /// An original destination of the PROXY listener's routes.
@@ -309,17 +425,22 @@ impl RouteSpec {
     }
 
     /// Adds the tenants of `other` whose hosts are not routed yet (a tenant keeps the hosts
-    /// that are free); returns the hosts left out.
+    /// that are free, with their port routes); returns the hosts left out.
     pub fn merge_missing(&mut self, other: &Self) -> Vec<String> {
         let mut skipped = Vec::new();
+        let routed: Vec<String> = self.tenants.iter().flat_map(|(hs, _)| hs.clone()).collect();
+        let free = |h: &String| !routed.contains(h);
         for (hosts, addrs) in &other.tenants {
-            let (free, taken): (Vec<String>, Vec<String>) = hosts
-                .iter()
-                .cloned()
-                .partition(|h| !self.tenants.iter().any(|(hs, _)| hs.contains(h)));
+            let (free, taken): (Vec<String>, Vec<String>) = hosts.iter().cloned().partition(free);
             skipped.extend(taken);
             if !free.is_empty() {
                 self.tenants.push((free, addrs.clone()));
+            }
+        }
+        for (hosts, port, addrs) in &other.ports {
+            let hosts: Vec<String> = hosts.iter().filter(|h| free(h)).cloned().collect();
+            if !hosts.is_empty() {
+                self.ports.push((hosts, *port, addrs.clone()));
             }
         }
         skipped
@@ -338,6 +459,14 @@ impl RouteSpec {
             let s = set(hosts[0].clone(), addrs);
             for h in hosts {
                 table.hosts.insert(h.clone(), s.clone());
+            }
+        }
+        for (hosts, port, addrs) in &self.ports {
+            let s = set(format!("{}:{port}", hosts[0]), addrs);
+            for h in hosts {
+                let by_port = table.ports.entry(h.clone()).or_default();
+                by_port.retain(|(p, _)| p != port);
+                by_port.push((*port, s.clone()));
             }
         }
         if !self.default.is_empty() {

@@ -112,4 +112,50 @@ async fn every_thread_listens_on_the_same_port_and_connections_come_without_nagl
         .unwrap()
         .0;
     assert!(accepted.nodelay().unwrap());
+    let sock = socket2::SockRef::from(&accepted);
+    assert!(sock.keepalive().unwrap(), "keep-alive is inherited too");
+    assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn bad_caps_and_timeouts_name_the_flag() {
+    for (args, want) in [
+        (&["--max-pending", "0"][..], "--max-pending 0: must be at least 1"),
+        (
+            &["--idle-timeout-s", "0"][..],
+            "--idle-timeout-s 0: must be at least 1",
+        ),
+        (
+            &["--max-pending-bytes", "1000"][..],
+            "--max-pending-bytes 1000: must be at least --max-hello-bytes",
+        ),
+    ] {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let e = run_serve(serve_args(&all)).await.unwrap_err();
+        assert!(e.is_config());
+        assert_eq!(e.to_string(), want);
+    }
+    let e = Cli::try_parse_from(["baton", "sni", "serve", "--proxy-tenant-tlv", "0x1FF"]).unwrap_err();
+    assert!(e.to_string().contains("\"0x1FF\" is not a TLV type"), "{e}");
+    let args = serve_args(&["--listen", "127.0.0.1:0", "--proxy-tenant-tlv", "0xEE"]);
+    assert_eq!(check_limits(&args).unwrap().proxy_tenant_tlv, Some(0xEE));
+    let args = serve_args(&["--listen", "127.0.0.1:0", "--proxy-tenant-tlv", "0"]);
+    assert_eq!(check_limits(&args).unwrap().proxy_tenant_tlv, None);
+}
+
+#[test]
+fn max_connections_fit_the_open_files_limit() {
+    let args = serve_args(&["--listen", "127.0.0.1:0"]);
+    let limits = fit_to_open_files(check_limits(&args).unwrap(), 2);
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let fit = (soft - RESERVED_FDS - 2 * 2 * pump::PIPES_PER_THREAD as u64) / 2;
+    assert_eq!(
+        limits.caps.max_connections as u64,
+        fit.min(DEFAULT_MAX_CONNECTIONS as u64),
+        "two descriptors per connection, after the pipes"
+    );
+    let args = serve_args(&["--listen", "127.0.0.1:0", "--max-connections", "100000000"]);
+    let limits = fit_to_open_files(check_limits(&args).unwrap(), 2);
+    assert_eq!(limits.caps.max_connections as u64, fit, "lowered to what fits");
 }

@@ -16,6 +16,7 @@ fn v1_tcp4_gives_both_addresses() {
             len: line.len() - 3,
             source: addr("192.0.2.1:51000"),
             destination: addr("203.0.113.5:443"),
+            tenant: None,
         }))
     );
 }
@@ -57,6 +58,7 @@ fn v2_tcp4_with_tlvs_gives_both_addresses() {
             len: bytes.len(),
             source: addr("192.0.2.1:51000"),
             destination: addr("203.0.113.5:443"),
+            tenant: None,
         }))
     );
 }
@@ -148,4 +150,45 @@ fn fuzz_random_headers_never_panic() {
             Err(_) => {}
         }
     }
+}
+
+#[test]
+fn v2_tenant_tlv_names_the_tenant_and_other_tlvs_are_skipped() {
+    let addrs = [10, 244, 0, 5, 10, 96, 0, 1, 0x9c, 0x40, 1, 0xbb];
+    let name = b"API.T1.example.com";
+    let mut tlvs = vec![4, 0, 2, 0, 0]; // NOOP, 2 bytes
+    tlvs.extend_from_slice(&[0xE0, 0, u8::try_from(name.len()).unwrap()]);
+    tlvs.extend_from_slice(name);
+    let bytes = v2(1, 0x11, &addrs, &tlvs);
+    let Ok(Proxied::Complete(h)) = parse_with(&bytes, 512, Some(0xE0)) else {
+        panic!()
+    };
+    assert_eq!(h.tenant.as_deref(), Some("api.t1.example.com"));
+    assert_eq!(h.destination, addr("10.96.0.1:443"));
+    // Another type configured: no tenant; none configured: none read.
+    let Ok(Proxied::Complete(h)) = parse_with(&bytes, 512, Some(0xE1)) else {
+        panic!()
+    };
+    assert_eq!(h.tenant, None);
+    let Ok(Proxied::Complete(h)) = parse(&bytes, 512) else {
+        panic!()
+    };
+    assert_eq!(h.tenant, None);
+    // With the UNSPEC family (no addresses) the TLVs start at once.
+    let Ok(Proxied::Complete(h)) = parse_with(&v2(1, 0x00, &[], &tlvs), 512, Some(0xE0)) else {
+        panic!()
+    };
+    assert_eq!(
+        (h.destination, h.tenant.as_deref()),
+        (None, Some("api.t1.example.com"))
+    );
+}
+
+#[rstest]
+#[case(&[0xE0, 0, 9, b'a'], "TLV value truncated")]
+#[case(&[0xE0, 0], "TLV header truncated")]
+#[case(&[0xE0, 0, 3, b'a', b' ', b'b'], "tenant TLV is not a host name")]
+fn v2_bad_tenant_tlvs_are_refused(#[case] tlvs: &[u8], #[case] why: &'static str) {
+    let bytes = v2(1, 0x11, &[0; 12], tlvs);
+    assert_eq!(parse_with(&bytes, 512, Some(0xE0)), Err(ProxyError::V2(why)));
 }

@@ -93,27 +93,111 @@ fn a_routes_file_merges_with_the_flags() {
     assert!(RouteSpec::parse_file("garbage line").is_err());
 }
 
+/// The ports of an order, and whether each is a trial.
+fn ports(order: &[Attempt]) -> Vec<(u16, bool)> {
+    order.iter().map(|a| (a.backend.addr.port(), a.trial)).collect()
+}
+
 #[test]
-fn health_is_shared_across_tables_and_down_backends_go_last() {
+fn health_is_shared_across_tables_and_a_down_backend_gets_one_trial_after_its_hold_down() {
     let health = Health::default();
     let mut spec = RouteSpec::default();
     spec.add_route("t.example=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         .unwrap();
     let first = spec.build(&health);
     let set = first.for_host(Some("t.example")).unwrap().clone();
+    let now = health.now_ms();
     // Round robin over the three.
     let starts: Vec<_> = (0..3)
-        .map(|_| set.order(health.now_ms())[0].addr.port())
+        .map(|_| set.order(now).unwrap()[0].backend.addr.port())
         .collect();
     assert_eq!(starts, [1, 2, 3]);
     health.mark_down(&set.backends[0]);
+    // A new table (a reload) shares the health: the down backend is skipped in its hold-down.
     let second = spec.build(&health);
     let set2 = second.for_host(Some("t.example")).unwrap();
     for _ in 0..3 {
-        let order = set2.order(health.now_ms());
-        assert_eq!(order.len(), 3);
-        assert_eq!(order[2].addr.port(), 1, "the down backend is tried last");
+        let order = set2.order(now).unwrap();
+        assert_eq!(order.len(), 2, "{:?}", ports(&order));
+        assert!(order.iter().all(|a| a.backend.addr.port() != 1));
     }
+    // After the hold-down one connection at a time tries it, after the up ones.
+    let later = now + u64::try_from(DOWN_FOR.as_millis()).unwrap() + 1;
+    let trial = set2.order(later).unwrap();
+    assert_eq!(
+        trial.last().map(|a| (a.backend.addr.port(), a.trial)),
+        Some((1, true))
+    );
+    let meanwhile = set2.order(later).unwrap();
+    assert_eq!(meanwhile.len(), 2, "no second trial while one runs");
+    drop(trial); // the trial ended (here without a verdict): the next may try
+    assert_eq!(set2.order(later).unwrap().len(), 3);
     Health::mark_up(&set.backends[0]);
     assert!(set2.backends[0].is_up(health.now_ms()));
+    assert!(set2.order(later).unwrap().iter().all(|a| !a.trial));
+}
+
+#[test]
+fn a_tenant_with_no_backend_to_try_fails_fast() {
+    let health = Health::default();
+    let mut spec = RouteSpec::default();
+    spec.add_route("t.example=127.0.0.1:1,127.0.0.1:2").unwrap();
+    spec.tenants.push((vec!["empty.example".into()], vec![]));
+    let table = spec.build(&health);
+    let set = table.for_host(Some("t.example")).unwrap();
+    for b in &set.backends {
+        health.mark_down(b);
+    }
+    let now = health.now_ms();
+    assert_eq!(set.order(now).unwrap_err(), NoBackend::NoneHealthy);
+    // An active health check's Down is never tried, hold-down or not.
+    let later = now + 10 * u64::try_from(DOWN_FOR.as_millis()).unwrap();
+    set.backends[0].set_probed_down(true);
+    assert_eq!(ports(&set.order(later).unwrap()), [(2, true)]);
+    let empty = table.for_host(Some("empty.example")).unwrap();
+    assert_eq!(empty.order(now).unwrap_err(), NoBackend::Empty);
+}
+
+#[test]
+fn a_backend_set_has_at_most_its_connects_in_flight() {
+    let mut spec = RouteSpec::default();
+    spec.add_route("t.example=127.0.0.1:1").unwrap();
+    let table = spec.build(&Health::default());
+    let set = table.for_host(Some("t.example")).unwrap();
+    let first = set.connecting(2).unwrap();
+    let _second = set.connecting(2).unwrap();
+    assert_eq!(set.connecting(2).unwrap_err(), NoBackend::Busy);
+    drop(first);
+    assert!(set.connecting(2).is_ok());
+}
+
+#[test]
+fn a_port_route_serves_its_port_and_the_default_route_the_others() {
+    let mut services = RouteSpec::default();
+    services.tenants.push((
+        vec!["api.t1.example".into(), "alt.t1.example".into()],
+        vec![a("10.0.0.1:6443")],
+    ));
+    services.ports.push((
+        vec!["api.t1.example".into(), "alt.t1.example".into()],
+        8132,
+        vec![a("10.0.0.1:8132")],
+    ));
+    let mut flags = RouteSpec::default();
+    flags.add_route("alt.t1.example=127.0.0.1:9").unwrap();
+    // The flag owns alt.t1.example on every port; the Service keeps api.t1.example.
+    let skipped = flags.merge_missing(&services);
+    assert_eq!(skipped, ["alt.t1.example"]);
+    let table = flags.build(&Health::default());
+    let on = |host: &str, port: u16| table.for_host_port(Some(host), port).unwrap().backends[0].addr;
+    assert_eq!(on("api.t1.example", 443), a("10.0.0.1:6443"));
+    assert_eq!(on("api.t1.example", 8132), a("10.0.0.1:8132"));
+    assert_eq!(
+        table.for_host_port(Some("api.t1.example"), 8132).unwrap().name,
+        "api.t1.example:8132"
+    );
+    assert_eq!(on("alt.t1.example", 8132), a("127.0.0.1:9"));
+    assert!(table.for_host_port(Some("other.example"), 8132).is_none());
+    assert!(table.is_routed("api.t1.example"));
+    assert_eq!(table.sets().len(), 3);
 }

@@ -10,7 +10,14 @@ fn cand(id: u64, health: Health) -> Candidate {
         health,
         schedulable: true,
         deleting: false,
+        router: None,
     }
+}
+
+/// `c` with its node's SNI router watched and in health `h`.
+fn router(mut c: Candidate, h: Health) -> Candidate {
+    c.router = Some(h);
+    c
 }
 
 fn cordoned(mut c: Candidate) -> Candidate {
@@ -64,6 +71,23 @@ fn obs(holder: Option<u64>, via_fip: Health, candidates: Vec<Candidate>) -> Obse
 // A deleting node is never a target.
 #[case(obs(Some(1), Down, vec![cand(1, Down), deleting(cand(2, Up))]),
        Decision::Stuck { reason: Reason::HolderDown })]
+// The holder's router failed (its API server answers): move to a node whose router serves.
+#[case(obs(Some(1), Up, vec![router(cand(1, Up), Down), router(cand(2, Up), Unknown), router(cand(3, Up), Up)]),
+       Decision::Move { to: 3, reason: Reason::RouterDown })]
+// ... never to one whose router is not known Up, nor whose API server is down.
+#[case(obs(Some(1), Up, vec![router(cand(1, Up), Down), router(cand(2, Up), Down), router(cand(3, Down), Up)]),
+       Decision::Stuck { reason: Reason::RouterDown })]
+// A holder whose router is Unknown (starting) or Up stays.
+#[case(obs(Some(1), Up, vec![router(cand(1, Up), Unknown), router(cand(2, Up), Up)]), Decision::Keep)]
+// A holder whose API server fell moves to a node with a serving router first ...
+#[case(obs(Some(1), Down, vec![router(cand(1, Down), Up), router(cand(2, Up), Down), router(cand(3, Up), Up)]),
+       Decision::Move { to: 3, reason: Reason::HolderDown })]
+// ... but to any healthy API server rather than none.
+#[case(obs(Some(1), Down, vec![router(cand(1, Down), Up), router(cand(2, Up), Down)]),
+       Decision::Move { to: 2, reason: Reason::HolderDown })]
+// The router's failure is the reason even when the FIP does not answer either.
+#[case(obs(Some(1), Down, vec![router(cand(1, Up), Down), router(cand(2, Up), Up)]),
+       Decision::Move { to: 2, reason: Reason::RouterDown })]
 fn decides(#[case] o: Observation, #[case] want: Decision) {
     assert_eq!(decide(&o), want);
 }
@@ -75,17 +99,21 @@ proptest::proptest! {
     fn moves_are_always_to_healthy_candidates(
         holder in proptest::option::of(0u64..5),
         via in 0u8..3,
-        cands in proptest::collection::vec((0u8..3, proptest::bool::ANY, proptest::bool::ANY), 0..5),
+        cands in proptest::collection::vec((0u8..3, proptest::bool::ANY, proptest::bool::ANY, 0u8..4), 0..5),
     ) {
         let h = |n: u8| [Unknown, Up, Down][usize::from(n)];
-        let candidates: Vec<Candidate> = cands.iter().enumerate().map(|(i, (health, sched, del))| Candidate {
+        let candidates: Vec<Candidate> = cands.iter().enumerate().map(|(i, (health, sched, del, router))| Candidate {
             server_id: i as u64, node: format!("n{i}"), health: h(*health), schedulable: *sched, deleting: *del,
+            router: (*router < 3).then(|| h(*router)),
         }).collect();
         let o = obs(holder, h(via), candidates.clone());
         match decide(&o) {
-            Decision::Move { to, .. } => {
+            Decision::Move { to, reason } => {
                 let c = candidates.iter().find(|c| c.server_id == to).expect("target is a candidate");
                 proptest::prop_assert_eq!(c.health, Up);
+                if reason == Reason::RouterDown {
+                    proptest::prop_assert_eq!(c.router, Some(Up));
+                }
                 proptest::prop_assert!(!c.deleting);
                 proptest::prop_assert_ne!(Some(to), holder);
             }
@@ -93,6 +121,7 @@ proptest::proptest! {
         }
         if let Some(hc) = holder.and_then(|id| candidates.iter().find(|c| c.server_id == id))
             && hc.health == Up && hc.schedulable && !hc.deleting && h(via) != Down
+            && hc.router != Some(Down)
         {
             proptest::prop_assert_eq!(decide(&o), Decision::Keep);
         }
