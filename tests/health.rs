@@ -124,6 +124,8 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
         // Let the lease and the watches settle on their connections first.
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(status("/ready").await, Some(200));
+        // The only replica leads: there is a leader.
+        assert_eq!(metric("baton_leaderless_seconds").await, Some(0.0));
 
         let frozen = Frozen::apiserver(&bed.cp, 0);
         let hung = Instant::now();
@@ -139,6 +141,13 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
         assert!(why.contains("no API server answered"), "{why}");
         assert_eq!(metric("baton_api_server_reachable").await, Some(0.0));
         assert!(metric("baton_api_requests_failed_total").await.unwrap_or(0.0) >= 1.0);
+        // Its renewals cannot reach the API server: its Lease lapsed a second after the hang
+        // and nobody has led since.
+        let leaderless = metric("baton_leaderless_seconds").await.unwrap();
+        assert!(
+            leaderless >= took.as_secs_f64() - 2.0 && leaderless <= took.as_secs_f64() + 1.0,
+            "{leaderless} s without a leader, {took:?} after the hang"
+        );
         // An unreachable API server is not a dead task: liveness stays good.
         assert!(
             admin("/health")
@@ -157,6 +166,10 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
             back.elapsed()
         );
         assert_eq!(metric("baton_api_server_reachable").await, Some(1.0));
+        common::wait_for("a leader again", Duration::from_secs(10), || async {
+            metric("baton_leaderless_seconds").await == Some(0.0)
+        })
+        .await;
         drop(logs);
     });
 }
