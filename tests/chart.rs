@@ -172,6 +172,22 @@ fn chart_lints_and_renders_what_the_manifests_say() {
             .any(|d| d["metadata"]["name"] == "baton-node-lifecycle"),
         "Node deletion is an opt-in"
     );
+    // APF: the same FlowSchema and PriorityLevelConfiguration as manifests/apf.yaml, on by
+    // default, none with apf.enabled=false.
+    let apf_kinds = ["FlowSchema", "PriorityLevelConfiguration"];
+    let is_apf = |d: &&Value| apf_kinds.contains(&d["kind"].as_str().unwrap_or_default());
+    assert_same_objects(
+        plain.iter().filter(is_apf),
+        manifest("apf.yaml"),
+        "manifests/apf.yaml",
+        Value::clone,
+    );
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "apf.enabled=false"]);
+    assert!(
+        !helm.template(&args).iter().any(|d| is_apf(&d)),
+        "apf.enabled=false still renders an APF object"
+    );
     let mut args = set.to_vec();
     args.extend_from_slice(&["--set", "rbac.endpointNamespaces={openshift-kube-apiserver}"]);
     let bindings: Vec<String> = helm
@@ -714,6 +730,7 @@ fn alerts_and_dashboard_use_only_metrics_baton_exports() {
         "BatonCloudErrors",
         "BatonReconcileErrors",
         "BatonNoLeader",
+        "BatonLeaderlessTooLong",
         "BatonServicesPending",
     ] {
         assert!(alerts.contains(&want), "{want} missing: {alerts:?}");
@@ -750,6 +767,8 @@ fn alerts_and_dashboard_use_only_metrics_baton_exports() {
         std::time::Duration::ZERO,
     );
     metrics.set_queue_depth("services", 0);
+    metrics.set_leaderless(std::time::Duration::ZERO);
+    metrics.set_loop_age("endpoints", std::time::Duration::ZERO);
     let exported = metrics.encode();
     let mut used = metric_names(&serde_json::to_string(&rule["spec"]).unwrap());
     used.extend(metric_names(&json.to_string()));

@@ -13,7 +13,7 @@ use baton_cloud::{CherryClient, Cloud};
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::Api;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -40,7 +40,12 @@ async fn bed(servers: u8) -> Bed {
 
 /// `baton controller` talking to API server 0 (plus `extra` flags), admin server on [`ADMIN`].
 fn controller(bed: &Bed, log: &Path, extra: &[String], env: &[(&str, &str)]) -> Child {
-    let kubeconfig = bed.cp.write_kubeconfig(0, ADMIN_TOKEN).unwrap();
+    controller_as(bed, ADMIN_TOKEN, log, extra, env)
+}
+
+/// [`controller`] authenticating with `token`.
+fn controller_as(bed: &Bed, token: &str, log: &Path, extra: &[String], env: &[(&str, &str)]) -> Child {
+    let kubeconfig = bed.cp.write_kubeconfig(0, token).unwrap();
     let log = std::fs::File::create(log).unwrap();
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .arg("controller")
@@ -111,10 +116,16 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
             status("/ready").await == Some(200)
         })
         .await;
-        assert_eq!(admin("/health").await, Some((200, "ok".into())));
+        assert!(
+            admin("/health")
+                .await
+                .is_some_and(|(s, t)| s == 200 && t.starts_with("ok\n"))
+        );
         // Let the lease and the watches settle on their connections first.
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(status("/ready").await, Some(200));
+        // The only replica leads: there is a leader.
+        assert_eq!(metric("baton_leaderless_seconds").await, Some(0.0));
 
         let frozen = Frozen::apiserver(&bed.cp, 0);
         let hung = Instant::now();
@@ -130,8 +141,19 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
         assert!(why.contains("no API server answered"), "{why}");
         assert_eq!(metric("baton_api_server_reachable").await, Some(0.0));
         assert!(metric("baton_api_requests_failed_total").await.unwrap_or(0.0) >= 1.0);
+        // Its renewals cannot reach the API server: its Lease lapsed a second after the hang
+        // and nobody has led since.
+        let leaderless = metric("baton_leaderless_seconds").await.unwrap();
+        assert!(
+            leaderless >= took.as_secs_f64() - 2.0 && leaderless <= took.as_secs_f64() + 1.0,
+            "{leaderless} s without a leader, {took:?} after the hang"
+        );
         // An unreachable API server is not a dead task: liveness stays good.
-        assert_eq!(admin("/health").await, Some((200, "ok".into())));
+        assert!(
+            admin("/health")
+                .await
+                .is_some_and(|(s, t)| s == 200 && t.starts_with("ok\n"))
+        );
 
         drop(frozen);
         let back = Instant::now();
@@ -144,6 +166,129 @@ fn ready_fails_while_the_only_api_server_hangs_and_recovers_when_it_is_back() {
             back.elapsed()
         );
         assert_eq!(metric("baton_api_server_reachable").await, Some(1.0));
+        common::wait_for("a leader again", Duration::from_secs(10), || async {
+            metric("baton_leaderless_seconds").await == Some(0.0)
+        })
+        .await;
+        drop(logs);
+    });
+}
+
+/// A token of ServiceAccount `namespace/name` (TokenRequest, as a pod's projected token).
+async fn sa_token(admin: &kube::Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(name, &kube::api::PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+}
+
+#[test]
+fn a_replica_whose_token_is_no_longer_valid_is_not_ready() {
+    lab::run(|| async {
+        let bed = bed(1).await;
+        let admin_client = bed.cp.client(0).unwrap();
+        common::apply_shipped_manifests(&admin_client, &["rbac.yaml"]).await;
+        let token = sa_token(&admin_client, "kube-system", "baton").await;
+        let logs = tempfile::tempdir().unwrap();
+        let mut c = controller_as(&bed, &token, &logs.path().join("a.log"), &[], &[]);
+        common::wait_for("/ready", Duration::from_secs(30), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+
+        // The ServiceAccount goes: its token no longer authenticates, every request is answered
+        // 401. An answer, but not one that counts as reaching the API server.
+        Api::<ServiceAccount>::namespaced(admin_client.clone(), "kube-system")
+            .delete("baton", &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        let gone = Instant::now();
+        // The API server keeps a token it authenticated for 10 s (its token cache), then
+        // READY_WINDOW (8 s): about 18 s.
+        common::wait_for("/ready to fail", Duration::from_secs(45), || async {
+            status("/ready").await == Some(503)
+        })
+        .await;
+        let took = gone.elapsed();
+        eprintln!("/ready failed {took:?} after the token stopped being valid");
+        // READY_WINDOW (8 s) after the last successful answer.
+        assert!(took >= Duration::from_secs(6), "too early: {took:?}");
+        let (_, why) = admin("/ready").await.unwrap();
+        assert!(why.contains("the last answer was HTTP 401"), "{why}");
+        assert!(
+            metric("baton_api_requests_failed_total{reason=\"unauthorized\"}")
+                .await
+                .unwrap_or(0.0)
+                >= 1.0
+        );
+        assert!(c.try_wait().unwrap().is_none(), "the controller exited");
+        drop(logs);
+    });
+}
+
+#[test]
+fn health_fails_naming_a_loop_held_in_a_cloud_call_and_recovers_when_it_returns() {
+    lab::run(|| async {
+        let bed = bed(1).await;
+        let logs = tempfile::tempdir().unwrap();
+        // The cloud holds every request until the client gives up (10 s a try here); the
+        // endpoint loop's first cloud read is one of them. A 3 s stall limit instead of 150 s.
+        bed.sim
+            .set_faults(Faults {
+                hang_rate: 1.0,
+                ..Faults::none()
+            })
+            .unwrap();
+        let extra: Vec<String> = ["--api-timeout", "10s", "--loop-stall-limit", "3s"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let mut c = controller(&bed, &logs.path().join("a.log"), &extra, &[]);
+        common::wait_for("/health to fail", Duration::from_secs(30), || async {
+            status("/health").await == Some(503)
+        })
+        .await;
+        let (_, why) = admin("/health").await.unwrap();
+        eprintln!("/health while the cloud holds the call:\n{why}");
+        assert!(
+            why.contains("loop endpoints stalled: ") && why.contains("in one unit of work (limit 3s)"),
+            "{why}"
+        );
+        assert!(!why.contains("loop lease stalled"), "{why}");
+        let age = metric("baton_loop_heartbeat_age_seconds{loop=\"endpoints\"}")
+            .await
+            .unwrap();
+        assert!(age > 3.0, "{age}");
+        // A stuck loop is not an unreachable API server: the replica stays ready.
+        assert_eq!(status("/ready").await, Some(200));
+
+        // The cloud answers again: the held attempt times out, the retry is answered, the loop
+        // goes on and beats.
+        bed.sim.set_faults(Faults::none()).unwrap();
+        let back = Instant::now();
+        common::wait_for("/health to recover", Duration::from_secs(30), || async {
+            status("/health").await == Some(200)
+        })
+        .await;
+        eprintln!(
+            "/health recovered {:?} after the cloud answered again",
+            back.elapsed()
+        );
+        let (_, text) = admin("/health").await.unwrap();
+        assert!(text.starts_with("ok\n"), "{text}");
+        assert!(text.contains("loop endpoints: heartbeat age "), "{text}");
+        assert!(c.try_wait().unwrap().is_none(), "the controller exited");
         drop(logs);
     });
 }

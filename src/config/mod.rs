@@ -53,6 +53,16 @@ impl Config {
         Ok(c)
     }
 
+    /// How long a controller loop may spend in one unit of work before `/health` fails naming it:
+    /// `loopStallLimit`, or else derived from the cloud client's limits. The longest a loop
+    /// legitimately waits is one idempotent cloud call: 6 attempts of `apiTimeout` each, with 31 s
+    /// of backoff between them (1 + 2 + 4 + 8 + 16 s); 29 s more cover the rate limit's queue and
+    /// a Kubernetes write (10 s at most). 150 s at the default `apiTimeout` of 15 s.
+    pub fn stall_limit(&self) -> std::time::Duration {
+        self.loop_stall_limit
+            .unwrap_or_else(|| self.api_timeout.saturating_mul(6) + std::time::Duration::from_secs(60))
+    }
+
     /// The API key, or an error naming where to set it.
     pub fn require_api_key(&self) -> Result<&baton_core::Secret, ConfigError> {
         self.api_key

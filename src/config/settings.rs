@@ -19,7 +19,7 @@ use clap::Args;
 use serde::Serialize;
 use url::Url;
 
-use self::display::{duration, optional, redacted, text, zero_if_none};
+use self::display::{duration, duration_or_zero, optional, redacted, text, zero_if_none};
 
 /// The official Cherry Servers API.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -239,6 +239,13 @@ settings! {
         flag: "api-timeout", env: "BATON_API_TIMEOUT", file: "apiTimeout", default: Some("15s"), secret: false,
         doc: "Timeout of one cloud API request (one attempt; idempotent calls are retried)",
         parse: positive_duration, show: duration },
+    LoopStallLimit loop_stall_limit => loop_stall_limit {
+        flag: "loop-stall-limit", env: "BATON_LOOP_STALL_LIMIT", file: "loopStallLimit", default: Some("0"), secret: false,
+        doc: "/health fails, naming the loop, when a controller loop has spent longer than this in one unit of work (a cloud call with its retries, a reconcile); 0 = 6 × apiTimeout + 60s (150s at the default apiTimeout)",
+        parse: |v| parse_duration(v)
+            .map(|d| (!d.is_zero()).then_some(d))
+            .map_err(|e| e.to_string()),
+        show: duration_or_zero },
     FipReleaseGracePeriod fip_release_grace_period => fip_release_grace_period {
         flag: "fip-release-grace-period", env: "BATON_FIP_RELEASE_GRACE_PERIOD", file: "fipReleaseGracePeriod",
         default: Some("10m"), secret: false,
@@ -456,6 +463,9 @@ pub struct Config {
     /// Requests per second; `None` = unlimited.
     pub api_rate_limit: Option<f64>,
     pub api_timeout: Duration,
+    /// `/health`'s limit on one unit of work of a controller loop; `None` = derived from
+    /// `api_timeout` ([`Config::loop_stall_limit`]).
+    pub loop_stall_limit: Option<Duration>,
     /// How long a Service FIP no longer wanted is kept before it is released.
     pub fip_release_grace_period: Duration,
     pub prefix: String,
@@ -494,6 +504,7 @@ impl Config {
             bgp_prefix_limit: None,
             api_rate_limit: None,
             api_timeout: Duration::ZERO,
+            loop_stall_limit: None,
             fip_release_grace_period: Duration::ZERO,
             prefix: String::new(),
             health_check: HealthCheck::default(),
@@ -573,6 +584,10 @@ mod display {
 
     pub(super) fn redacted<T>(v: &Option<T>) -> Option<String> {
         v.as_ref().map(|_| "<redacted>".to_owned())
+    }
+
+    pub(super) fn duration_or_zero(v: &Option<Duration>) -> Option<String> {
+        Some(v.map_or_else(|| "0".to_owned(), format_duration))
     }
 
     pub(super) fn duration(v: &Duration) -> Option<String> {

@@ -76,6 +76,7 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
         Id::FipHealthCheckUseHostIp => (["true", "1", "True"], Some("yes")),
         Id::ApiRateLimit => (["10", "2.5", "0"], Some("-1")),
         Id::ApiTimeout => (["5s", "250ms", "1m"], Some("soon")),
+        Id::LoopStallLimit => (["0", "30s", "5m"], Some("forever")),
         Id::FipReleaseGracePeriod => (["0", "30s", "1h"], Some("ten minutes")),
         Id::Prefix => (["one", "two", "three"], Some("Bad_Prefix")),
         Id::HealthCheckPath => (["/readyz", "/healthz", "/livez"], Some("readyz")),

@@ -155,13 +155,19 @@ async fn run(
         reported: HashSet::new(),
         rechecked: HashSet::new(),
     };
+    // Each pass is a unit of work (`/health`); waiting for the watches, leadership or a change
+    // is idle time.
+    let heartbeat = bgp.ctx.heartbeats.start_loop("bgp");
     let work = async move {
-        if bgp.nodes.wait_until_ready().await.is_err() || bgp.services.wait_until_ready().await.is_err() {
+        let ready = async {
+            bgp.nodes.wait_until_ready().await.is_ok() && bgp.services.wait_until_ready().await.is_ok()
+        };
+        if !heartbeat.idle(ready).await {
             return;
         }
         let mut leader = bgp.ctx.leader.clone();
         loop {
-            leader.wait().await;
+            heartbeat.idle(leader.wait()).await;
             let next = match bgp.pass().await {
                 Ok(()) => {
                     bgp.ctx.metrics.reconciled("bgp");
@@ -178,8 +184,12 @@ async fn run(
                     }
                 }
             };
-            let _ = tokio::time::timeout(next, any_changed(&mut changes)).await;
-            tokio::time::sleep(DEBOUNCE).await;
+            heartbeat
+                .idle(async {
+                    let _ = tokio::time::timeout(next, any_changed(&mut changes)).await;
+                    tokio::time::sleep(DEBOUNCE).await;
+                })
+                .await;
         }
     };
     tokio::select! {

@@ -157,6 +157,8 @@ pub struct Context {
     pub leader: LeaderGate,
     /// The process's metrics (served on the admin port).
     pub metrics: Arc<Metrics>,
+    /// The heartbeats of the long-running loops (`/health`).
+    pub heartbeats: super::health::Heartbeats,
 }
 
 impl std::fmt::Debug for Context {
@@ -204,7 +206,15 @@ impl Context {
             cluster_id,
             leader,
             metrics,
+            heartbeats: super::health::Heartbeats::default(),
         })
+    }
+
+    /// The same context reporting its loops' heartbeats to `heartbeats`.
+    #[must_use]
+    pub fn with_heartbeats(mut self, heartbeats: super::health::Heartbeats) -> Self {
+        self.heartbeats = heartbeats;
+        self
     }
 
     /// Publishes an Event on `obj`; failures are logged, never fatal.

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{TAKEOVER_MARGIN, object_ref};
+use super::health::Heartbeat;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
 use super::watches::{Cache, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
@@ -186,6 +187,7 @@ pub fn run(
         nodes: watches.nodes(),
         services: watches.services(),
         service_changes: watches.service_changes(),
+        heartbeat: ctx.heartbeats.start_loop("endpoints"),
     };
     run_on(ctx, inputs, opts, shutdown)
 }
@@ -196,6 +198,9 @@ struct Inputs {
     nodes: Cache<Node>,
     services: Cache<Service>,
     service_changes: tokio::sync::watch::Receiver<u64>,
+    /// `/health`: a unit of work per pass (its wait, at most a tick, included); idle until the
+    /// watches' first lists.
+    heartbeat: Heartbeat,
 }
 
 async fn run_on(
@@ -205,6 +210,7 @@ async fn run_on(
         nodes,
         services: all_services,
         mut service_changes,
+        heartbeat,
     }: Inputs,
     opts: EndpointOptions,
     shutdown: CancellationToken,
@@ -220,7 +226,7 @@ async fn run_on(
     ] {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            _ = ready => {}
+            _ = heartbeat.idle(ready) => {}
         }
     }
     // The control-plane endpoint Services, picked out of every Service again only when a
@@ -258,6 +264,7 @@ async fn run_on(
             () = leader.changed() => {}
             () = sleep_until_opt(prefetch_at) => {}
         }
+        heartbeat.beat();
         if service_changes.has_changed().unwrap_or(false) {
             service_changes.mark_unchanged();
             services = endpoint_services(&all_services.state(), &mirror_name);

@@ -1,12 +1,29 @@
-//! What `/health` and `/ready` report: the supervised controller tasks and whether an API server
-//! answers; and a throttle for errors that repeat (a persistent RBAC denial on a watch).
+//! What `/health` and `/ready` report: the supervised controller tasks, each long-running loop's
+//! heartbeat, whether an API server answers successfully, and how long no replica has led; and a
+//! throttle for errors that repeat (a persistent RBAC denial on a watch).
 //!
-//! - `/health` (liveness) is 503 naming every task that ended or panicked before shutdown; the
-//!   kubelet then restarts the pod. Each task's `baton_task_up{task}` is 1 while it runs.
-//! - `/ready` is 503 when no API server answered any request for [`READY_WINDOW`].
+//! ```text
+//!  loop ──beat()/idle(wait)──┐                 reconcile ──work() guard──┐
+//!                            ▼                                           ▼
+//!              Heartbeats: per loop, the start of each unit of work in flight
+//!                            │ age = now − oldest start (0 while it only waits)
+//!                            ▼
+//!  /health: 503 "loop <name> stalled …" past the stall limit, or "task <name> …" for a dead task;
+//!           200 "ok" + one line per loop with its age
+//!  /metrics: baton_loop_heartbeat_age_seconds{loop}, baton_leaderless_seconds
+//! ```
+//!
+//! - `/health` (liveness) is 503 naming every task that ended or panicked before shutdown, and
+//!   every loop stuck in one unit of work (a cloud call, a reconcile) past the stall limit
+//!   (`loopStallLimit`, [`crate::config::Config::stall_limit`]); the kubelet then restarts the
+//!   pod. Each task's `baton_task_up{task}` is 1 while it runs.
+//! - `/ready` is 503 when no API server answered a request successfully (401, 403 and 5xx do not
+//!   count) for [`READY_WINDOW`].
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,9 +31,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::context::LeaderGate;
 use super::metrics::Metrics;
 
-/// `/ready` fails once no API server answered for this long: two lease durations (eight renew
+/// `/ready` fails once no API server answered successfully for this long: two lease durations (eight renew
 /// periods). A healthy replica talks to the API at least every second (lease renewals) and, even
 /// without leader election, every few seconds (each watch is re-issued every
 /// `kube::client::WATCH_TIMEOUT`).
@@ -150,6 +168,249 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".to_owned())
 }
 
+/// The heartbeats of the controller's long-running loops, and the limit past which a loop counts
+/// as stalled.
+#[derive(Clone)]
+pub struct Heartbeats(Arc<Beats>);
+
+struct Beats {
+    limit: Duration,
+    loops: Mutex<BTreeMap<&'static str, BTreeMap<u64, Instant>>>,
+    next: AtomicU64,
+}
+
+/// The slot of a loop's own unit of work (concurrent work takes the others).
+const OWN: u64 = 0;
+
+impl std::fmt::Debug for Heartbeats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heartbeats")
+            .field("limit", &self.0.limit)
+            .field("ages", &self.ages())
+            .finish()
+    }
+}
+
+impl Default for Heartbeats {
+    /// The limit at the default settings (150 s).
+    fn default() -> Self {
+        Self::new(Duration::from_secs(150))
+    }
+}
+
+/// One loop's heartbeat.
+#[derive(Clone)]
+pub struct Heartbeat {
+    beats: Arc<Beats>,
+    name: &'static str,
+}
+
+impl std::fmt::Debug for Heartbeat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Heartbeat").field(&self.name).finish()
+    }
+}
+
+/// A unit of work in flight ([`Heartbeat::work`]); it ends when dropped.
+#[must_use = "the work ends when this is dropped"]
+pub struct Working {
+    beats: Arc<Beats>,
+    name: &'static str,
+    id: u64,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.beats.update(self.name, |slots| {
+            slots.remove(&self.id);
+        });
+    }
+}
+
+impl Beats {
+    fn update(&self, name: &'static str, f: impl FnOnce(&mut BTreeMap<u64, Instant>)) {
+        let mut loops = self.loops.lock().unwrap_or_else(PoisonError::into_inner);
+        f(loops.entry(name).or_default());
+    }
+}
+
+impl Heartbeats {
+    /// A loop counts as stalled once one unit of work has taken longer than `limit`.
+    pub fn new(limit: Duration) -> Self {
+        Self(Arc::new(Beats {
+            limit,
+            loops: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(OWN + 1),
+        }))
+    }
+
+    /// The stall limit.
+    pub fn limit(&self) -> Duration {
+        self.0.limit
+    }
+
+    /// The heartbeat of a loop that runs one unit of work after another (a decision loop): at
+    /// work from now until its first [`Heartbeat::idle`] or [`Heartbeat::beat`].
+    pub fn start_loop(&self, name: &'static str) -> Heartbeat {
+        self.0.update(name, |slots| {
+            slots.insert(OWN, Instant::now());
+        });
+        Heartbeat {
+            beats: Arc::clone(&self.0),
+            name,
+        }
+    }
+
+    /// The heartbeat of concurrent workers (a controller's reconciles): each takes a
+    /// [`Heartbeat::work`] guard; none in flight is no stall.
+    pub fn workers(&self, name: &'static str) -> Heartbeat {
+        self.0.update(name, |_| {});
+        Heartbeat {
+            beats: Arc::clone(&self.0),
+            name,
+        }
+    }
+
+    /// Each loop and how long its oldest unit of work in flight has run (zero while it waits).
+    pub fn ages(&self) -> Vec<(&'static str, Duration)> {
+        let now = Instant::now();
+        self.0
+            .loops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(name, slots)| {
+                let age = slots
+                    .values()
+                    .min()
+                    .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t));
+                (*name, age)
+            })
+            .collect()
+    }
+
+    /// The loops stalled past the limit, with their ages.
+    pub fn stalled(&self) -> Vec<(&'static str, Duration)> {
+        self.ages()
+            .into_iter()
+            .filter(|(_, age)| *age > self.0.limit)
+            .collect()
+    }
+
+    /// Publishes every loop's age as `baton_loop_heartbeat_age_seconds{loop}`.
+    pub fn export(&self, metrics: &Metrics) {
+        for (name, age) in self.ages() {
+            metrics.set_loop_age(name, age);
+        }
+    }
+}
+
+impl Heartbeat {
+    /// The loop starts its next unit of work now (the last one ended).
+    pub fn beat(&self) {
+        self.beats.update(self.name, |slots| {
+            slots.insert(OWN, Instant::now());
+        });
+    }
+
+    /// Waits for `f` as the loop's idle time (waiting for a change, a tick, leadership: not
+    /// stalled however long it takes); the next unit of work starts when it returns.
+    pub async fn idle<F: Future>(&self, f: F) -> F::Output {
+        struct Resume<'a>(&'a Heartbeat);
+        impl Drop for Resume<'_> {
+            fn drop(&mut self) {
+                self.0.beat();
+            }
+        }
+        self.beats.update(self.name, |slots| {
+            slots.remove(&OWN);
+        });
+        let _resume = Resume(self);
+        f.await
+    }
+
+    /// A unit of work of one of the loop's concurrent workers, from now until the guard drops.
+    pub fn work(&self) -> Working {
+        let id = self.beats.next.fetch_add(1, Ordering::Relaxed);
+        self.beats.update(self.name, |slots| {
+            slots.insert(id, Instant::now());
+        });
+        Working {
+            beats: Arc::clone(&self.beats),
+            name: self.name,
+            id,
+        }
+    }
+}
+
+/// `/health`: whether every task runs and no loop is stalled, and the text: what failed (each
+/// dead task, each stalled loop), or `ok`; then one line per loop with its heartbeat age.
+pub fn health(sup: &Supervisor, beats: &Heartbeats) -> (bool, String) {
+    let limit = beats.limit();
+    let mut failed: Vec<String> = beats
+        .stalled()
+        .into_iter()
+        .map(|(name, age)| {
+            format!(
+                "loop {name} stalled: {:.1}s in one unit of work (limit {}s)",
+                age.as_secs_f64(),
+                limit.as_secs()
+            )
+        })
+        .collect();
+    failed.extend(sup.unhealthy());
+    let ok = failed.is_empty();
+    let mut text = if ok { "ok".to_owned() } else { failed.join("; ") };
+    for (name, age) in beats.ages() {
+        let _ = write!(
+            text,
+            "\nloop {name}: heartbeat age {:.1}s (limit {}s)",
+            age.as_secs_f64(),
+            limit.as_secs()
+        );
+    }
+    (ok, text)
+}
+
+/// How long no replica has been seen leading, on this replica's clock: from its own leadership
+/// deadline and, while another replica holds the Lease, that record's expiry (the Lease watch).
+/// Counts from the start of the process until a leader is first seen.
+#[derive(Debug)]
+pub struct Leaderless(Mutex<Instant>);
+
+impl Default for Leaderless {
+    fn default() -> Self {
+        Self(Mutex::new(Instant::now()))
+    }
+}
+
+impl Leaderless {
+    /// Looks at `gate` now; returns how long no replica has led.
+    pub fn observe(&self, gate: &LeaderGate) -> Duration {
+        use baton_cloud::Leadership as _;
+        Self::observe_at(
+            &self.0,
+            Instant::now(),
+            gate.leads_until(),
+            gate.handover().map(|h| h.takeover),
+        )
+    }
+
+    /// `own`: this replica leads until then; `other`: another holder's record expires then.
+    fn observe_at(
+        last: &Mutex<Instant>,
+        now: Instant,
+        own: Option<Instant>,
+        other: Option<Instant>,
+    ) -> Duration {
+        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+        for until in [own, other].into_iter().flatten() {
+            *last = (*last).max(until.min(now));
+        }
+        now.saturating_duration_since(*last)
+    }
+}
+
 /// Lets an error that repeats be logged loudly at most once per period; the repeats in between
 /// are counted and reported with the next loud line.
 #[derive(Debug)]
@@ -194,6 +455,84 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert_eq!(t.allow(), Some(2));
         assert_eq!(t.allow(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_stuck_in_one_unit_of_work_is_stalled_and_waiting_is_not() {
+        let beats = Heartbeats::new(Duration::from_secs(10));
+        let sup = Supervisor::new(Arc::new(Metrics::default()), CancellationToken::new());
+        let decide = beats.start_loop("endpoints");
+        let reconcile = beats.workers("services");
+        // Waiting (a tick, a change, leadership) is never a stall, however long.
+        decide.idle(tokio::time::sleep(Duration::from_secs(60))).await;
+        assert!(beats.stalled().is_empty(), "{beats:?}");
+        decide.beat();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let slow = reconcile.work();
+        let quick = reconcile.work();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(quick);
+        assert_eq!(
+            beats.ages(),
+            [
+                ("endpoints", Duration::from_secs(8)),
+                ("services", Duration::from_secs(5))
+            ]
+        );
+        let (ok, text) = health(&sup, &beats);
+        assert!(ok, "{text}");
+        assert!(
+            text.starts_with("ok\nloop endpoints: heartbeat age 8.0s (limit 10s)"),
+            "{text}"
+        );
+        // The decision loop is in one unit of work (a cloud call) past the limit; the oldest
+        // reconcile in flight too.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let (ok, text) = health(&sup, &beats);
+        assert!(!ok);
+        assert!(
+            text.starts_with(
+                "loop endpoints stalled: 14.0s in one unit of work (limit 10s); \
+                 loop services stalled: 11.0s in one unit of work (limit 10s)"
+            ),
+            "{text}"
+        );
+        // Back: the loop waits again, the reconcile returned.
+        decide.idle(std::future::ready(())).await;
+        drop(slow);
+        let (ok, text) = health(&sup, &beats);
+        assert!(ok, "{text}");
+        let metrics = Metrics::default();
+        beats.export(&metrics);
+        let text = metrics.encode();
+        assert!(
+            text.contains("baton_loop_heartbeat_age_seconds{loop=\"services\"} 0.0"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leaderless_counts_from_the_last_moment_any_replica_was_seen_leading() {
+        let start = Instant::now();
+        let last = Mutex::new(start);
+        let at = |s: u64| start + Duration::from_secs(s);
+        let secs = Duration::from_secs;
+        // Nobody led yet: counts from the start.
+        assert_eq!(Leaderless::observe_at(&last, at(5), None, None), secs(5));
+        // Another replica holds a record that expires at 12 s: a leader.
+        assert_eq!(Leaderless::observe_at(&last, at(6), None, Some(at(12))), secs(0));
+        // It expired and was not renewed.
+        assert_eq!(Leaderless::observe_at(&last, at(20), None, Some(at(12))), secs(8));
+        // This replica leads until 31 s, and is seen at 30 s; then its lease lapses.
+        assert_eq!(
+            Leaderless::observe_at(&last, at(30), Some(at(31)), Some(at(12))),
+            secs(0)
+        );
+        assert_eq!(Leaderless::observe_at(&last, at(40), None, None), secs(10));
+        assert_eq!(
+            Leaderless::observe_at(&last, at(41), Some(at(31)), None),
+            secs(10)
+        );
     }
 
     #[tokio::test]

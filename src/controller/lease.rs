@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::LeaderGate;
 use super::context::Handover;
-use super::health::LogThrottle;
+use super::health::{Heartbeat, LogThrottle};
 use super::kit::Backoff;
 
 /// The annotation carrying the exact lease duration in milliseconds.
@@ -107,11 +107,12 @@ impl LeaseConfig {
 pub fn spawn(
     client: kube::Client,
     cfg: LeaseConfig,
+    heartbeat: Heartbeat,
     shutdown: CancellationToken,
 ) -> (LeaderGate, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let (handover_tx, handover_rx) = watch::channel(None);
-    let task = tokio::spawn(run(client, cfg, tx, handover_tx, shutdown));
+    let task = tokio::spawn(run(client, cfg, tx, handover_tx, heartbeat, shutdown));
     (LeaderGate::new(rx, handover_rx), task)
 }
 
@@ -171,6 +172,7 @@ async fn run(
     cfg: LeaseConfig,
     tx: watch::Sender<Option<Instant>>,
     handover: watch::Sender<Option<Handover>>,
+    heartbeat: Heartbeat,
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
@@ -191,6 +193,9 @@ async fn run(
     // a follower backs off from renew_interval / 2, doubling, up to 2 s.
     let mut last_io: Option<Instant> = None;
     loop {
+        // Every pass starts here, at least every renew interval (or the follower's backoff of at
+        // most 2 s): its age on `/health` is one pass, bounded by the attempt's time limit.
+        heartbeat.beat();
         // A follower also wakes exactly when the record it saw expires.
         let foreign = {
             let seen = seen_rx.borrow_and_update();

@@ -14,6 +14,11 @@ use prometheus_client::registry::Registry;
 use crate::probe::ProbeObserver;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoopLabel {
+    r#loop: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: String,
 }
@@ -82,6 +87,8 @@ pub struct Metrics {
     services_pending: Gauge,
     fips_owned: Family<FipKindLabel, Gauge>,
     leader: Gauge,
+    leaderless: Gauge<f64, std::sync::atomic::AtomicU64>,
+    loop_age: Family<LoopLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     cloud_requests: Family<CloudLabel, Counter>,
     cloud_wait: Family<PriorityLabel, Histogram>,
 }
@@ -222,6 +229,18 @@ impl Default for Metrics {
                 "leader",
                 "1 while this replica holds the leader Lease, else 0",
                 Gauge::default(),
+            ),
+            leaderless: register(
+                r,
+                "leaderless_seconds",
+                "Seconds since this replica last saw any replica lead (itself, or the holder of a Lease record not yet expired); 0 while one leads",
+                Gauge::default(),
+            ),
+            loop_age: register(
+                r,
+                "loop_heartbeat_age_seconds",
+                "How long each long-running controller loop has been in its current unit of work (0 while it waits); /health fails past the stall limit",
+                Family::default(),
             ),
             cloud_requests: register(
                 r,
@@ -384,6 +403,20 @@ impl Metrics {
         self.fips_owned
             .get_or_create(&FipKindLabel { kind })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `baton_leaderless_seconds`.
+    pub fn set_leaderless(&self, for_: Duration) {
+        self.leaderless.set(for_.as_secs_f64());
+    }
+
+    /// Sets `baton_loop_heartbeat_age_seconds{loop}`.
+    pub fn set_loop_age(&self, name: &str, age: Duration) {
+        self.loop_age
+            .get_or_create(&LoopLabel {
+                r#loop: name.to_owned(),
+            })
+            .set(age.as_secs_f64());
     }
 
     /// Sets `baton_leader`.

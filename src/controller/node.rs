@@ -36,6 +36,7 @@ use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use super::Context;
+use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
 use super::watches::{Cache, StreamErrors, Watches};
 
@@ -104,6 +105,8 @@ pub struct NodeContext {
     store: Cache<Node>,
     /// Per Node, the reads agreeing its server is gone.
     gone: Mutex<HashMap<String, GoneReads>>,
+    /// Each reconcile is a unit of work of loop `nodes` (`/health`).
+    heartbeat: Heartbeat,
 }
 
 impl std::fmt::Debug for NodeContext {
@@ -119,6 +122,7 @@ impl NodeContext {
     pub fn new(base: Arc<Context>, store: Cache<Node>) -> Self {
         Self {
             queue: Queue::new("nodes", Arc::clone(&base.metrics)),
+            heartbeat: base.heartbeats.workers("nodes"),
             base,
             retries: Retries::new("nodes"),
             store,
@@ -252,6 +256,7 @@ impl ReconcileError for NodeError {
 #[instrument(skip(node, ctx), fields(node = %node.name_any()))]
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action, NodeError> {
     ctx.queue.started(&node.name_any());
+    let _working = ctx.heartbeat.work();
     // Only the leader reads the cloud and writes Nodes; it reconciles every Node when it wins.
     if !ctx.base.leader.is_leader() {
         return Ok(Action::await_change());

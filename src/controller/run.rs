@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::endpoint::{self, EndpointOptions};
-use super::health::{READY_WINDOW, Supervisor};
+use super::health::{Heartbeats, Leaderless, READY_WINDOW, Supervisor};
 use super::lease::{self, LeaseConfig};
 use super::metrics::Metrics;
 use super::watches::Watches;
@@ -151,6 +151,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let client = crate::kube::client::client(&kube_cfg, &args.cluster.api_servers, &reach)
         .map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
     let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
+    let heartbeats = Heartbeats::new(config.stall_limit());
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -171,7 +172,8 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let leader = if args.no_leader_election {
         LeaderGate::always()
     } else {
-        let (gate, task) = lease::spawn(client.clone(), lease_cfg, shutdown.clone());
+        let beat = heartbeats.start_loop("lease");
+        let (gate, task) = lease::spawn(client.clone(), lease_cfg, beat, shutdown.clone());
         sup.spawn("lease", joined(task));
         gate
     };
@@ -194,13 +196,16 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         Arc::clone(&metrics),
         Some(identity),
     )
-    .await?;
+    .await?
+    .with_heartbeats(heartbeats.clone());
 
     let endpoints = AdminEndpoints {
         metrics: Arc::clone(&metrics),
         leader: ctx.leader.clone(),
         reach: reach.clone(),
         client: ctx.client.clone(),
+        heartbeats,
+        leaderless: spawn_leaderless(&sup, (!args.no_leader_election).then_some(&ctx.leader), &shutdown),
     };
     spawn_admin_endpoints(&sup, &args, (admin, metrics_at), cert_name, endpoints, &shutdown).await?;
 
@@ -241,6 +246,32 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // Lets the lease task release the Lease and the controllers finish.
     sup.join(Duration::from_secs(5)).await;
     result.map_err(Into::into)
+}
+
+/// The clock of `baton_leaderless_seconds`; with leader election (`gate`), a supervised task
+/// follows the leadership record so that a leader seen between two scrapes counts too.
+fn spawn_leaderless(
+    sup: &Supervisor,
+    gate: Option<&LeaderGate>,
+    shutdown: &CancellationToken,
+) -> Arc<Leaderless> {
+    let clock = Arc::new(Leaderless::default());
+    if let Some(gate) = gate {
+        let task = watch_leaderless(gate.clone(), Arc::clone(&clock), shutdown.clone());
+        sup.spawn("leaderless", task);
+    }
+    clock
+}
+
+/// Follows the leadership record (every change, and at least every 100 ms).
+async fn watch_leaderless(mut gate: LeaderGate, clock: Arc<Leaderless>, shutdown: CancellationToken) {
+    loop {
+        clock.observe(&gate);
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = gate.changed() => {}
+        }
+    }
 }
 
 /// An Event on the Lease each time this replica becomes leader (the convention of
@@ -348,6 +379,8 @@ struct AdminEndpoints {
     leader: LeaderGate,
     reach: ApiReachability,
     client: kube::Client,
+    heartbeats: Heartbeats,
+    leaderless: Arc<Leaderless>,
 }
 
 /// The plain admin server (`admin`: loopback by default) and the authenticated metrics server
@@ -361,12 +394,7 @@ async fn spawn_admin_endpoints(
     shutdown: &CancellationToken,
 ) -> Result<(), ControllerError> {
     if let Some(addr) = admin {
-        let app = admin_router(
-            Arc::clone(&e.metrics),
-            e.leader.clone(),
-            sup.clone(),
-            e.reach.clone(),
-        );
+        let app = admin_router(&e, sup.clone());
         spawn_admin(sup, addr, app, shutdown.clone()).await?;
     }
     if let Some(addr) = metrics_at {
@@ -378,8 +406,9 @@ async fn spawn_admin_endpoints(
         )
         .map_err(crate::admin::AdminError::from)?;
         let server =
-            crate::admin::SecureServer::bind(addr, tls, crate::admin::Authorizer::new(e.client)).await?;
-        let app = metrics_router(e.metrics, e.leader, e.reach);
+            crate::admin::SecureServer::bind(addr, tls, crate::admin::Authorizer::new(e.client.clone()))
+                .await?;
+        let app = metrics_router(&e);
         sup.spawn(
             "metrics",
             server
@@ -416,17 +445,24 @@ async fn joined(task: tokio::task::JoinHandle<()>) {
 }
 
 /// `/metrics` alone: what the authenticated metrics server serves.
-fn metrics_router(metrics: Arc<Metrics>, leader: LeaderGate, reach: ApiReachability) -> axum::Router {
+fn metrics_router(e: &AdminEndpoints) -> axum::Router {
     use axum::routing::get;
+    let metrics = Arc::clone(&e.metrics);
+    let reach = e.reach.clone();
+    let leader = e.leader.clone();
+    let heartbeats = e.heartbeats.clone();
+    let leaderless = Arc::clone(&e.leaderless);
     axum::Router::new().route(
         "/metrics",
         get(move || {
             let metrics = Arc::clone(&metrics);
             let reach = reach.clone();
-            let leader = leader.is_leader();
+            let leading = leader.is_leader();
+            metrics.set_leaderless(leaderless.observe(&leader));
+            heartbeats.export(&metrics);
             async move {
                 metrics.set_api_reachable(reach.answered_within(READY_WINDOW));
-                metrics.set_leader(leader);
+                metrics.set_leader(leading);
                 metrics.encode()
             }
         }),
@@ -434,25 +470,23 @@ fn metrics_router(metrics: Arc<Metrics>, leader: LeaderGate, reach: ApiReachabil
 }
 
 /// The plain admin server's routes: `/metrics`, `/health`, `/ready`, `/leader`.
-fn admin_router(
-    metrics: Arc<Metrics>,
-    leader: LeaderGate,
-    sup: Supervisor,
-    reach: ApiReachability,
-) -> axum::Router {
+fn admin_router(e: &AdminEndpoints, sup: Supervisor) -> axum::Router {
     use axum::http::StatusCode;
     use axum::routing::get;
-    metrics_router(metrics, leader.clone(), reach.clone())
+    let leader = e.leader.clone();
+    let reach = e.reach.clone();
+    let heartbeats = e.heartbeats.clone();
+    metrics_router(e)
         .route(
             "/health",
             get(move || {
-                let sup = sup.clone();
-                async move {
-                    match sup.unhealthy() {
-                        None => (StatusCode::OK, "ok".to_owned()),
-                        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-                    }
-                }
+                let (ok, text) = super::health::health(&sup, &heartbeats);
+                let status = if ok {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                async move { (status, text) }
             }),
         )
         .route(
@@ -463,10 +497,13 @@ fn admin_router(
                     if reach.answered_within(READY_WINDOW) {
                         (StatusCode::OK, "ok".to_owned())
                     } else {
+                        let refused = reach
+                            .last_refusal()
+                            .map_or_else(String::new, |s| format!("; the last answer was HTTP {s}"));
                         (
                             StatusCode::SERVICE_UNAVAILABLE,
                             format!(
-                                "no API server answered for {}s ({} failed attempts)",
+                                "no API server answered successfully for {}s ({} failed attempts{refused})",
                                 reach.silent_for().as_secs(),
                                 reach.consecutive_failures()
                             ),

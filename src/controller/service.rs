@@ -71,6 +71,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
+use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries, Skipped};
 use super::watches::{Cache, StreamErrors, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
@@ -213,6 +214,8 @@ pub struct ServiceContext {
     holds: std::sync::Mutex<grace::Holds>,
     /// Wakes the release loop when a hold starts.
     held: tokio::sync::Notify,
+    /// Each reconcile, sweep and release pass is a unit of work of loop `services` (`/health`).
+    heartbeat: Heartbeat,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -232,6 +235,7 @@ impl ServiceContext {
         );
         Self {
             queue: Queue::new("services", Arc::clone(&base.metrics)),
+            heartbeat: base.heartbeats.workers("services"),
             base,
             retries: Retries::new("services"),
             mirror,
@@ -438,6 +442,7 @@ const RELEASE_CHECK: Duration = Duration::from_secs(60);
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String]) -> Result<(), CloudError> {
+    let _working = ctx.heartbeat.work();
     let ips = ctx.base.cloud.ips().await?;
     let by_tag: BTreeMap<String, Arc<Service>> = store
         .state()
@@ -589,6 +594,7 @@ impl<'a> Sweeper<'a> {
                 continue;
             }
             last = Some(tokio::time::Instant::now());
+            let _working = self.ctx.heartbeat.work();
             if let Err(error) = self.sweep().await {
                 warn!(%error, "sweeping orphaned Floating IPs failed");
             }
@@ -741,6 +747,7 @@ fn leads(ctx: &ServiceContext, svc: &Service) -> bool {
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Action, ServiceError> {
     ctx.queue.started(&key_of(&svc));
+    let _working = ctx.heartbeat.work();
     if !leads(&ctx, &svc) {
         return Ok(Action::await_change());
     }

@@ -83,17 +83,40 @@ pub enum FailoverError {
 }
 
 /// Every `reason` [`ApiObserver::request_failed`] is told.
-pub const FAILURE_REASONS: &[&str] = &["connect", "timeout", "abandoned", "transport"];
+pub const FAILURE_REASONS: &[&str] = &[
+    "connect",
+    "timeout",
+    "abandoned",
+    "transport",
+    "unauthorized",
+    "forbidden",
+    "server_error",
+];
 
 /// Told about every failed attempt (the metrics implement it).
 pub trait ApiObserver: Send + Sync {
     /// One attempt on one API server failed; `reason` is `connect`, `timeout`, `abandoned` or
-    /// `transport`.
+    /// `transport` (no answer), or `unauthorized` (401), `forbidden` (403) or `server_error`
+    /// (5xx): an answer that is no success ([`refusal`]).
     fn request_failed(&self, reason: &'static str);
 }
 
+/// The failure reason of an answer with `status` that does not count as reaching the API
+/// server: 401 (this replica's credentials are not valid), 403 (it may not do what it needs),
+/// 5xx (the API server cannot serve). `None` for every other status, conflicts, not-found and
+/// 429 included: the API server authenticated, authorised and judged the request.
+pub fn refusal(status: http::StatusCode) -> Option<&'static str> {
+    match status.as_u16() {
+        401 => Some("unauthorized"),
+        403 => Some("forbidden"),
+        500..=599 => Some("server_error"),
+        _ => None,
+    }
+}
+
 /// Whether the API servers answer: shared by the client (which records) and `/ready` (which
-/// reads). Any HTTP response counts as an answer, whatever its status.
+/// reads). An answer counts unless it is a [`refusal`] (401, 403, 5xx): a replica whose token is
+/// not valid, or whose API server cannot serve, is not ready.
 #[derive(Clone)]
 pub struct ApiReachability(Arc<ReachInner>);
 
@@ -101,6 +124,8 @@ struct ReachInner {
     created: Instant,
     last_ok: Mutex<Option<Instant>>,
     failures: AtomicU64,
+    /// The status of the last refused answer since the last success (0: none).
+    refused: std::sync::atomic::AtomicU16,
     observer: OnceLock<Arc<dyn ApiObserver>>,
 }
 
@@ -126,6 +151,7 @@ impl ApiReachability {
             created: Instant::now(),
             last_ok: Mutex::new(None),
             failures: AtomicU64::new(0),
+            refused: std::sync::atomic::AtomicU16::new(0),
             observer: OnceLock::new(),
         }))
     }
@@ -167,6 +193,24 @@ impl ApiReachability {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         self.0.failures.store(0, Ordering::Relaxed);
+        self.0.refused.store(0, Ordering::Relaxed);
+    }
+
+    /// The HTTP status of the last refused answer (401, 403, 5xx) since the last success.
+    pub fn last_refusal(&self) -> Option<u16> {
+        Some(self.0.refused.load(Ordering::Relaxed)).filter(|s| *s != 0)
+    }
+
+    /// Records an answer: a success, or a [`refusal`] (a failed attempt, though the API server
+    /// answered).
+    pub fn record_answer(&self, status: http::StatusCode) {
+        match refusal(status) {
+            None => self.record_success(),
+            Some(reason) => {
+                self.0.refused.store(status.as_u16(), Ordering::Relaxed);
+                self.record_failure(reason);
+            }
+        }
     }
 
     /// Records a failed attempt.
@@ -395,7 +439,7 @@ impl tower::Service<Request<Body>> for Failover {
                     Retry::LookUp { path } => match this.look_up(idx, &parts, path, &bytes).await {
                         Ok(LookedUp::Ours(resp)) => {
                             this.current.store(idx, Ordering::Relaxed);
-                            this.reach.record_success();
+                            this.reach.record_answer(resp.status());
                             return Ok(resp);
                         }
                         Ok(LookedUp::Absent) => {}
@@ -430,7 +474,7 @@ impl tower::Service<Request<Body>> for Failover {
                             tracing::info!(api_server = %url, "switched to another API server");
                         }
                         this.current.store(idx, Ordering::Relaxed);
-                        this.reach.record_success();
+                        this.reach.record_answer(resp.status());
                         return Ok(resp);
                     }
                     Ok(Err(error)) => {
@@ -689,5 +733,26 @@ mod tests {
         r.record_success();
         assert_eq!(r.consecutive_failures(), 0);
         assert!(r.answered_within(window));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_successful_answer_counts_as_reaching_the_api_server() {
+        let r = ApiReachability::new();
+        let window = Duration::from_millis(200);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for refused in [401, 403, 500, 503] {
+            r.record_answer(http::StatusCode::from_u16(refused).unwrap());
+            assert!(!r.answered_within(window), "{refused} counted as an answer");
+            assert_eq!(r.last_refusal(), Some(refused));
+        }
+        assert_eq!(r.consecutive_failures(), 4);
+        // A conflict, a missing object, a throttled request: the API server judged them.
+        for judged in [200, 201, 404, 409, 429] {
+            let r = ApiReachability::new();
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            r.record_answer(http::StatusCode::from_u16(judged).unwrap());
+            assert!(r.answered_within(window), "{judged} not counted as an answer");
+            assert_eq!(r.last_refusal(), None);
+        }
     }
 }

@@ -237,7 +237,12 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
         .retain(|e| e.type_.as_deref() == Some("Warning") || e.reason.as_deref() == Some("FloatingIPMoved"));
     events.sort_by_key(event_time);
     Ok(KubeFacts {
-        leader: Some(leader_status(lease_ns, &lease_name, lease.as_ref())),
+        leader: Some(leader_status(
+            lease_ns,
+            &lease_name,
+            lease.as_ref(),
+            k8s_openapi::jiff::Timestamp::now().as_second(),
+        )),
         services,
         nodes,
         api_servers: api_servers(&slices),
@@ -245,19 +250,30 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
     })
 }
 
-fn leader_status(ns: &str, name: &str, lease: Option<&Lease>) -> LeaderStatus {
+/// The Lease `ns/name` as `baton status` shows it at `now` (Unix seconds).
+fn leader_status(ns: &str, name: &str, lease: Option<&Lease>, now: i64) -> LeaderStatus {
     let spec = lease.and_then(|l| l.spec.as_ref());
     let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
     let duration = spec.and_then(|s| s.lease_duration_seconds);
-    let age = renewed.map(|t| k8s_openapi::jiff::Timestamp::now().as_second() - t.as_second());
+    let age = renewed.map(|t| now - t.as_second());
     let holder = spec
         .and_then(|s| s.holder_identity.clone())
         .filter(|h| !h.is_empty());
+    let valid = lease.is_some()
+        && holder.is_some()
+        && matches!((age, duration), (Some(a), Some(d)) if a <= i64::from(d));
+    // Since the holder's record expired (renewTime + duration), or since the Lease was released
+    // (its last write cleared the holder).
+    let leaderless = match (valid, holder.is_some(), age, duration) {
+        (true, ..) => Some(0),
+        (false, true, Some(a), Some(d)) => Some((a - i64::from(d)).max(0)),
+        (false, false, Some(a), _) => Some(a.max(0)),
+        _ => None,
+    };
     LeaderStatus {
         lease: format!("{ns}/{name}"),
-        valid: lease.is_some()
-            && holder.is_some()
-            && matches!((age, duration), (Some(a), Some(d)) if a <= i64::from(d)),
+        valid,
+        leaderless_seconds: leaderless,
         holder,
         renewed: renewed.map(|t| t.to_string()),
         age_seconds: age,
@@ -589,7 +605,8 @@ async fn controllers(urls: &[url::Url]) -> Vec<ControllerStatus> {
             Ok((true, _)) => status.healthy = Some(true),
             Ok((false, text)) => {
                 status.healthy = Some(false);
-                status.error = Some(text);
+                // What failed; the lines after it are every loop's heartbeat age.
+                status.error = Some(text.lines().next().unwrap_or_default().to_owned());
             }
             Err(e) => status.error = Some(format!("/health: {e}")),
         }

@@ -98,7 +98,14 @@ pub struct LeaderStatus {
     pub duration_seconds: Option<i32>,
     /// The Lease exists and was renewed within its duration.
     pub valid: bool,
+    /// Seconds without a leader: since the holder's record expired, or since the Lease was
+    /// released (0 while valid; None when not known).
+    pub leaderless_seconds: Option<i64>,
 }
+
+/// Past this long without a leader, `baton status` names the condition "no leader for longer
+/// than 60s" (the chart's alert `BatonLeaderlessTooLong` fires at the same mark).
+pub const LEADERLESS_LIMIT_SECONDS: i64 = 60;
 
 /// A control-plane endpoint.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -237,15 +244,23 @@ impl Report {
         }
         match &self.leader {
             Some(l) if l.valid => {}
-            Some(l) => add(
-                Verdict::Degraded,
-                format!(
-                    "no controller holds the Lease {} (holder {}, renewed {}): nothing moves a failed FIP",
-                    l.lease,
-                    l.holder.as_deref().unwrap_or("none"),
-                    l.renewed.as_deref().unwrap_or("never")
-                ),
-            ),
+            Some(l) => {
+                let condition = match l.leaderless_seconds {
+                    Some(n) if n > LEADERLESS_LIMIT_SECONDS => {
+                        format!("no leader for {n}s, longer than {LEADERLESS_LIMIT_SECONDS}s: ")
+                    }
+                    _ => String::new(),
+                };
+                add(
+                    Verdict::Degraded,
+                    format!(
+                        "{condition}no controller holds the Lease {} (holder {}, renewed {}): nothing moves a failed FIP",
+                        l.lease,
+                        l.holder.as_deref().unwrap_or("none"),
+                        l.renewed.as_deref().unwrap_or("never")
+                    ),
+                );
+            }
             None if self.kubernetes.reachable => add(
                 Verdict::Degraded,
                 "no leader Lease: is baton controller running?".to_owned(),
@@ -407,7 +422,11 @@ pub fn render_text(r: &Report) -> String {
             let age = l
                 .age_seconds
                 .map_or_else(String::new, |a| format!(", renewed {a}s ago"));
-            let state = if l.valid { "" } else { " (EXPIRED)" };
+            let state = match (l.valid, l.leaderless_seconds) {
+                (true, _) => String::new(),
+                (false, Some(n)) => format!(" (EXPIRED, no leader for {n}s)"),
+                (false, None) => " (EXPIRED)".to_owned(),
+            };
             let _ = writeln!(
                 out,
                 "  {}: {}{age}{state}",

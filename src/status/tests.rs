@@ -62,6 +62,41 @@ fn all_well_is_healthy_exit_0() {
 }
 
 #[test]
+fn no_leader_for_longer_than_the_limit_is_named_as_such() {
+    let mut r = healthy();
+    let l = r.leader.as_mut().unwrap();
+    l.valid = false;
+    l.leaderless_seconds = Some(LEADERLESS_LIMIT_SECONDS);
+    let r = assessed(r);
+    assert_eq!(r.verdict, Verdict::Degraded);
+    assert!(
+        !r.problems[0].message.contains("no leader for"),
+        "at the limit: {:?}",
+        r.problems
+    );
+    assert!(render_text(&r).contains("(EXPIRED, no leader for 60s)"));
+
+    let mut r = healthy();
+    let l = r.leader.as_mut().unwrap();
+    l.valid = false;
+    l.leaderless_seconds = Some(61);
+    let r = assessed(r);
+    assert_eq!(
+        (r.verdict, r.exit_code),
+        (Verdict::Degraded, exit::status::DEGRADED)
+    );
+    assert!(
+        r.problems[0]
+            .message
+            .starts_with("no leader for 61s, longer than 60s: no controller holds the Lease"),
+        "{:?}",
+        r.problems
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["leader"]["leaderlessSeconds"], 61);
+}
+
+#[test]
 fn attention_items_are_degraded_exit_10() {
     let cases: Vec<Case> = vec![
         (
@@ -228,4 +263,32 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         ["apps/leftover", "apps/web"],
         "unknown to the cloud: a bring-your-own IP"
     );
+}
+
+#[test]
+fn leaderless_seconds_come_from_the_lease_record() {
+    let lease =
+        |holder: Option<&str>, renewed: i64, duration: i32| -> k8s_openapi::api::coordination::v1::Lease {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "baton-controller", "namespace": "kube-system"},
+                "spec": {
+                    "holderIdentity": holder,
+                    "renewTime": k8s_openapi::jiff::Timestamp::from_second(renewed).unwrap().to_string(),
+                    "leaseDurationSeconds": duration,
+                }
+            }))
+            .unwrap()
+        };
+    let at = |l: &k8s_openapi::api::coordination::v1::Lease, now: i64| {
+        let s = super::leader_status("kube-system", "baton-controller", Some(l), now);
+        (s.valid, s.leaderless_seconds)
+    };
+    let held = lease(Some("ctl-a"), 1_000, 15);
+    assert_eq!(at(&held, 1_010), (true, Some(0)));
+    // Expired at 1,015: no leader since.
+    assert_eq!(at(&held, 1_090), (false, Some(75)));
+    // Released (holder cleared) at 1,000: no leader since.
+    assert_eq!(at(&lease(None, 1_000, 15), 1_030), (false, Some(30)));
+    let none = super::leader_status("kube-system", "baton-controller", None, 1_000);
+    assert_eq!((none.valid, none.leaderless_seconds), (false, None));
 }
