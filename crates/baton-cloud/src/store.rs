@@ -14,7 +14,8 @@
 //! A read is served from the store unless it must be replaced first:
 //! - never fetched, or the periodic full resync is due (`resync` after the last fetch started);
 //! - a caller asked for a list fetched after some moment ([`IpStore::require_since`]): after a
-//!   write whose outcome is unknown, or a caller that must see the truth (a route check);
+//!   write whose outcome is unknown (from the end of the list's lag after it: readers wait for
+//!   that moment and share one fetch then), or a caller that must see the truth (a route check);
 //! - **a new term**: the reader leads now ([`Leadership`]) but did not at its previous read (or
 //!   its lead lapsed in between). The list must then have been fetched after the previous holder
 //!   stopped writing, or, if that is unknown, from now: so a new leader never acts on a list that
@@ -244,7 +245,7 @@ impl IpStore {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Vec<IpAddress>, E>>,
     {
-        {
+        let not_before = {
             let mut state = self.lock();
             let now = Instant::now();
             if let Some(leadership) = leadership {
@@ -253,6 +254,14 @@ impl IpStore {
             if state.fresh(now, self.resync) {
                 return Ok(read(&mut state));
             }
+            state.need_since.filter(|t| *t > now)
+        };
+        // A list is required from a moment still to come (after a write of unknown outcome: its
+        // effect may show only after the list's lag). A list fetched before then could not serve
+        // it, so every reader until then would fetch one of its own: wait for the moment, and
+        // the readers waiting with this one share one fetch.
+        if let Some(at) = not_before {
+            tokio::time::sleep_until(at).await;
         }
         let _one_fetch = self.fetching.lock().await;
         {

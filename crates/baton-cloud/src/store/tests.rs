@@ -94,6 +94,37 @@ async fn concurrent_reads_share_one_list_call() {
     assert_eq!(store.fetches(), 1);
 }
 
+/// After a create of unknown outcome the store needs a list fetched after the list's lag; the
+/// readers of that window (every Service's reconcile, the endpoint loop) wait for it and share
+/// one list call, instead of each fetching a list too early to serve the requirement.
+#[tokio::test(start_paused = true)]
+async fn readers_of_a_list_required_from_a_later_moment_share_one_call_at_that_moment() {
+    let store = Arc::new(IpStore::new(RESYNC, LAG));
+    let api = Arc::new(Api::default());
+    api.set(vec![ip("a", "s1")]);
+    ids(&store, &api, None).await;
+    assert_eq!(api.calls(), 1);
+
+    let from = Instant::now() + LAG;
+    store.require_since(from);
+    api.set(vec![ip("a", "s1"), ip("b", "s2")]);
+    let mut handles = Vec::new();
+    for i in 0..10 {
+        let (store, api) = (Arc::clone(&store), Arc::clone(&api));
+        handles.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150 * i)).await;
+            let seen = ids(&store, &api, None).await;
+            (Instant::now(), seen)
+        }));
+    }
+    for h in handles {
+        let (at, seen) = h.await.unwrap();
+        assert!(at >= from, "answered before the list could show the write");
+        assert_eq!(seen, ["a", "b"]);
+    }
+    assert_eq!(api.calls(), 2, "one list call for the ten readers");
+}
+
 #[tokio::test(start_paused = true)]
 async fn writes_are_applied_in_place_and_never_cause_a_list_call() {
     let store = IpStore::new(RESYNC, LAG);
