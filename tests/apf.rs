@@ -18,75 +18,12 @@ mod common;
 use std::time::Duration;
 
 use baton_testbed::load::{self, quantile};
-use baton_testbed::{ControlPlane, Load, LoadGen, Options, TokenUser, Work, lab};
+use baton_testbed::{ControlPlane, Load, LoadGen, Options, Work, lab};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::flowcontrol::v1::FlowSchema;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::time::Instant;
-
-/// baton's ServiceAccount as its pods authenticate (a static token here, the same user name and
-/// groups as a projected token's).
-fn baton_user() -> TokenUser {
-    TokenUser {
-        token: "baton-lab-apf-baton-sa".into(),
-        name: "system:serviceaccount:kube-system:baton".into(),
-        groups: vec![
-            "system:serviceaccounts".into(),
-            "system:serviceaccounts:kube-system".into(),
-        ],
-    }
-}
-
-/// One renewal of the leader Lease as baton's ServiceAccount (GET, then PUT with a new
-/// renewTime, as the lease task renews); how long it took and the UID of the FlowSchema the API
-/// server matched the PUT with.
-async fn renew(cp: &ControlPlane, http: &reqwest::Client, token: &str) -> (Duration, String) {
-    let url = format!(
-        "{}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/baton-controller",
-        cp.url(0)
-    );
-    let t = Instant::now();
-    let resp = http.get(&url).bearer_auth(token).send().await.unwrap();
-    assert!(resp.status().is_success(), "GET {}", resp.status());
-    let mut lease: serde_json::Value = resp.json().await.unwrap();
-    lease["spec"]["renewTime"] = serde_json::to_value(
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
-    )
-    .unwrap();
-    let resp = http
-        .put(&url)
-        .bearer_auth(token)
-        .json(&lease)
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "PUT {}", resp.status());
-    let schema = resp
-        .headers()
-        .get("X-Kubernetes-PF-FlowSchema-UID")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (t.elapsed(), schema)
-}
-
-/// `n` renewals 100 ms apart (the default renew interval is 200 ms).
-async fn renewals(
-    cp: &ControlPlane,
-    http: &reqwest::Client,
-    token: &str,
-    n: usize,
-) -> (Vec<Duration>, String) {
-    let mut took = Vec::new();
-    let mut schema = String::new();
-    for _ in 0..n {
-        let (d, s) = renew(cp, http, token).await;
-        took.push(d);
-        schema = s;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (took, schema)
-}
 
 async fn flow_schema_uid(cp: &ControlPlane, name: &str) -> String {
     Api::<FlowSchema>::all(cp.client(0).unwrap())
@@ -110,7 +47,7 @@ fn show(v: &[Duration]) -> String {
 #[test]
 fn the_shipped_flowschema_keeps_batons_lease_renewals_out_of_the_queues_of_a_busy_cluster() {
     lab::run(|| async {
-        let user = baton_user();
+        let user = load::baton_user("baton-lab-apf-baton-sa");
         let cp = ControlPlane::start(Options {
             apf: true,
             users: vec![user.clone()],
@@ -135,7 +72,7 @@ fn the_shipped_flowschema_keeps_batons_lease_renewals_out_of_the_queues_of_a_bus
             .await
             .unwrap();
         let http = baton_testbed::http_client(Some(cp.ca_der())).unwrap();
-        let (idle, schema) = renewals(&cp, &http, &user.token, 10).await;
+        let (idle, schema) = load::lease_renewals(&cp, &http, &user.token, 10).await.unwrap();
         assert_eq!(
             schema,
             flow_schema_uid(&cp, "system-leader-election").await,
@@ -169,18 +106,18 @@ fn the_shipped_flowschema_keeps_batons_lease_renewals_out_of_the_queues_of_a_bus
         .unwrap();
         // APF adjusts what each priority level borrows every 10 s: let it settle.
         tokio::time::sleep(Duration::from_secs(12)).await;
-        let (queued, _) = renewals(&cp, &http, &user.token, 20).await;
+        let (queued, _) = load::lease_renewals(&cp, &http, &user.token, 20).await.unwrap();
 
         common::apply_shipped_manifests(&admin, &["apf.yaml"]).await;
         let ours = flow_schema_uid(&cp, "baton").await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while renew(&cp, &http, &user.token).await.1 != ours {
+        while load::renew_lease(&cp, &http, &user.token).await.unwrap().1 != ours {
             assert!(
                 Instant::now() < deadline,
                 "the API server did not take up the shipped FlowSchema baton"
             );
         }
-        let (lifted, schema) = renewals(&cp, &http, &user.token, 20).await;
+        let (lifted, schema) = load::lease_renewals(&cp, &http, &user.token, 20).await.unwrap();
         let lease_load = leases.stop().await.unwrap();
         let workload = workloads.stop().await.unwrap();
         eprintln!(

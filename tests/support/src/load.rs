@@ -87,6 +87,78 @@ fn service_accounts(ns: &str, prefix: &str) -> Vec<TokenUser> {
         .collect()
 }
 
+/// baton's ServiceAccount as its pods authenticate (the user name and groups of a projected
+/// token; `token` is a static one, which the control plane must know).
+pub fn baton_user(token: &str) -> TokenUser {
+    TokenUser {
+        token: token.to_owned(),
+        name: "system:serviceaccount:kube-system:baton".into(),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+        ],
+    }
+}
+
+/// One renewal of the leader Lease `kube-system/baton-controller` through API server 0 with
+/// bearer `token` (GET, then PUT with a new `renewTime`, as baton's lease task renews): how long
+/// it took, and the UID of the FlowSchema the API server matched the PUT with.
+pub async fn renew_lease(
+    cp: &ControlPlane,
+    http: &reqwest::Client,
+    token: &str,
+) -> anyhow::Result<(Duration, String)> {
+    let url = format!(
+        "{}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/baton-controller",
+        cp.url(0)
+    );
+    let t = Instant::now();
+    let mut lease: serde_json::Value = http
+        .get(&url)
+        .bearer_auth(token)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    lease["spec"]["renewTime"] = serde_json::to_value(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+    )?;
+    let resp = http
+        .put(&url)
+        .bearer_auth(token)
+        .json(&lease)
+        .send()
+        .await?
+        .error_for_status()?;
+    let schema = resp
+        .headers()
+        .get("X-Kubernetes-PF-FlowSchema-UID")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    Ok((t.elapsed(), schema))
+}
+
+/// `n` [`renew_lease`]s 100 ms apart (baton renews every 200 ms): their durations, and the
+/// FlowSchema UID of the last.
+pub async fn lease_renewals(
+    cp: &ControlPlane,
+    http: &reqwest::Client,
+    token: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<Duration>, String)> {
+    let mut took = Vec::with_capacity(n);
+    let mut schema = String::new();
+    for _ in 0..n {
+        let (d, s) = renew_lease(cp, http, token).await?;
+        took.push(d);
+        schema = s;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((took, schema))
+}
+
 /// What the load's writes change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Work {

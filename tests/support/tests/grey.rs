@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use baton_testbed::load::{self, quantile};
-use baton_testbed::{
-    ADMIN_TOKEN, ControlPlane, Load, LoadGen, Options, Profile, SlowApi, TokenUser, Work, lab,
-};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Load, LoadGen, Options, Profile, SlowApi, Work, lab};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -393,66 +391,6 @@ fn kubectl_on_a_lab_node_uses_the_slow_api_as_its_api_server() {
     });
 }
 
-/// baton's ServiceAccount, as its pods authenticate (a static token here).
-fn baton_user() -> TokenUser {
-    TokenUser {
-        token: "baton-lab-baton-sa".into(),
-        name: "system:serviceaccount:kube-system:baton".into(),
-        groups: vec![
-            "system:serviceaccounts".into(),
-            "system:serviceaccounts:kube-system".into(),
-        ],
-    }
-}
-
-/// One Lease renewal as `user` (GET, then PUT with a new renewTime, as a leader renews);
-/// returns how long it took and the FlowSchema UID the API server matched the PUT with.
-async fn renew(cp: &ControlPlane, http: &reqwest::Client, user: &TokenUser) -> (Duration, String) {
-    let url = format!(
-        "{}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/baton-controller",
-        cp.url(0)
-    );
-    let t = Instant::now();
-    let resp = http.get(&url).bearer_auth(&user.token).send().await.unwrap();
-    assert!(resp.status().is_success(), "GET {}", resp.status());
-    let mut lease: serde_json::Value = resp.json().await.unwrap();
-    lease["spec"]["renewTime"] = serde_json::to_value(
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
-    )
-    .unwrap();
-    let resp = http
-        .put(&url)
-        .bearer_auth(&user.token)
-        .json(&lease)
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "PUT {}", resp.status());
-    let schema = resp
-        .headers()
-        .get("X-Kubernetes-PF-FlowSchema-UID")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (t.elapsed(), schema)
-}
-
-async fn renewals(
-    cp: &ControlPlane,
-    http: &reqwest::Client,
-    user: &TokenUser,
-    n: usize,
-) -> (Vec<Duration>, String) {
-    let mut took = Vec::new();
-    let mut schema = String::new();
-    for _ in 0..n {
-        let (d, s) = renew(cp, http, user).await;
-        took.push(d);
-        schema = s;
-        tokio::time::sleep(ms(100)).await;
-    }
-    (took, schema)
-}
-
 async fn flow_schema_uid(cp: &ControlPlane, name: &str) -> String {
     use k8s_openapi::api::flowcontrol::v1::FlowSchema;
     Api::<FlowSchema>::all(cp.client(0).unwrap())
@@ -579,18 +517,18 @@ async fn busy_cluster(cp: &ControlPlane) -> (LoadGen, LoadGen) {
 #[test]
 fn apf_queues_a_lease_behind_other_controllers_until_a_flowschema_lifts_it() {
     lab::run(|| async {
+        let user = load::baton_user("baton-lab-baton-sa");
         let cp = ControlPlane::start(Options {
             apf: true,
-            users: vec![baton_user()],
+            users: vec![user.clone()],
             ..Options::servers(1)
         })
         .await
         .unwrap();
         allow_baton_lease(&cp).await;
-        let user = baton_user();
         let http = baton_testbed::http_client(Some(cp.ca_der())).unwrap();
 
-        let (idle, schema) = renewals(&cp, &http, &user, 20).await;
+        let (idle, schema) = load::lease_renewals(&cp, &http, &user.token, 20).await.unwrap();
         assert_eq!(
             schema,
             flow_schema_uid(&cp, "system-leader-election").await,
@@ -603,7 +541,7 @@ fn apf_queues_a_lease_behind_other_controllers_until_a_flowschema_lifts_it() {
         let inqueue = load::flowcontrol_metric(&cp, 0, "apiserver_flowcontrol_current_inqueue_requests")
             .await
             .unwrap();
-        let (loaded, _) = renewals(&cp, &http, &user, 20).await;
+        let (loaded, _) = load::lease_renewals(&cp, &http, &user.token, 20).await.unwrap();
         let nominal = load::flowcontrol_metric(&cp, 0, "apiserver_flowcontrol_nominal_limit_seats")
             .await
             .unwrap();
@@ -614,13 +552,13 @@ fn apf_queues_a_lease_behind_other_controllers_until_a_flowschema_lifts_it() {
         lift_baton(&cp).await;
         let ours = flow_schema_uid(&cp, "baton").await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while renew(&cp, &http, &user).await.1 != ours {
+        while load::renew_lease(&cp, &http, &user.token).await.unwrap().1 != ours {
             assert!(
                 Instant::now() < deadline,
                 "the API server did not take up FlowSchema baton"
             );
         }
-        let (lifted, schema) = renewals(&cp, &http, &user, 20).await;
+        let (lifted, schema) = load::lease_renewals(&cp, &http, &user.token, 20).await.unwrap();
         assert_eq!(schema, ours);
         let stats = load.stop().await.unwrap();
         let workload_stats = workloads.stop().await.unwrap();
