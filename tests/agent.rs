@@ -206,8 +206,8 @@ impl NodeNs {
     }
 }
 
-/// The destination addresses of the `daddr … redirect` rules of `table ip baton`.
-async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
+/// `table ip baton` as `nft -j` lists it, in `netns` (else here); `None` without the table.
+async fn nft_table(netns: Option<&str>) -> Option<Value> {
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("nsenter");
@@ -221,10 +221,14 @@ async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
         .output()
         .await
         .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// The destination addresses of the `daddr … redirect` rules of `table ip baton`.
+async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
+    let v = nft_table(netns).await?;
     let mut fips = BTreeSet::new();
     for item in v["nftables"].as_array().unwrap() {
         let Some(exprs) = item["rule"]["expr"].as_array() else {
@@ -249,16 +253,7 @@ async fn nft_fips(netns: Option<&str>) -> Option<BTreeSet<String>> {
 /// The rules of `table ip baton`'s chain `output` in `netns`: FIP → the address its packets
 /// are sent to (`dnat to`); `None` without the table.
 async fn nft_held(netns: &str) -> Option<BTreeMap<String, String>> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={netns}"))
-        .args(["--", "nft", "-j", "list", "table", "ip", "baton"])
-        .output()
-        .await
-        .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = nft_table(Some(netns)).await?;
     let mut held = BTreeMap::new();
     for item in v["nftables"].as_array().unwrap() {
         let rule = &item["rule"];
