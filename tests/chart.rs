@@ -83,6 +83,18 @@ fn without_labels(mut v: Value) -> Value {
     v
 }
 
+/// `v` with every container's image replaced: the manifests name a local build, the chart the
+/// release's tag.
+fn without_image(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
+        for c in cs {
+            c["image"] = json!("<image>");
+        }
+    }
+    v
+}
+
 /// The chart's objects and the shipped ones are the same objects (kind, namespace, name) with
 /// the same content, Helm's labels aside and `normalise`d.
 fn assert_same_objects<'a>(
@@ -262,16 +274,6 @@ fn the_sni_router_renders_what_manifests_sni_router_says_and_only_when_enabled()
     let on = helm.template(&args);
     let shipped = manifest("sni-router.yaml");
     let keys: Vec<String> = shipped.iter().map(key).collect();
-    // The image aside: the manifests name a local build, the chart the release's tag.
-    let without_image = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
-            for c in cs {
-                c["image"] = json!("<image>");
-            }
-        }
-        v
-    };
     assert_same_objects(
         on.iter().filter(|d| keys.contains(&key(d))),
         shipped,
@@ -345,15 +347,6 @@ fn the_agent_renders_what_manifests_agent_says_and_only_when_enabled() {
     let on = helm.template(&set);
     let shipped = manifest("agent.yaml");
     let keys: Vec<String> = shipped.iter().map(key).collect();
-    let without_image = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(cs) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
-            for c in cs {
-                c["image"] = json!("<image>");
-            }
-        }
-        v
-    };
     assert_same_objects(
         on.iter().filter(|d| keys.contains(&key(d))),
         shipped,
