@@ -135,6 +135,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1]
 }
 
+/// The runs' failure → answer times: p50, p99 and the longest.
+fn p50_p99_max(runs: &[Run]) -> (f64, f64, f64) {
+    let mut sorted: Vec<f64> = runs.iter().map(|r| r.total_ms).collect();
+    sorted.sort_by(f64::total_cmp);
+    (
+        percentile(&sorted, 50.0),
+        percentile(&sorted, 99.0),
+        sorted.last().copied().unwrap_or_default(),
+    )
+}
+
 /// One failure and its recovery.
 #[derive(Debug, Clone, Default)]
 struct Run {
@@ -168,13 +179,7 @@ fn main() {
         let a2 = a.clone();
         let c = class.clone();
         let report = lab::run(move || run_class(c, a2));
-        let mut sorted: Vec<f64> = report.runs.iter().map(|r| r.total_ms).collect();
-        sorted.sort_by(f64::total_cmp);
-        let (p50, p99, max) = (
-            percentile(&sorted, 50.0),
-            percentile(&sorted, 99.0),
-            *sorted.last().unwrap(),
-        );
+        let (p50, p99, max) = p50_p99_max(&report.runs);
         let gap = report.runs.iter().map(|r| r.client_gap_ms).fold(0.0, f64::max);
         let mean = |f: fn(&Run) -> f64| report.runs.iter().map(f).sum::<f64>() / report.runs.len() as f64;
         for (i, r) in report.runs.iter().enumerate() {
@@ -717,14 +722,9 @@ fn replot(log: &str, dir: &str) {
     }
     assert!(!classes.is_empty(), "{log}: no per-run lines");
     for (class, runs) in &classes {
-        let mut sorted: Vec<f64> = runs.iter().map(|r| r.total_ms).collect();
-        sorted.sort_by(f64::total_cmp);
+        let (p50, p99, _) = p50_p99_max(runs);
         let path = format!("{dir}/failover-{class}.svg");
-        std::fs::write(
-            &path,
-            svg(class, runs, percentile(&sorted, 50.0), percentile(&sorted, 99.0)),
-        )
-        .unwrap();
+        std::fs::write(&path, svg(class, runs, p50, p99)).unwrap();
         eprintln!("wrote {path} ({} runs)", runs.len());
     }
 }
