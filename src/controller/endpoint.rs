@@ -86,6 +86,10 @@ struct EndpointState {
     retry_at: Option<Instant>,
     /// Holds back moves for an unreachable FIP right after a move (no flapping).
     hold: HoldDown,
+    /// The holder the previous pass saw (once `seen` is set), to notice a move this replica
+    /// did not make: another replica's, an operator's, the cloud's.
+    seen_holder: Option<u64>,
+    seen: bool,
     /// Whether the holder was read afresh in the current unreachable-FIP episode.
     route_checked: bool,
     /// Since when the FIP has been unreachable while its holder answers directly.
@@ -166,6 +170,18 @@ impl HoldDown {
         };
         self.until = Some(self.until.map_or(now + hold, |u| u.max(now + hold)));
         self.reported = false;
+    }
+
+    /// Records that the FIP's route changed at `now` without this replica moving it. Until the
+    /// nodes have learnt the new holder (its annotations), the FIP may not answer from every
+    /// vantage point (the holder's own packets for its FIP need its agent's rule), so the change
+    /// settles like any move.
+    fn route_changed(&mut self, now: Instant) {
+        let until = now + Self::SETTLE;
+        if self.until.is_none_or(|u| u <= now) {
+            self.reported = false;
+        }
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
     }
 
     /// Whether a move for `reason` is held back at `now`.
@@ -676,6 +692,14 @@ impl Step<'_> {
             },
             candidates: candidates.iter().map(|(c, _)| c.clone()).collect(),
         };
+        // A route that changed since the previous pass (a move by someone else, seen in a
+        // fresh list) starts a new episode, and settles before "unreachable" means anything.
+        if state.seen && state.seen_holder != obs.holder {
+            state.hold.route_changed(Instant::now());
+            state.unreachable_since = None;
+            state.route_checked = false;
+        }
+        (state.seen, state.seen_holder) = (true, obs.holder);
         let decision = decide(&obs);
         let mut moved = None;
         if !matches!(
@@ -944,6 +968,7 @@ impl Step<'_> {
                 state.down_since = None;
                 state.stuck_reported = false;
                 state.hold.moved(Instant::now(), reason);
+                (state.seen, state.seen_holder) = (true, ip.target().map(|s| s.0));
                 // The FIP's probe history belongs to the old holder: start afresh.
                 prober.reset(&fip_target)?;
                 let confirmed = ip.target() == Some(ServerId(to));
@@ -1795,6 +1820,21 @@ mod tests {
         let later = t + HoldDown::MAX + Duration::from_secs(1);
         hold.moved(later, Reason::FipUnreachable);
         assert!(!hold.holds(later + HoldDown::BASE, Reason::FipUnreachable));
+
+        // A move someone else made settles too (the nodes learn the new holder from this
+        // replica's annotations), never shortening a hold already running.
+        let mut hold = HoldDown::default();
+        let t3 = Instant::now();
+        hold.route_changed(t3);
+        assert!(hold.holds(t3 + Duration::from_secs(4), Reason::FipUnreachable));
+        assert!(!hold.holds(t3, Reason::HolderDown), "a dead holder always moves");
+        assert!(!hold.holds(t3 + HoldDown::SETTLE, Reason::FipUnreachable));
+        hold.moved(t3, Reason::FipUnreachable);
+        hold.route_changed(t3 + Duration::from_secs(1));
+        assert!(hold.holds(
+            t3 + HoldDown::BASE - Duration::from_secs(1),
+            Reason::FipUnreachable
+        ));
     }
 
     /// A stand-in for `baton sni serve`'s health answer on `addr`'s port; dropped, it is gone.
