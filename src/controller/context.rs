@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::events::{Event, EventType, Recorder, Reporter};
-use baton_cloud::Cloud;
+use baton_cloud::{Cloud, InFlight, Lead};
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::{Api, Resource};
 use std::time::Duration;
@@ -20,11 +20,17 @@ pub const TAKEOVER_MARGIN: Duration = Duration::from_millis(150);
 
 /// Whether this replica may write to the cloud (and to status fields). Only the holder of the
 /// leader Lease may; it re-checks right before each cloud write (fencing): the lease task
-/// publishes how long the last successful renew keeps this replica leader.
+/// publishes this replica's term and until when the last successful renew lets it write.
+///
+/// A term lasts from acquiring the Lease to losing or releasing it. A renewal that comes late
+/// does not end it: past the deadline writes pause ([`Self::is_leader`] is false), and the
+/// late renewal resumes them in the same term ([`Self::in_term`] stays set), so controllers do
+/// not reconcile everything again ([`Self::elected`] yields once per term).
 #[derive(Clone, Debug)]
 pub struct LeaderGate(
-    watch::Receiver<Option<Instant>>,
+    watch::Receiver<Option<Lead>>,
     watch::Receiver<Option<Handover>>,
+    InFlight,
 );
 
 /// What a follower knows of another replica's hold on the Lease, on its own clock.
@@ -38,18 +44,27 @@ pub struct Handover {
 }
 
 impl LeaderGate {
-    /// A gate fed by the leader-election task (`controller::lease`): this replica's leadership
+    /// A gate fed by the leader-election task (`controller::lease`): this replica's term and
     /// deadline, and what it knows of another holder.
-    pub fn new(rx: watch::Receiver<Option<Instant>>, handover: watch::Receiver<Option<Handover>>) -> Self {
-        Self(rx, handover)
+    pub fn new(rx: watch::Receiver<Option<Lead>>, handover: watch::Receiver<Option<Handover>>) -> Self {
+        Self(rx, handover, InFlight::default())
     }
 
     /// A gate that is always open: a single replica, or tests.
     pub fn always() -> Self {
         // A receiver keeps the last value after its sender is gone.
-        let (_, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600)));
+        let (_, rx) = watch::channel(Some(Lead {
+            term: 1,
+            until: Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600),
+        }));
         let (_, handover) = watch::channel(None);
-        Self(rx, handover)
+        Self(rx, handover, InFlight::default())
+    }
+
+    /// The leader's writes on their way (cloud and Kubernetes): a graceful release waits for
+    /// them before it clears the holder.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.2
     }
 
     /// Another replica's hold on the Lease, if another replica holds it.
@@ -62,20 +77,30 @@ impl LeaderGate {
     pub async fn changed(&mut self) {
         // On this gate's own receivers, so that what was seen is marked seen: a fresh clone
         // would report every earlier change again, at once, forever (a busy loop).
-        let Self(until, handover) = self;
+        let Self(until, handover, _) = self;
         tokio::select! {
             () = changed_or_tick(until) => {}
             Ok(()) = handover.changed() => {}
         }
     }
 
-    /// Whether this replica leads right now.
+    /// Whether this replica may write right now: it holds a term and its deadline is ahead.
     pub fn is_leader(&self) -> bool {
-        self.0.borrow().is_some_and(|until| Instant::now() < until)
+        self.0.borrow().is_some_and(|l| Instant::now() < l.until)
+    }
+
+    /// The term this replica holds, also while its writes pause for a late renewal.
+    pub fn in_term(&self) -> Option<u64> {
+        self.0.borrow().map(|l| l.term)
+    }
+
+    /// The term and its deadline, as published.
+    pub fn lead(&self) -> Option<Lead> {
+        *self.0.borrow()
     }
 
     /// The channel behind the gate (the cloud client's fence reads it).
-    pub fn receiver(&self) -> watch::Receiver<Option<Instant>> {
+    pub fn receiver(&self) -> watch::Receiver<Option<Lead>> {
         self.0.clone()
     }
 
@@ -92,26 +117,22 @@ impl LeaderGate {
         changed_or_tick(&mut self.0).await;
     }
 
-    /// Yields once each time this replica becomes leader (and once at the start if it already
-    /// leads): controllers reconcile everything at that moment, so work that arrived while
-    /// there was no leader is not left waiting for a resync or a backoff. A lapse counts however
-    /// short it was: when a renewal arrives after the deadline this replica led under had
-    /// passed, that is a new term too, even if no look fell inside the gap.
+    /// Yields once each time this replica starts a term (and once at the start if it already
+    /// holds one): controllers reconcile everything at that moment, so work that arrived while
+    /// there was no leader is not left waiting for a resync or a backoff. A pause for a late
+    /// renewal is not a new term: nobody else can have written in between (the renewal
+    /// replaced this replica's own last version of the Lease).
     pub fn elected(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
         let gate = self.clone();
-        // The deadline this replica was last seen leading under.
-        futures::stream::unfold((gate, None::<Instant>), |(mut gate, mut led_until)| async move {
+        // The term this replica was last seen holding.
+        futures::stream::unfold((gate, None::<u64>), |(mut gate, mut last)| async move {
             loop {
-                let until = *gate.0.borrow();
-                let now = Instant::now();
-                let leading = until.is_some_and(|u| now < u);
-                let new_term = leading && led_until.is_none_or(|u| u <= now);
-                led_until = if leading { until } else { None };
+                let term = gate.in_term();
+                let new_term = term.is_some() && term != last;
+                last = term;
                 if new_term {
-                    return Some(((), (gate, led_until)));
+                    return Some(((), (gate, last)));
                 }
-                // Leadership also ends silently when the deadline passes (no message): look
-                // at least every 100 ms.
                 gate.changed_or_tick().await;
             }
         })
@@ -123,7 +144,7 @@ impl LeaderGate {
 /// [`TAKEOVER_MARGIN`]).
 impl baton_cloud::Leadership for LeaderGate {
     fn leads_until(&self) -> Option<Instant> {
-        *self.0.borrow()
+        self.lead().map(|l| l.until)
     }
 
     fn holder_stopped(&self) -> Option<Instant> {
@@ -133,7 +154,7 @@ impl baton_cloud::Leadership for LeaderGate {
 
 /// Waits for a change of `rx`, at most 100 ms (also when its sender is gone: then the value can
 /// no longer change, but a deadline in it still passes).
-async fn changed_or_tick(rx: &mut watch::Receiver<Option<Instant>>) {
+async fn changed_or_tick(rx: &mut watch::Receiver<Option<Lead>>) {
     if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -287,24 +308,38 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_lapse_no_look_fell_into_is_still_a_new_term() {
+    async fn a_late_renewal_pauses_writes_in_the_same_term_and_only_a_new_term_is_an_election() {
         use futures::StreamExt as _;
         let lease = Duration::from_secs(1);
-        let (until, until_rx) = watch::channel(Some(Instant::now() + lease));
+        let lead = |term| {
+            Some(Lead {
+                term,
+                until: Instant::now() + lease,
+            })
+        };
+        let (tx, rx) = watch::channel(lead(1));
         let (_handover, handover_rx) = watch::channel(None);
-        let gate = LeaderGate::new(until_rx, handover_rx);
+        let gate = LeaderGate::new(rx, handover_rx);
         let mut elected = std::pin::pin!(gate.elected());
         assert_eq!(elected.next().await, Some(()), "leads at the start");
         // Renewed in time: the same term.
         tokio::time::advance(Duration::from_millis(500)).await;
-        until.send_replace(Some(Instant::now() + lease));
+        tx.send_replace(lead(1));
         let quiet = tokio::time::timeout(Duration::from_millis(300), elected.next()).await;
         assert!(quiet.is_err(), "a renewal in time is no election");
-        // The deadline passes while nobody looks, then a late renewal: a new term.
+        // The deadline passes: writes pause, the term stays; the late renewal resumes it.
         tokio::time::advance(Duration::from_secs(2)).await;
-        until.send_replace(Some(Instant::now() + lease));
-        let again = tokio::time::timeout(Duration::from_millis(50), elected.next()).await;
-        assert_eq!(again, Ok(Some(())), "the lapse between two looks counts");
+        assert!(!gate.is_leader(), "no write past the deadline");
+        assert_eq!(gate.in_term(), Some(1), "still the same term");
+        tx.send_replace(lead(1));
+        assert!(gate.is_leader());
+        let quiet = tokio::time::timeout(Duration::from_millis(300), elected.next()).await;
+        assert!(quiet.is_err(), "a late renewal is no election");
+        // Lost, then acquired again: a new term, however short the gap.
+        tx.send_replace(None);
+        tx.send_replace(lead(2));
+        let again = tokio::time::timeout(Duration::from_millis(150), elected.next()).await;
+        assert_eq!(again, Ok(Some(())), "a new term is an election");
     }
 
     #[tokio::test(start_paused = true)]

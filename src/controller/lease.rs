@@ -35,6 +35,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use baton_cloud::{InFlight, Lead};
+
 use super::LeaderGate;
 use super::context::Handover;
 use super::health::{Heartbeat, LogThrottle};
@@ -42,6 +44,10 @@ use super::kit::Backoff;
 
 /// The annotation carrying the exact lease duration in milliseconds.
 pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
+
+/// How long a graceful release keeps the Lease for writes already sent: the cloud client's
+/// whole-request timeout (a write's answer comes by then, or never).
+pub const RELEASE_WAIT: Duration = Duration::from_secs(15);
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -112,8 +118,17 @@ pub fn spawn(
 ) -> (LeaderGate, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let (handover_tx, handover_rx) = watch::channel(None);
-    let task = tokio::spawn(run(client, cfg, tx, handover_tx, heartbeat, shutdown));
-    (LeaderGate::new(rx, handover_rx), task)
+    let gate = LeaderGate::new(rx, handover_rx);
+    let in_flight = gate.in_flight().clone();
+    let task = tokio::spawn(run(
+        client,
+        cfg,
+        (tx, in_flight),
+        handover_tx,
+        heartbeat,
+        shutdown,
+    ));
+    (gate, task)
 }
 
 /// The part of the Lease record whose change proves its holder alive.
@@ -170,7 +185,7 @@ fn observe(seen: &mut Option<Observed>, record: Record) -> bool {
 async fn run(
     client: kube::Client,
     cfg: LeaseConfig,
-    tx: watch::Sender<Option<Instant>>,
+    (tx, in_flight): (watch::Sender<Option<Lead>>, InFlight),
     handover: watch::Sender<Option<Handover>>,
     heartbeat: Heartbeat,
     shutdown: CancellationToken,
@@ -185,6 +200,8 @@ async fn run(
         tx: &tx,
         seen: &seen_tx,
         mine: None,
+        term: 0,
+        last_renew: None,
         failures: 0,
         throttle: LogThrottle::new(Duration::from_secs(10)),
     };
@@ -233,7 +250,7 @@ async fn run(
         }
     }
     watch_task.abort();
-    election.release().await;
+    election.release(&in_flight).await;
 }
 
 /// Feeds every version of the Lease into `seen`.
@@ -259,10 +276,14 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
 struct Election<'a> {
     api: &'a Api<Lease>,
     cfg: &'a LeaseConfig,
-    tx: &'a watch::Sender<Option<Instant>>,
+    tx: &'a watch::Sender<Option<Lead>>,
     seen: &'a watch::Sender<Option<Observed>>,
     /// The Lease as this replica last wrote it while holding it.
     mine: Option<Lease>,
+    /// The number of this replica's current (or last) term.
+    term: u64,
+    /// When the last successful renew (or acquisition) of the current term started.
+    last_renew: Option<Instant>,
     /// Failed attempts in a row, and how loudly they are logged.
     failures: u32,
     throttle: LogThrottle,
@@ -284,48 +305,77 @@ impl Election<'_> {
     }
 
     fn leading(&self) -> bool {
-        self.tx.borrow().is_some_and(|t| Instant::now() < t)
+        self.tx.borrow().is_some_and(|l| Instant::now() < l.until)
+    }
+
+    /// The end of the current term unless a renew lands: `duration` after the start of the last
+    /// successful one. By then a follower that saw that renew may take over (it waits
+    /// `duration` from *seeing* it, later than its start), so the term cannot go on.
+    fn term_end(&self) -> Option<Instant> {
+        self.last_renew.map(|t| t + self.cfg.duration)
+    }
+
+    /// Ends the current term (lost, expired or released): queued writes of it are dropped.
+    fn end_term(&mut self, why: &str) {
+        self.mine = None;
+        self.last_renew = None;
+        let identity = &self.cfg.identity;
+        self.tx.send_if_modified(|v| {
+            let changed = v.is_some();
+            if changed {
+                tracing::warn!(%identity, why, "lost the lease");
+            }
+            *v = None;
+            changed
+        });
     }
 
     /// One round: renew (holder), or take over an expired or free Lease (follower). Returns
     /// whether it talked to the API server.
+    ///
+    /// A renew in flight is not abandoned while the term can still be saved (until
+    /// [`Self::term_end`]): a slow API server answers late but answers, and the renew's start,
+    /// not its answer, dates the new deadline. Past the renew deadline writes pause; past the
+    /// term's end the term is over.
     async fn round(&mut self) -> bool {
         let attempt = Instant::now();
-        let timeout = self.cfg.attempt_timeout();
-        let outcome = if self.mine.is_some() {
-            tokio::time::timeout(timeout, self.renew()).await
+        let (timeout, outcome) = if self.mine.is_some() {
+            let timeout = self
+                .term_end()
+                .map_or(self.cfg.attempt_timeout(), |end| {
+                    end.saturating_duration_since(attempt)
+                })
+                .max(self.cfg.attempt_timeout());
+            (timeout, tokio::time::timeout(timeout, self.renew()).await)
         } else {
             if !self.expired() {
                 return false;
             }
-            tokio::time::timeout(timeout, self.try_acquire()).await
+            let timeout = self.cfg.attempt_timeout();
+            (timeout, tokio::time::timeout(timeout, self.try_acquire()).await)
         };
         match outcome {
             Ok(Ok(true)) => {
                 self.failures = 0;
+                self.last_renew = Some(attempt);
                 let until = attempt + self.cfg.renew_deadline;
                 let identity = &self.cfg.identity;
-                self.tx.send_if_modified(|v| {
-                    let was_leading = v.is_some_and(|t| t > attempt);
-                    if !was_leading {
-                        tracing::info!(%identity, "became leader");
+                let held = *self.tx.borrow();
+                let term = if let Some(lead) = held {
+                    if lead.until <= attempt {
+                        tracing::info!(%identity, late_ms = attempt.saturating_duration_since(lead.until).as_millis(), "renewed late: writes resume in the same term");
                     }
-                    *v = Some(until);
-                    !was_leading
-                });
+                    lead.term
+                } else {
+                    self.term += 1;
+                    tracing::info!(%identity, term = self.term, "became leader");
+                    self.term
+                };
+                self.tx.send_replace(Some(Lead { term, until }));
             }
             Ok(Ok(false)) => {
                 self.failures = 0;
-                self.mine = None;
-                let identity = &self.cfg.identity;
-                self.tx.send_if_modified(|v| {
-                    let changed = v.is_some();
-                    if changed {
-                        tracing::warn!(%identity, "lost the lease");
-                    }
-                    *v = None;
-                    changed
-                });
+                self.end_term("another replica holds it");
             }
             Ok(Err(error)) => {
                 self.failures = self.failures.saturating_add(1);
@@ -339,6 +389,9 @@ impl Election<'_> {
                     tracing::warn!(lease = %self.cfg.name, leading = self.leading(), timeout_ms = timeout.as_millis(), repeats, "lease update timed out");
                 }
             }
+        }
+        if self.term_end().is_some_and(|end| Instant::now() >= end) {
+            self.end_term("not renewed within the lease duration");
         }
         true
     }
@@ -456,12 +509,29 @@ impl Election<'_> {
         }
     }
 
-    /// Graceful stop: hands the Lease over at once.
-    async fn release(&mut self) {
-        if !self.leading() {
+    /// Graceful stop: ends the term (nothing more is sent, queued writes are dropped), keeps
+    /// renewing while writes already sent are on their way (at most [`RELEASE_WAIT`]), so no
+    /// follower acts before their answers are in, then hands the Lease over at once.
+    async fn release(&mut self, in_flight: &InFlight) {
+        if self.tx.borrow().is_none() {
             return;
         }
         self.tx.send_replace(None);
+        let waiting = in_flight.count();
+        if waiting > 0 {
+            let started = Instant::now();
+            let mut settled = false;
+            while self.mine.is_some() && started.elapsed() < RELEASE_WAIT {
+                if in_flight.settled(self.cfg.renew_interval).await {
+                    settled = true;
+                    break;
+                }
+                if let Ok(Ok(false)) = tokio::time::timeout(self.cfg.attempt_timeout(), self.renew()).await {
+                    break;
+                }
+            }
+            tracing::info!(identity = %self.cfg.identity, waiting, settled, waited_ms = started.elapsed().as_millis(), "waited for writes on their way before releasing the lease");
+        }
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
             return;
         };

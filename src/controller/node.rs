@@ -240,8 +240,13 @@ impl ReconcileError for NodeError {
         Self::category(self)
     }
 
+    /// Also a cloud write the fence stopped: the term ended before it could be sent.
     fn is_not_leader(&self) -> bool {
-        matches!(self, Self::NotLeader(_))
+        match self {
+            Self::NotLeader(_) => true,
+            Self::Cloud { source, .. } => source.is_fenced(),
+            _ => false,
+        }
     }
 
     fn retry_after(&self) -> Option<Duration> {
@@ -258,7 +263,8 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<NodeContext>) -> Result<Action,
     ctx.queue.started(&node.name_any());
     let _working = ctx.heartbeat.work();
     // Only the leader reads the cloud and writes Nodes; it reconciles every Node when it wins.
-    if !ctx.base.leader.is_leader() {
+    // A term whose writes pause for a late renewal goes on (its writes wait for the fence).
+    if ctx.base.leader.in_term().is_none() {
         return Ok(Action::await_change());
     }
     let facts = facts_of(&node);

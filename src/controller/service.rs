@@ -160,9 +160,12 @@ impl ReconcileError for ServiceError {
         }
     }
 
+    /// Also a cloud write the fence stopped: the term ended before it could be sent, and the
+    /// next term reconciles the Service (no backoff for it).
     fn is_not_leader(&self) -> bool {
         match self {
             Self::NotLeader(_) => true,
+            Self::Cloud { source, .. } => source.is_fenced(),
             Self::Finalizer(e) => matches!(
                 &**e,
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) if e.is_not_leader()
@@ -536,26 +539,26 @@ struct Sweeper<'a> {
     term: TermClock,
 }
 
-/// Tells when this replica's current term began, from its leadership deadline looked at often
-/// (at least every second while the sweeper runs). A lapse of the lead, however short, starts a
-/// new term; a deadline that passed unseen counts as a lapse (so a term is never taken for older
-/// than it is).
+/// Tells when this replica's current term began, from its leadership looked at often (at
+/// least every second while the sweeper runs): a term is dated from the first look that saw its
+/// number. A pause for a late renewal is the same term (no age while paused).
 #[derive(Debug, Default)]
 struct TermClock {
-    led_until: Option<tokio::time::Instant>,
+    term: Option<u64>,
     started: Option<tokio::time::Instant>,
 }
 
 impl TermClock {
-    /// Looks at the deadline; returns how long the current term has lasted (`None`: not leading).
-    fn age(&mut self, until: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Option<Duration> {
-        let until = until.filter(|u| *u > now);
-        if self.led_until.is_none_or(|u| u <= now) {
-            self.started = until.map(|_| now);
+    /// Looks at the leadership; returns how long the current term has lasted (`None`: not
+    /// leading, or writes paused).
+    fn age(&mut self, lead: Option<baton_cloud::Lead>, now: tokio::time::Instant) -> Option<Duration> {
+        let lead = lead?;
+        if self.term != Some(lead.term) {
+            self.term = Some(lead.term);
+            self.started = Some(now);
         }
-        self.led_until = until;
         let started = self.started?;
-        until.map(|_| now.saturating_duration_since(started))
+        (lead.until > now).then(|| now.saturating_duration_since(started))
     }
 }
 
@@ -577,8 +580,8 @@ impl<'a> Sweeper<'a> {
     }
 
     fn term_age(&mut self) -> Option<Duration> {
-        let until = *self.ctx.base.leader.receiver().borrow();
-        self.term.age(until, tokio::time::Instant::now())
+        self.term
+            .age(self.ctx.base.leader.lead(), tokio::time::Instant::now())
     }
 
     /// Sweeps every [`RESYNC`] while leading, never before a term is [`SWEEP_QUIET`] old.
@@ -731,10 +734,11 @@ fn is_control_plane_fip(ctx: &ServiceContext, ip: &IpAddress) -> bool {
         .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
 }
 
-/// Whether this replica leads; if not, `svc` is reconciled when it wins the Lease
-/// (`Skipped::on_election` in `run`).
+/// Whether this replica holds a term (its writes may pause for a late renewal: they wait for
+/// the fence); if not, `svc` is reconciled when it wins the Lease (`Skipped::on_election` in
+/// `run`).
 fn leads(ctx: &ServiceContext, svc: &Service) -> bool {
-    let leads = ctx.base.leader.is_leader();
+    let leads = ctx.base.leader.in_term().is_some();
     if !leads {
         ctx.skipped.record(svc);
     }

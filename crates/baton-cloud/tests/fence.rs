@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, ServerId};
 use baton_cloud::tags::service_fip_tags;
-use baton_cloud::{CherryClient, Cloud, CloudError, Fence, Op, Priority};
+use baton_cloud::{CherryClient, Cloud, CloudError, Fence, Lead, Op, Priority};
 use baton_sim::{Faults, LogEntry, SimHandle};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -174,9 +174,12 @@ async fn an_urgent_write_gives_up_rather_than_wait_out_retry_after_past_its_leas
 /// deadline published (and drops the sender: receivers keep that value).
 fn renewing_lease(
     stop: tokio::sync::oneshot::Receiver<()>,
-) -> (watch::Receiver<Option<Instant>>, tokio::task::JoinHandle<Instant>) {
+) -> (watch::Receiver<Option<Lead>>, tokio::task::JoinHandle<Instant>) {
     let first = Instant::now() + Duration::from_millis(300);
-    let (tx, rx) = watch::channel(Some(first));
+    let (tx, rx) = watch::channel(Some(Lead {
+        term: 1,
+        until: first,
+    }));
     let task = tokio::spawn(async move {
         let mut last = first;
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -186,7 +189,7 @@ fn renewing_lease(
                 _ = &mut stop => return last,
                 _ = tick.tick() => {
                     last = Instant::now() + Duration::from_millis(300);
-                    tx.send_replace(Some(last));
+                    tx.send_replace(Some(Lead { term: 1, until: last }));
                 }
             }
         }

@@ -642,21 +642,20 @@ fn the_ccms_cleanup_finalizer_goes_only_from_a_deleted_service_after_batons_own(
 }
 
 #[test]
-fn a_term_is_dated_from_its_first_look_and_a_lapse_starts_another() {
+fn a_term_is_dated_from_its_first_look_and_only_a_new_term_restarts_it() {
+    use baton_cloud::Lead;
     let t0 = tokio::time::Instant::now();
     let s = Duration::from_secs;
+    let lead = |term, until| Some(Lead { term, until });
     let mut clock = TermClock::default();
     assert_eq!(clock.age(None, t0), None, "not leading");
-    assert_eq!(clock.age(Some(t0 + s(10)), t0), Some(s(0)), "a term begins");
+    assert_eq!(clock.age(lead(1, t0 + s(10)), t0), Some(s(0)), "a term begins");
     // Renewed before each deadline: one term.
-    assert_eq!(clock.age(Some(t0 + s(15)), t0 + s(8)), Some(s(8)));
-    assert_eq!(clock.age(Some(t0 + s(20)), t0 + s(14)), Some(s(14)));
-    // The deadline passed before the next look (a lapse, or renewals unseen): a new term.
-    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(25)), Some(s(0)));
-    assert_eq!(clock.age(Some(t0 + s(40)), t0 + s(30)), Some(s(5)));
-    assert_eq!(
-        clock.age(Some(t0 + s(30)), t0 + s(30)),
-        None,
-        "a deadline that is now has passed"
-    );
+    assert_eq!(clock.age(lead(1, t0 + s(15)), t0 + s(8)), Some(s(8)));
+    // A late renewal pauses writes (no age while paused), then the same term goes on.
+    assert_eq!(clock.age(lead(1, t0 + s(15)), t0 + s(16)), None, "paused");
+    assert_eq!(clock.age(lead(1, t0 + s(40)), t0 + s(25)), Some(s(25)));
+    // A new term starts afresh.
+    assert_eq!(clock.age(lead(2, t0 + s(40)), t0 + s(30)), Some(s(0)));
+    assert_eq!(clock.age(lead(2, t0 + s(40)), t0 + s(35)), Some(s(5)));
 }
