@@ -65,6 +65,11 @@ fn controller_with(
     extra: &[String],
 ) -> Child {
     let kubeconfig = bed.cp.write_kubeconfig(apiserver, token).unwrap();
+    controller_on(bed, &kubeconfig, identity, log, extra)
+}
+
+/// Starts `baton controller` with `kubeconfig` (e.g. one naming a slow API server).
+fn controller_on(bed: &Bed, kubeconfig: &Path, identity: &str, log: &Path, extra: &[String]) -> Child {
     let log = std::fs::File::create(log).unwrap();
     Command::new(env!("CARGO_BIN_EXE_baton"))
         .arg("controller")
@@ -183,12 +188,164 @@ fn a_short_hiccup_of_the_holder_does_not_move_the_fip() {
 }
 
 async fn lease_holder(client: &kube::Client) -> Option<String> {
-    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "kube-system")
+    lease(client).await.and_then(|(h, _)| h)
+}
+
+/// The Lease's holder and transitions.
+async fn lease(client: &kube::Client) -> Option<(Option<String>, i32)> {
+    let spec = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "kube-system")
         .get_opt("baton-controller")
         .await
         .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
+        .flatten()?
+        .spec?;
+    Some((spec.holder_identity, spec.lease_transitions.unwrap_or(0)))
+}
+
+/// A slow API server, seen by the leader: every write (its renewals included) is held 450 ms,
+/// longer than the 300 ms after which a renew attempt used to be abandoned. The leader keeps
+/// leading in one term, the follower never takes over, the FIP stays.
+#[test]
+fn leadership_rides_out_api_writes_slower_than_the_old_renew_attempt_limit() {
+    use baton_testbed::{Profile, SlowApi};
+    lab::run(|| async {
+        let bed = bed(100).await;
+        let logs = tempfile::tempdir().unwrap();
+        let slow_a = SlowApi::start(&bed.cp, 1, Profile::fixed(Duration::from_millis(450)))
+            .await
+            .unwrap();
+        let slow_b = SlowApi::start(&bed.cp, 2, Profile::fixed(Duration::from_millis(450)))
+            .await
+            .unwrap();
+        let observer = bed.cp.client(0).unwrap();
+        let kubeconfig = bed.cp.write_kubeconfig_for(&slow_a.url(), ADMIN_TOKEN).unwrap();
+        let _a = controller_on(&bed, &kubeconfig, "replica-a", &logs.path().join("a.log"), &[]);
+        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
+            let c = observer.clone();
+            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
+        })
+        .await;
+        let kubeconfig = bed.cp.write_kubeconfig_for(&slow_b.url(), ADMIN_TOKEN).unwrap();
+        let _b = controller_on(&bed, &kubeconfig, "replica-b", &logs.path().join("b.log"), &[]);
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            common::mirror_has_ingress(&observer)
+        })
+        .await;
+        // The start's own writes (Events, the mirror Service) are behind us.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let before = lease(&observer).await.unwrap();
+        let writes_before = slow_a.stats().writes;
+
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let after = lease(&observer).await.unwrap();
+        let renewals = slow_a.stats().writes - writes_before;
+        let a_log = std::fs::read_to_string(logs.path().join("a.log")).unwrap();
+        eprintln!(
+            "Lease before {before:?}, after {after:?}; {renewals} writes of replica-a in 10 s, each held 450 ms"
+        );
+        assert!(
+            renewals >= 10,
+            "the leader renewed through the slow API server: {renewals} writes"
+        );
+        let b_log = std::fs::read_to_string(logs.path().join("b.log")).unwrap();
+        assert_eq!(
+            after, before,
+            "the same holder, no transition; replica-a:\n{a_log}\nreplica-b:\n{b_log}"
+        );
+        assert_eq!(after.0.as_deref(), Some("replica-a"));
+        assert!(!a_log.contains("lost the lease"), "replica-a's log:\n{a_log}");
+        assert_eq!(ip_writes(&bed.sim), 1, "the FIP stayed where the test put it");
+    });
+}
+
+/// SIGTERM while the leader's retarget is on its way (the cloud takes 4 s to answer): the
+/// leader keeps the Lease until the answer is in, then releases it. The next leader takes over
+/// after that answer, and finds the FIP moved: one retarget, not two.
+#[test]
+fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts() {
+    lab::run(|| async {
+        let mut bed = bed(100).await;
+        let logs = tempfile::tempdir().unwrap();
+        let a_log = logs.path().join("a.log");
+        let mut a = controller(&bed, 1, "replica-a", &a_log);
+        let observer = bed.cp.client(2).unwrap();
+        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
+            let c = observer.clone();
+            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
+        })
+        .await;
+        let _b = controller(&bed, 2, "replica-b", &logs.path().join("b.log"));
+        common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
+            common::mirror_has_ingress(&observer)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut faults = Faults {
+            latency_ms: 100.into(),
+            ..Faults::none()
+        };
+        faults.routes.insert(
+            "PUT /v1/ips/{id}".to_owned(),
+            baton_sim::RouteFaults {
+                latency_ms: Some(4000.into()),
+                ..baton_sim::RouteFaults::default()
+            },
+        );
+        bed.sim.set_faults(faults).unwrap();
+
+        // The holder's API server dies; replica-a starts the move, and is told to stop.
+        bed.cp.kill_apiserver(0).await;
+        common::wait_for("replica-a to send the retarget", Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(&a_log).unwrap_or_default();
+            async move { log.contains("moving the control-plane FIP") }
+        })
+        .await;
+        let stop = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(a.id().unwrap()).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        common::wait_for("replica-b to lead", Duration::from_secs(30), || {
+            let c = observer.clone();
+            async move { lease_holder(&c).await.as_deref() == Some("replica-b") }
+        })
+        .await;
+        let took_over = stop.elapsed();
+        let _ = tokio::time::timeout(Duration::from_secs(20), a.wait()).await;
+        let log = std::fs::read_to_string(&a_log).unwrap();
+        let puts: Vec<_> = bed
+            .sim
+            .log(0)
+            .into_iter()
+            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
+            .collect();
+        eprintln!("replica-b led {took_over:?} after SIGTERM; retargets: {puts:?}");
+        assert!(
+            log.contains("waited for writes on their way before releasing the lease")
+                && log.contains("released the lease"),
+            "replica-a waited for its retarget, then released:\n{log}"
+        );
+        let moved = puts.last().unwrap();
+        assert_eq!(moved.status, 200, "the retarget was answered: {moved:?}");
+        assert!(
+            took_over >= Duration::from_millis(2500),
+            "replica-b led {took_over:?} after SIGTERM, before the 4 s retarget could be answered"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let puts = bed
+            .sim
+            .log(0)
+            .into_iter()
+            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
+            .count();
+        assert_eq!(
+            puts, 2,
+            "the test's own assignment and one move: replica-b did not move it again"
+        );
+        let now = holder(&bed).await;
+        assert!(matches!(now, Some(id) if id == CP[1] || id == CP[2]), "{now:?}");
+    });
 }
 
 fn ip_writes(sim: &SimHandle) -> usize {

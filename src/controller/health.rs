@@ -372,9 +372,10 @@ pub fn health(sup: &Supervisor, beats: &Heartbeats) -> (bool, String) {
     (ok, text)
 }
 
-/// How long no replica has been seen leading, on this replica's clock: from its own leadership
-/// deadline and, while another replica holds the Lease, that record's expiry (the Lease watch).
-/// Counts from the start of the process until a leader is first seen.
+/// How long no replica has been seen leading, on this replica's clock: from its own term (held
+/// also while its writes pause for a late renewal) and, while another replica holds the Lease,
+/// that record's expiry (the Lease watch). Counts from the start of the process until a leader
+/// is first seen.
 #[derive(Debug)]
 pub struct Leaderless(Mutex<Instant>);
 
@@ -387,11 +388,11 @@ impl Default for Leaderless {
 impl Leaderless {
     /// Looks at `gate` now; returns how long no replica has led.
     pub fn observe(&self, gate: &LeaderGate) -> Duration {
-        use baton_cloud::Leadership as _;
+        let now = Instant::now();
         Self::observe_at(
             &self.0,
-            Instant::now(),
-            gate.leads_until(),
+            now,
+            gate.in_term().map(|_| now),
             gate.handover().map(|h| h.takeover),
         )
     }

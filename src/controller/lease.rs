@@ -103,9 +103,18 @@ impl LeaseConfig {
         Ok(())
     }
 
-    /// How long one renew attempt may take before it counts as failed.
-    fn attempt_timeout(&self) -> Duration {
-        (self.renew_deadline / 2).max(self.renew_interval)
+    /// How long one renew attempt may take before it is abandoned: two lease durations. The new
+    /// deadline counts from the attempt's *start*, so a slow answer is never unsafe, and
+    /// abandoning buys nothing against a slow API server (it applies the write anyway, and the
+    /// next attempt meets a conflict and a re-read); it only helps against a hung one, whose
+    /// client then tries the next API server.
+    fn renew_timeout(&self) -> Duration {
+        self.duration * 2
+    }
+
+    /// How long one acquisition attempt (a read and a write) may take: one lease duration.
+    fn acquire_timeout(&self) -> Duration {
+        self.duration
     }
 }
 
@@ -201,7 +210,6 @@ async fn run(
         seen: &seen_tx,
         mine: None,
         term: 0,
-        last_renew: None,
         failures: 0,
         throttle: LogThrottle::new(Duration::from_secs(10)),
     };
@@ -282,8 +290,6 @@ struct Election<'a> {
     mine: Option<Lease>,
     /// The number of this replica's current (or last) term.
     term: u64,
-    /// When the last successful renew (or acquisition) of the current term started.
-    last_renew: Option<Instant>,
     /// Failed attempts in a row, and how loudly they are logged.
     failures: u32,
     throttle: LogThrottle,
@@ -308,17 +314,9 @@ impl Election<'_> {
         self.tx.borrow().is_some_and(|l| Instant::now() < l.until)
     }
 
-    /// The end of the current term unless a renew lands: `duration` after the start of the last
-    /// successful one. By then a follower that saw that renew may take over (it waits
-    /// `duration` from *seeing* it, later than its start), so the term cannot go on.
-    fn term_end(&self) -> Option<Instant> {
-        self.last_renew.map(|t| t + self.cfg.duration)
-    }
-
     /// Ends the current term (lost, expired or released): queued writes of it are dropped.
     fn end_term(&mut self, why: &str) {
         self.mine = None;
-        self.last_renew = None;
         let identity = &self.cfg.identity;
         self.tx.send_if_modified(|v| {
             let changed = v.is_some();
@@ -333,31 +331,27 @@ impl Election<'_> {
     /// One round: renew (holder), or take over an expired or free Lease (follower). Returns
     /// whether it talked to the API server.
     ///
-    /// A renew in flight is not abandoned while the term can still be saved (until
-    /// [`Self::term_end`]): a slow API server answers late but answers, and the renew's start,
-    /// not its answer, dates the new deadline. Past the renew deadline writes pause; past the
-    /// term's end the term is over.
+    /// A renew in flight is not abandoned while the lease may still be saved
+    /// ([`LeaseConfig::renew_timeout`]): a slow API server answers late but answers, and the
+    /// renew's start, not its answer, dates the new deadline. Past the renew deadline writes
+    /// pause. The term goes on until a renew finds the Lease written by someone else: a renew
+    /// that succeeds replaced this replica's own last version, so nobody else held the Lease in
+    /// between (an abandoned renew that landed anyway is found by the conflict and its re-read).
     async fn round(&mut self) -> bool {
         let attempt = Instant::now();
         let (timeout, outcome) = if self.mine.is_some() {
-            let timeout = self
-                .term_end()
-                .map_or(self.cfg.attempt_timeout(), |end| {
-                    end.saturating_duration_since(attempt)
-                })
-                .max(self.cfg.attempt_timeout());
+            let timeout = self.cfg.renew_timeout();
             (timeout, tokio::time::timeout(timeout, self.renew()).await)
         } else {
             if !self.expired() {
                 return false;
             }
-            let timeout = self.cfg.attempt_timeout();
+            let timeout = self.cfg.acquire_timeout();
             (timeout, tokio::time::timeout(timeout, self.try_acquire()).await)
         };
         match outcome {
             Ok(Ok(true)) => {
                 self.failures = 0;
-                self.last_renew = Some(attempt);
                 let until = attempt + self.cfg.renew_deadline;
                 let identity = &self.cfg.identity;
                 let held = *self.tx.borrow();
@@ -389,9 +383,6 @@ impl Election<'_> {
                     tracing::warn!(lease = %self.cfg.name, leading = self.leading(), timeout_ms = timeout.as_millis(), repeats, "lease update timed out");
                 }
             }
-        }
-        if self.term_end().is_some_and(|end| Instant::now() >= end) {
-            self.end_term("not renewed within the lease duration");
         }
         true
     }
@@ -526,7 +517,7 @@ impl Election<'_> {
                     settled = true;
                     break;
                 }
-                if let Ok(Ok(false)) = tokio::time::timeout(self.cfg.attempt_timeout(), self.renew()).await {
+                if let Ok(Ok(false)) = tokio::time::timeout(self.cfg.renew_timeout(), self.renew()).await {
                     break;
                 }
             }

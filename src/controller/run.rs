@@ -243,8 +243,9 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         }
     };
     shutdown.cancel();
-    // Lets the lease task release the Lease and the controllers finish.
-    sup.join(Duration::from_secs(5)).await;
+    // Lets the controllers finish the write in hand and the lease task release the Lease once
+    // the writes on their way are answered (at most `lease::RELEASE_WAIT`).
+    sup.join(lease::RELEASE_WAIT + Duration::from_secs(5)).await;
     result.map_err(Into::into)
 }
 

@@ -27,7 +27,7 @@
 //!   TCP keepalive is not used: it only probes idle connections, and its useful settings (a few
 //!   seconds) are what the read timeout already gives, for busy connections too.
 //! - An attempt its caller gave up on after waiting at least [`ABANDONED_AFTER`] (the lease task
-//!   allows a renewal half its renew deadline, 300 ms by default) counts as a failure of that API server too, so callers with a
+//!   abandons a renewal after two lease durations) counts as a failure of that API server too, so callers with a
 //!   tight deadline also steer the client away from a hung server. Moving to another API server
 //!   costs one new connection, so a false alarm is cheap.
 //!
