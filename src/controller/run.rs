@@ -148,8 +148,9 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     reach.set_observer(Arc::clone(&metrics) as _);
     // `--api-servers` when given, else the kubeconfig's own server, always with the failover
     // client's time limits and reachability record.
-    let client = crate::kube::client::client(&kube_cfg, &args.cluster.api_servers, &reach)
+    let clients = crate::kube::client::clients(&kube_cfg, &args.cluster.api_servers, &reach)
         .map_err(|e| ControllerError::KubeConfig(e.to_string()))?;
+    let client = clients.client();
     let sup = Supervisor::new(Arc::clone(&metrics), shutdown.clone());
     let heartbeats = Heartbeats::new(config.stall_limit());
 
@@ -177,15 +178,7 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         sup.spawn("lease", joined(task));
         gate
     };
-    // Every cloud write is fenced by the leader deadline: checked right before each attempt
-    // leaves, not only when the decision is made (docs/controller.md, "Fencing at the write").
-    let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
-    // Reads of the shared IP list follow the Lease: a new term's first read waits for a list
-    // fetched after the previous holder stopped writing (docs/cloud.md, "Shared IP list").
-    let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
-    let cherry = cherry.led_by(led);
-    let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
-    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
+    let (client, cloud, urgent_cloud) = fenced_clients(&clients, &leader, &cherry);
     // The self-signed metrics certificate's name (a DNS name: the pod name is one).
     let cert_name = identity.clone();
     let ctx = Context::new(
@@ -247,6 +240,27 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // the writes on their way are answered (at most `lease::RELEASE_WAIT`).
     sup.join(lease::RELEASE_WAIT + Duration::from_secs(5)).await;
     result.map_err(Into::into)
+}
+
+/// The controllers' clients, every write fenced by `leader`: Kubernetes (the lease task's own
+/// client is not), the cloud at normal and at urgent priority (docs/controller.md, "Fencing at
+/// the write"). Reads of the shared IP list follow the Lease: a new term's first read waits for
+/// a list fetched after the previous holder stopped writing (docs/cloud.md, "Shared IP list").
+fn fenced_clients(
+    clients: &crate::kube::client::Clients,
+    leader: &LeaderGate,
+    cherry: &CherryClient,
+) -> (kube::Client, Arc<dyn Cloud>, Arc<dyn Cloud>) {
+    let client = clients.fenced(crate::kube::client::WriteFence {
+        lead: leader.receiver(),
+        in_flight: leader.in_flight().clone(),
+    });
+    let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
+    let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
+    let cherry = cherry.led_by(led);
+    let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
+    let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
+    (client, cloud, urgent_cloud)
 }
 
 /// The clock of `baton_leaderless_seconds`; with leader election (`gate`), a supervised task

@@ -228,6 +228,60 @@ struct Failover {
     clients: Arc<Vec<(String, kube::Client)>>,
     current: Arc<AtomicUsize>,
     reach: ApiReachability,
+    /// The leader's fence on writes, for the controllers' client (not the lease task's).
+    fence: Option<WriteFence>,
+}
+
+/// The leader's fence on its Kubernetes writes, as on its cloud writes: a write is sent only in
+/// the term it began in and before that term's deadline, checked before each attempt (the
+/// re-send to the next API server included), and counted in flight until its answer.
+#[derive(Clone, Debug)]
+pub struct WriteFence {
+    pub lead: tokio::sync::watch::Receiver<Option<baton_cloud::Lead>>,
+    pub in_flight: baton_cloud::InFlight,
+}
+
+/// How long a write waits for the deadline of its own term to move (a renewal that comes late)
+/// before it fails as not sent.
+pub const FENCE_PAUSE_WAIT: Duration = REQUEST_TIMEOUT;
+
+/// A write the fence did not let leave: this replica's term ended, or stayed paused.
+#[derive(Debug, thiserror::Error)]
+#[error("{method} {path} not sent: {reason}")]
+pub struct NotSent {
+    method: http::Method,
+    path: String,
+    reason: &'static str,
+}
+
+impl WriteFence {
+    /// Whether a request of `method` to `path` is a write the fence holds: anything but a read
+    /// and the reviews that persist nothing.
+    fn holds(method: &http::Method, path: &str) -> bool {
+        !matches!(*method, http::Method::GET | http::Method::HEAD | http::Method::OPTIONS)
+            && !REVIEWS.iter().any(|r| path.ends_with(r))
+    }
+
+    /// Waits until a write of `term` may leave: `Ok` while the same term's deadline is ahead
+    /// (at most [`FENCE_PAUSE_WAIT`] for a late renewal); the reason otherwise.
+    async fn open(&self, term: u64) -> Result<(), &'static str> {
+        let mut rx = self.lead.clone();
+        let wait = async {
+            loop {
+                match *rx.borrow_and_update() {
+                    Some(l) if l.term != term => return Err("the term it was decided in ended"),
+                    None => return Err("the term it was decided in ended"),
+                    Some(l) if Instant::now() < l.until => return Ok(()),
+                    Some(_) => {}
+                }
+                // Paused: a renewal moves the deadline; look again at least every 100 ms.
+                let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
+            }
+        };
+        tokio::time::timeout(FENCE_PAUSE_WAIT, wait)
+            .await
+            .unwrap_or(Err("the leader's renewal stayed late"))
+    }
 }
 
 impl Failover {
@@ -409,6 +463,47 @@ impl Failover {
     }
 }
 
+impl Failover {
+    /// The term a write of this fenced client was decided in (`None`: not a fenced write);
+    /// refused at once when this replica does not lead.
+    fn write_term(&self, parts: &http::request::Parts) -> Result<Option<(WriteFence, u64)>, BoxError> {
+        let Some(fence) = self
+            .fence
+            .as_ref()
+            .filter(|_| WriteFence::holds(&parts.method, parts.uri.path()))
+        else {
+            return Ok(None);
+        };
+        let lead = *fence.lead.borrow();
+        match lead {
+            Some(lead) => Ok(Some((fence.clone(), lead.term))),
+            None => Err(not_sent(parts, "this replica does not lead")),
+        }
+    }
+
+    /// Right before an attempt of a fenced write: waits for its term to be open, and counts it
+    /// in flight until the returned guard drops.
+    async fn may_send(
+        &self,
+        term: Option<&(WriteFence, u64)>,
+        parts: &http::request::Parts,
+    ) -> Result<Option<baton_cloud::Sending>, BoxError> {
+        let Some((fence, term)) = term else {
+            return Ok(None);
+        };
+        fence.open(*term).await.map_err(|reason| not_sent(parts, reason))?;
+        Ok(Some(fence.in_flight.enter()))
+    }
+}
+
+fn not_sent(parts: &http::request::Parts, reason: &'static str) -> BoxError {
+    Box::new(NotSent {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_owned(),
+        reason,
+    })
+}
+
 impl tower::Service<Request<Body>> for Failover {
     type Response = Response<Body>;
     type Error = BoxError;
@@ -426,6 +521,7 @@ impl tower::Service<Request<Body>> for Failover {
                 parts.uri = uri;
             }
             let bytes = body.collect_bytes().await?;
+            let term = this.write_term(&parts)?;
             let n = this.clients.len();
             let start = this.current.load(Ordering::Relaxed);
             let mut last: Option<BoxError> = None;
@@ -459,6 +555,7 @@ impl tower::Service<Request<Body>> for Failover {
                     h.clone_from(&parts.headers);
                 }
                 let req = builder.body(Body::from(bytes.clone()))?;
+                let _sending = this.may_send(term.as_ref(), &parts).await?;
                 let (url, client) = &this.clients[idx];
                 let mut attempt = Attempt {
                     failover: &this,
@@ -573,6 +670,15 @@ pub fn client(
     urls: &[String],
     reach: &ApiReachability,
 ) -> Result<kube::Client, FailoverError> {
+    clients(base, urls, reach).map(|c| c.client())
+}
+
+/// The shared state of [`client`], to make fenced and unfenced clients from.
+pub fn clients(
+    base: &kube::Config,
+    urls: &[String],
+    reach: &ApiReachability,
+) -> Result<Clients, FailoverError> {
     let own = [base.cluster_url.to_string()];
     let urls = if urls.is_empty() { &own[..] } else { urls };
     let mut clients = Vec::with_capacity(urls.len());
@@ -599,15 +705,37 @@ pub fn client(
         })?;
         clients.push((url.clone(), c));
     }
-    let ns = base.default_namespace.clone();
-    Ok(kube::Client::new(
-        Failover {
+    Ok(Clients {
+        failover: Failover {
             clients: Arc::new(clients),
             current: Arc::new(AtomicUsize::new(0)),
             reach: reach.clone(),
+            fence: None,
         },
-        ns,
-    ))
+        ns: base.default_namespace.clone(),
+    })
+}
+
+/// The failover client's shared state (addresses, the one that answered last, reachability),
+/// from which clients with and without the leader's write fence are made.
+#[derive(Clone)]
+pub struct Clients {
+    failover: Failover,
+    ns: String,
+}
+
+impl Clients {
+    /// A client with no fence (the lease task, reads, tools).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.failover.clone(), self.ns.clone())
+    }
+
+    /// A client whose writes go out only under `fence` (the controllers' client).
+    pub fn fenced(&self, fence: WriteFence) -> kube::Client {
+        let mut failover = self.failover.clone();
+        failover.fence = Some(fence);
+        kube::Client::new(failover, self.ns.clone())
+    }
 }
 
 #[cfg(test)]
@@ -754,5 +882,57 @@ mod tests {
             assert!(r.answered_within(window), "{judged} not counted as an answer");
             assert_eq!(r.last_refusal(), None);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_leaves_only_in_its_own_term_and_waits_out_a_short_pause() {
+        use baton_cloud::Lead;
+        assert!(WriteFence::holds(&http::Method::PATCH, "/api/v1/namespaces/a/services/b/status"));
+        assert!(WriteFence::holds(&http::Method::POST, "/api/v1/namespaces/a/events"));
+        assert!(!WriteFence::holds(&http::Method::GET, "/api/v1/services"));
+        assert!(!WriteFence::holds(
+            &http::Method::POST,
+            "/apis/authentication.k8s.io/v1/tokenreviews"
+        ));
+        let lead = |term, ms| {
+            Some(Lead {
+                term,
+                until: Instant::now() + Duration::from_millis(ms),
+            })
+        };
+        let (tx, rx) = tokio::sync::watch::channel(lead(1, 600));
+        let fence = WriteFence {
+            lead: rx,
+            in_flight: baton_cloud::InFlight::default(),
+        };
+        assert_eq!(fence.open(1).await, Ok(()), "its term, before the deadline");
+        assert!(fence.open(2).await.is_err(), "another term's write");
+
+        // Paused: the deadline passed; a late renewal of the same term lets it go.
+        tokio::time::advance(Duration::from_millis(700)).await;
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.open(1).await }
+        });
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "no write while paused");
+        tx.send_replace(lead(1, 600));
+        assert_eq!(waiting.await.unwrap(), Ok(()), "resumed in the same term");
+
+        // A new term while it waits: the old term's write is dropped.
+        tokio::time::advance(Duration::from_millis(700)).await;
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.open(1).await }
+        });
+        tokio::time::advance(Duration::from_millis(200)).await;
+        tx.send_replace(lead(2, 600));
+        assert!(waiting.await.unwrap().is_err(), "decided in a term that ended");
+
+        // A pause that lasts: given up after FENCE_PAUSE_WAIT.
+        tokio::time::advance(Duration::from_millis(700)).await;
+        let started = Instant::now();
+        assert!(fence.open(2).await.is_err());
+        assert!(started.elapsed() >= FENCE_PAUSE_WAIT);
     }
 }
