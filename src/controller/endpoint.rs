@@ -262,9 +262,7 @@ async fn run_on(
     let mut counted = std::sync::Weak::<Vec<Arc<IpAddress>>>::new();
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
-    // The resourceVersion each finalizer write was last made for (no repeat before the watch
-    // shows its result).
-    let mut finalized: BTreeMap<String, String> = BTreeMap::new();
+    let mut finalizer = Finalizer::default();
     let mut unknown_fips = UnknownFips::default();
 
     let mut again = false;
@@ -317,7 +315,7 @@ async fn run_on(
             continue;
         }
         if leading {
-            finalize(&ctx, &services, &ips, &mirror_name, &mut finalized).await;
+            finalizer.start(&ctx, &services, &ips, &mirror_name);
         }
         let endpoints = discover(&ctx, &services, &ips, &api_servers);
         if leading {
@@ -456,10 +454,18 @@ impl ServerList {
             if self.at.is_some() && unknown {
                 self.unknown_wait = (self.unknown_wait * 2).min(opts.servers_refresh);
             }
-            // Urgent, like the move itself: a queue of Service FIP work must not delay failover.
-            match opts.urgent_cloud.servers().await {
-                Ok(s) => self.servers = s,
-                Err(error) => tracing::warn!(%error, "listing servers failed"),
+            // Urgent, like the move itself: a queue of Service FIP work must not delay failover;
+            // and with a list to go on, a slow cloud holds the loop up at most a second.
+            let read = opts.urgent_cloud.servers();
+            let result = if self.servers.is_empty() {
+                Some(read.await)
+            } else {
+                tokio::time::timeout(CloudView::READ_LIMIT, read).await.ok()
+            };
+            match result {
+                Some(Ok(s)) => self.servers = s,
+                Some(Err(error)) => tracing::warn!(%error, "listing servers failed"),
+                None => tracing::warn!("listing servers is slow: going on with the last list"),
             }
             self.at = Some(Instant::now());
         }
@@ -557,6 +563,12 @@ impl CloudView {
         self.last.as_ref().map(|(ips, _)| Arc::clone(ips))
     }
 
+    /// How long a read of the IP list may hold up the loop when an earlier list exists: a slow
+    /// cloud (or a list fetch shared with a Service reconcile, retrying) must not delay a
+    /// failover; the decision is made from the last list read, and the read is tried again on
+    /// the next pass.
+    const READ_LIMIT: Duration = Duration::from_secs(1);
+
     /// Reads the IP list, or falls back on the last one read (and tells the operator).
     async fn fetch(
         &mut self,
@@ -565,7 +577,21 @@ impl CloudView {
         services: &[Arc<Service>],
         api_servers: &[SocketAddr],
     ) -> Option<IpList> {
-        let error = match ctx.cloud.ips().await {
+        let read = ctx.cloud.ips();
+        let result = if self.last.is_some() {
+            if let Ok(result) = tokio::time::timeout(Self::READ_LIMIT, read).await {
+                result
+            } else {
+                tracing::debug!(
+                    limit_ms = Self::READ_LIMIT.as_millis(),
+                    "the IP list read is slow: deciding from the last list read"
+                );
+                return self.last_list();
+            }
+        } else {
+            read.await
+        };
+        let error = match result {
             Ok(ips) => {
                 self.read(&ips, metrics);
                 return Some(ips);
@@ -1307,6 +1333,30 @@ fn finalizer_plan<B: Borrow<IpAddress>>(
 /// Carries out [`finalizer_plan`] (leader only). Failures are logged and tried again on a later
 /// iteration; the FIP is unassigned before the finalizer goes, so a crash in between repeats a
 /// harmless unassign.
+/// The finalizer passes over the endpoint Services, run aside of the decision loop (one at a
+/// time): their cloud and API calls never hold up a failover decision.
+#[derive(Default)]
+struct Finalizer {
+    /// The resourceVersion each finalizer write was last made for (no repeat before the watch
+    /// shows its result).
+    done: Arc<tokio::sync::Mutex<BTreeMap<String, String>>>,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Finalizer {
+    /// Starts a pass on this view unless one is still running.
+    fn start(&mut self, ctx: &Context, services: &[Arc<Service>], ips: &IpList, mirror_name: &str) {
+        if self.running.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let (ctx, services, ips) = (ctx.clone(), services.to_vec(), Arc::clone(ips));
+        let (mirror_name, done) = (mirror_name.to_owned(), Arc::clone(&self.done));
+        self.running = Some(tokio::spawn(async move {
+            finalize(&ctx, &services, &ips, &mirror_name, &mut *done.lock().await).await;
+        }));
+    }
+}
+
 async fn finalize(
     ctx: &Context,
     services: &[Arc<Service>],

@@ -258,8 +258,10 @@ impl WriteFence {
     /// Whether a request of `method` to `path` is a write the fence holds: anything but a read
     /// and the reviews that persist nothing.
     fn holds(method: &http::Method, path: &str) -> bool {
-        !matches!(*method, http::Method::GET | http::Method::HEAD | http::Method::OPTIONS)
-            && !REVIEWS.iter().any(|r| path.ends_with(r))
+        !matches!(
+            *method,
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        ) && !REVIEWS.iter().any(|r| path.ends_with(r))
     }
 
     /// Waits until a write of `term` may leave: `Ok` while the same term's deadline is ahead
@@ -491,7 +493,10 @@ impl Failover {
         let Some((fence, term)) = term else {
             return Ok(None);
         };
-        fence.open(*term).await.map_err(|reason| not_sent(parts, reason))?;
+        fence
+            .open(*term)
+            .await
+            .map_err(|reason| not_sent(parts, reason))?;
         Ok(Some(fence.in_flight.enter()))
     }
 }
@@ -887,8 +892,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_leaves_only_in_its_own_term_and_waits_out_a_short_pause() {
         use baton_cloud::Lead;
-        assert!(WriteFence::holds(&http::Method::PATCH, "/api/v1/namespaces/a/services/b/status"));
-        assert!(WriteFence::holds(&http::Method::POST, "/api/v1/namespaces/a/events"));
+        assert!(WriteFence::holds(
+            &http::Method::PATCH,
+            "/api/v1/namespaces/a/services/b/status"
+        ));
+        assert!(WriteFence::holds(
+            &http::Method::POST,
+            "/api/v1/namespaces/a/events"
+        ));
         assert!(!WriteFence::holds(&http::Method::GET, "/api/v1/services"));
         assert!(!WriteFence::holds(
             &http::Method::POST,
