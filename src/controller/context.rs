@@ -31,6 +31,8 @@ pub struct LeaderGate(
     watch::Receiver<Option<Lead>>,
     watch::Receiver<Option<Handover>>,
     InFlight,
+    /// How long past its write deadline this replica's term may still be saved.
+    Duration,
 );
 
 /// What a follower knows of another replica's hold on the Lease, on its own clock.
@@ -47,7 +49,7 @@ impl LeaderGate {
     /// A gate fed by the leader-election task (`controller::lease`): this replica's term and
     /// deadline, and what it knows of another holder.
     pub fn new(rx: watch::Receiver<Option<Lead>>, handover: watch::Receiver<Option<Handover>>) -> Self {
-        Self(rx, handover, InFlight::default())
+        Self(rx, handover, InFlight::default(), Duration::ZERO)
     }
 
     /// A gate that is always open: a single replica, or tests.
@@ -58,7 +60,21 @@ impl LeaderGate {
             until: Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600),
         }));
         let (_, handover) = watch::channel(None);
-        Self(rx, handover, InFlight::default())
+        Self(rx, handover, InFlight::default(), Duration::ZERO)
+    }
+
+    /// The gate of a Lease of `duration` whose holder writes until `renew_deadline` after a
+    /// renewal's start: a late renewal may still save its term for the difference.
+    #[must_use]
+    pub fn with_lease(mut self, duration: Duration, renew_deadline: Duration) -> Self {
+        self.3 = duration.saturating_sub(renew_deadline);
+        self
+    }
+
+    /// Until when this replica's term surely holds (its Lease cannot have expired for a
+    /// follower yet): its write deadline plus the lease's grace.
+    pub fn term_surely_held_until(&self) -> Option<Instant> {
+        self.lead().map(|l| l.until + self.3)
     }
 
     /// The leader's writes on their way (cloud and Kubernetes): a graceful release waits for
@@ -77,7 +93,7 @@ impl LeaderGate {
     pub async fn changed(&mut self) {
         // On this gate's own receivers, so that what was seen is marked seen: a fresh clone
         // would report every earlier change again, at once, forever (a busy loop).
-        let Self(until, handover, _) = self;
+        let Self(until, handover, ..) = self;
         tokio::select! {
             () = changed_or_tick(until) => {}
             Ok(()) = handover.changed() => {}

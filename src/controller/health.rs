@@ -372,10 +372,12 @@ pub fn health(sup: &Supervisor, beats: &Heartbeats) -> (bool, String) {
     (ok, text)
 }
 
-/// How long no replica has been seen leading, on this replica's clock: from its own term (held
-/// also while its writes pause for a late renewal) and, while another replica holds the Lease,
-/// that record's expiry (the Lease watch). Counts from the start of the process until a leader
-/// is first seen.
+/// How long no replica has been seen leading, on this replica's clock: from its own term and,
+/// while another replica holds the Lease, that record's expiry (the Lease watch). Its own term
+/// counts as led until its Lease could expire for a follower
+/// ([`LeaderGate::term_surely_held_until`]), so a renewal that is late but lands is no
+/// leaderless time, and a holder cut off from its API server is, from when a follower could
+/// take over. Counts from the start of the process until a leader is first seen.
 #[derive(Debug)]
 pub struct Leaderless(Mutex<Instant>);
 
@@ -388,11 +390,10 @@ impl Default for Leaderless {
 impl Leaderless {
     /// Looks at `gate` now; returns how long no replica has led.
     pub fn observe(&self, gate: &LeaderGate) -> Duration {
-        let now = Instant::now();
         Self::observe_at(
             &self.0,
-            now,
-            gate.in_term().map(|_| now),
+            Instant::now(),
+            gate.term_surely_held_until(),
             gate.handover().map(|h| h.takeover),
         )
     }

@@ -127,7 +127,7 @@ pub fn spawn(
 ) -> (LeaderGate, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let (handover_tx, handover_rx) = watch::channel(None);
-    let gate = LeaderGate::new(rx, handover_rx);
+    let gate = LeaderGate::new(rx, handover_rx).with_lease(cfg.duration, cfg.renew_deadline);
     let in_flight = gate.in_flight().clone();
     let task = tokio::spawn(run(
         client,
