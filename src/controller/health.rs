@@ -387,11 +387,10 @@ impl Default for Leaderless {
 impl Leaderless {
     /// Looks at `gate` now; returns how long no replica has led.
     pub fn observe(&self, gate: &LeaderGate) -> Duration {
-        use baton_cloud::Leadership as _;
         Self::observe_at(
             &self.0,
             Instant::now(),
-            gate.leads_until(),
+            gate.lead().map(|l| l.until),
             gate.handover().map(|h| h.takeover),
         )
     }
