@@ -177,17 +177,13 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         sup.spawn("lease", joined(task));
         gate
     };
-    // Every cloud write is fenced by the leader's term and deadline: checked right before each
-    // attempt leaves, not only when the decision is made (docs/controller.md, "Fencing at the
-    // write").
+    // Every cloud write is fenced by the leader's term and deadline, checked right before each
+    // attempt leaves, and counted in flight until answered (a graceful release waits for it)
+    // (docs/controller.md, "Fencing at the write"). Reads of the shared IP list follow the Lease:
+    // a new term's first read waits for a list fetched after the previous holder stopped writing.
     let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
-    // Reads of the shared IP list follow the Lease: a new term's first read waits for a list
-    // fetched after the previous holder stopped writing (docs/cloud.md, "Shared IP list").
     let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
-    let cherry = cherry.led_by(led);
-    // Each sent attempt of a leader write counts as in flight until it ends: a graceful release
-    // keeps the Lease until they are answered.
-    let cherry = cherry.counting(leader.in_flight().clone());
+    let cherry = cherry.led_by(led).counting(leader.in_flight().clone());
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     // The self-signed metrics certificate's name (a DNS name: the pod name is one).

@@ -610,7 +610,7 @@ impl CherryClient {
                 Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
                 Err(e) if op.is_idempotent() && e.is_retryable() && attempt < self.inner.max_retries => {
                     let delay = self.retry_delay(&e, attempt);
-                    if !self.retry_after(op, object, attempt, delay, &e, term).await {
+                    if !self.wait_to_retry(op, object, attempt, delay, &e, term).await {
                         return Err(fenced_after(fenced(op, object), Some(e)));
                     }
                     attempt += 1;
@@ -623,7 +623,7 @@ impl CherryClient {
 
     /// Logs a failed attempt and waits `delay` before the next one; `false`: the fence stops the
     /// call instead (an urgent write whose wait would reach its deadline, or a term that ended).
-    async fn retry_after(
+    async fn wait_to_retry(
         &self,
         op: Op,
         object: &Object,
@@ -685,7 +685,10 @@ impl CherryClient {
         let object = Object(format!("ip {id}"));
         let body = encode(op, &object, &req)?;
         let shows = |ip: &IpAddress| ip.target() == wanted;
-        match self.write_ip(op, id, &object, Method::PUT, Some(body), shows).await {
+        match self
+            .write_ip(op, id, &object, Method::PUT, Some(body), shows)
+            .await
+        {
             Ok(Some(ip)) => Ok(ip),
             // A PUT answers with the IP.
             Ok(None) => Err(CloudError::InvalidRequest {
@@ -773,7 +776,10 @@ impl CherryClient {
                 return Err(err);
             }
             let delay = self.retry_delay(&err, attempt);
-            if !self.retry_after(op, object, attempt, delay, &err, term.as_ref()).await {
+            if !self
+                .wait_to_retry(op, object, attempt, delay, &err, term.as_ref())
+                .await
+            {
                 return Err(fenced_after(fenced(op, object), Some(err)));
             }
             attempt += 1;
@@ -792,7 +798,12 @@ impl CherryClient {
         }
     }
 
-    async fn post_ip(&self, object: &Object, body: &[u8], term: Option<&CallTerm>) -> Result<IpAddress, CloudError> {
+    async fn post_ip(
+        &self,
+        object: &Object,
+        body: &[u8],
+        term: Option<&CallTerm>,
+    ) -> Result<IpAddress, CloudError> {
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
         let bytes = self
             .send_once(Op::CreateIp, object, &Method::POST, &url, Some(body), term)

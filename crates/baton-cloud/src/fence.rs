@@ -214,14 +214,22 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(call.sendable_until(), None, "paused");
         let later = Instant::now() + Duration::from_secs(1);
-        tx.send(Some(Lead { term: 1, until: later })).unwrap();
+        tx.send(Some(Lead {
+            term: 1,
+            until: later,
+        }))
+        .unwrap();
         changed(&mut changes).await;
         assert_eq!(call.sendable_until(), Some(later), "resumed in the same term");
         // Lost and won again: a new term, never this call's.
         tx.send(None).unwrap();
         changed(&mut changes).await;
         assert!(call.is_over());
-        tx.send(Some(Lead { term: 2, until: later })).unwrap();
+        tx.send(Some(Lead {
+            term: 2,
+            until: later,
+        }))
+        .unwrap();
         changed(&mut changes).await;
         assert!(call.is_over(), "a later term is not the call's");
         assert_eq!(call.sendable_until(), None);
@@ -229,13 +237,16 @@ mod tests {
         // A call that began without a term never sends.
         tx.send(None).unwrap();
         let orphan = CallTerm::begin(Arc::clone(&fence));
-        tx.send(Some(Lead { term: 3, until: later })).unwrap();
+        tx.send(Some(Lead {
+            term: 3,
+            until: later,
+        }))
+        .unwrap();
         assert!(orphan.is_over());
         changed(&mut changes).await; // both sends seen
         // The sender gone: no change ever comes (the waiter relies on `until`).
         drop(tx);
-        let waited =
-            tokio::time::timeout(Duration::from_secs(5), changed(&mut changes)).await;
+        let waited = tokio::time::timeout(Duration::from_secs(5), changed(&mut changes)).await;
         assert!(waited.is_err(), "a gone sender is not a change");
     }
 

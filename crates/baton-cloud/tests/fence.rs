@@ -450,7 +450,9 @@ async fn a_write_held_past_its_term_is_not_sent(next: Option<u64>) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(5), refused).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), refused)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let changed_at = Instant::now();
     lease.send_replace(next.map(|term| Lead {
@@ -541,7 +543,10 @@ async fn a_retarget_answered_after_the_lease_deadline_succeeds_and_is_sent_once(
     let puts: Vec<_> = sim.writes().into_iter().filter(|e| e.method == "PUT").collect();
     assert_eq!(puts.len(), 1, "sent once: {puts:?}");
     assert_eq!(puts[0].status, 200);
-    assert!(sim.arrived(&puts[0]) <= deadline, "sent after the deadline: {puts:?}");
+    assert!(
+        sim.arrived(&puts[0]) <= deadline,
+        "sent after the deadline: {puts:?}"
+    );
     assert_eq!(
         sim.handle.peek_ip(&fip.id.0).unwrap().target(),
         Some(ServerId(600_102))
@@ -559,10 +564,7 @@ fn lost_answers(late: bool) -> Faults {
     Faults {
         error_statuses: vec![503],
         non_json_ratio: 0.0,
-        routes: BTreeMap::from([
-            (PUT_IP.to_owned(), lost.clone()),
-            (DELETE_IP.to_owned(), lost),
-        ]),
+        routes: BTreeMap::from([(PUT_IP.to_owned(), lost.clone()), (DELETE_IP.to_owned(), lost)]),
         ..Faults::none()
     }
 }
@@ -642,7 +644,9 @@ async fn a_write_whose_lost_attempt_did_not_take_effect_is_sent_again_after_the_
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(5), read_first).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), read_first)
+        .await
+        .unwrap();
     sim.handle.set_faults(Faults::none()).unwrap();
     let moved = writer.await.unwrap().unwrap();
     assert_eq!(moved.target(), Some(ServerId(600_101)));

@@ -159,10 +159,7 @@ async fn only_fenced_urgent_writes_give_up_before_a_long_retry_delay() {
         "would send at the deadline"
     );
     assert!(gives_up(&urgent, Op::CreateIp, ms(2000)));
-    assert!(
-        !gives_up(&urgent, Op::GetIp, ms(2000)),
-        "reads are not fenced"
-    );
+    assert!(!gives_up(&urgent, Op::GetIp, ms(2000)), "reads are not fenced");
     let normal = c.fenced(fence_at(deadline));
     assert!(
         !gives_up(&normal, Op::RetargetIp, ms(2000)),

@@ -92,7 +92,11 @@ async fn acquire_until_gives_up_at_the_deadline_and_frees_its_place() {
     gate.acquire(Priority::Normal).await; // next slot at t=1 s
     let start = Instant::now();
     let deadline = start + Duration::from_millis(400);
-    assert!(!gate.acquire_until(Priority::Normal, || Some(deadline), None).await);
+    assert!(
+        !gate
+            .acquire_until(Priority::Normal, || Some(deadline), None)
+            .await
+    );
     assert_eq!(
         Instant::now() - start,
         Duration::from_millis(400),
@@ -159,5 +163,9 @@ async fn acquire_until_gives_up_as_soon_as_the_term_ends() {
     tx.send_replace(None);
     let (granted, gave_up) = waiter.await.unwrap();
     assert!(!granted);
-    assert_eq!(gave_up - start, Duration::from_millis(200), "at the change, not at `until`");
+    assert_eq!(
+        gave_up - start,
+        Duration::from_millis(200),
+        "at the change, not at `until`"
+    );
 }
