@@ -627,12 +627,17 @@ async fn a_write_whose_lost_attempt_did_not_take_effect_is_sent_again_after_the_
             error_rate: 1.0,
             error_statuses: vec![503],
             error_routes: vec![PUT_IP.to_owned()],
+            lost_response_ratio: 0.0,
             non_json_ratio: 0.0,
             ..Faults::none()
         })
         .unwrap();
     let (_lease, lease) = term_lease(1, Duration::from_secs(60));
-    let client = common::client(&sim.handle, None).fenced(lease);
+    let mut cfg = common::config(&sim.handle, None);
+    // The faults are lifted between the read and the second PUT (0.25..0.5 s later).
+    cfg.backoff_base = Duration::from_millis(500);
+    cfg.backoff_cap = Duration::from_secs(1);
+    let client = CherryClient::new(cfg).unwrap().fenced(lease);
     let writer = tokio::spawn({
         let c = client.clone();
         let id = fip.id.clone();
@@ -657,6 +662,7 @@ async fn a_write_whose_lost_attempt_did_not_take_effect_is_sent_again_after_the_
         .filter(|e| e.path.starts_with("/v1/ips/"))
         .map(|e| (e.method, e.status))
         .collect();
+    assert!(log.len() >= 3, "{log:?}");
     assert_eq!(
         log[..3],
         [
@@ -719,4 +725,41 @@ async fn in_flight_counts_a_slow_write_until_its_answer() {
     assert!(err.is_fenced(), "{err}");
     assert_eq!(in_flight.count(), 0);
     assert_eq!(sim.handle.stats().route(PUT_IP), 1);
+}
+
+#[tokio::test]
+async fn a_create_answered_after_the_lease_deadline_makes_one_fip() {
+    let sim = Sim::start(Faults::none()).await;
+    let client = common::client(&sim.handle, None);
+    client.ips().await.unwrap(); // the look-up before the POST reads this list
+    sim.handle
+        .set_faults(Faults {
+            latency_ms: 800.into(),
+            processing_ratio: 0.5,
+            ..Faults::none()
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let fip = client
+        .fenced(fence(Some(deadline)))
+        .create_ip(fip_request("api"))
+        .await
+        .unwrap();
+    assert!(Instant::now() >= deadline, "answered before the deadline?");
+    let stats = sim.handle.stats();
+    assert_eq!(stats.route("POST /v1/projects/{id}/ips"), 1, "created once");
+    assert_eq!(stats.duplicate_fips, 0);
+    let posts: Vec<_> = sim.writes();
+    assert!(
+        sim.arrived(&posts[0]) <= deadline,
+        "sent after the deadline: {posts:?}"
+    );
+    // The next create finds it: the answer went into the store.
+    let again = client
+        .fenced(fence(Some(Instant::now() + Duration::from_secs(30))))
+        .create_ip(fip_request("api"))
+        .await
+        .unwrap();
+    assert_eq!(again.id, fip.id);
+    assert_eq!(sim.handle.stats().route("POST /v1/projects/{id}/ips"), 1);
 }

@@ -280,8 +280,8 @@ async fn renewals_seen_between_reads_keep_the_term() {
     let lead = Lead::default();
     lead.set(Some(1), None);
     ids(&store, &api, Some(&lead)).await;
-    // Renewed every 200 ms, read only every 2 s (a list call under way, say): the watcher's
-    // looks keep the term.
+    // Renewed every 200 ms (some renewals late: writes paused, then resumed), read only every
+    // 2 s: the term keeps its number, so neither the watcher's looks nor the reads see a new one.
     for _ in 0..10 {
         tokio::time::advance(Duration::from_millis(200)).await;
         store.observe(&lead);
