@@ -155,12 +155,12 @@ impl LeaderGate {
     }
 }
 
-/// What the cloud client's IP store needs to tell a new term: this replica's leadership deadline,
-/// and while another replica holds the Lease, when that one stopped writing (plus
-/// [`TAKEOVER_MARGIN`]).
+/// What the cloud client's IP store needs to tell a new term: the term this replica holds (by
+/// its number: a pause for a late renewal is not a new term), and while another replica holds the
+/// Lease, when that one stopped writing (plus [`TAKEOVER_MARGIN`]).
 impl baton_cloud::Leadership for LeaderGate {
-    fn leads_until(&self) -> Option<Instant> {
-        self.lead().map(|l| l.until)
+    fn term(&self) -> Option<u64> {
+        self.in_term()
     }
 
     fn holder_stopped(&self) -> Option<Instant> {

@@ -242,9 +242,10 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     result.map_err(Into::into)
 }
 
-/// The controllers' clients, every write fenced by `leader`: Kubernetes (the lease task's own
-/// client is not), the cloud at normal and at urgent priority (docs/controller.md, "Fencing at
-/// the write"). Reads of the shared IP list follow the Lease: a new term's first read waits for
+/// The controllers' clients, every write fenced by `leader`'s term and deadline, checked right
+/// before each attempt leaves and counted in flight until answered (a graceful release waits for
+/// it): Kubernetes (the lease task's own client is not), the cloud at normal and at urgent
+/// priority (docs/controller.md, "Fencing at the write"). Reads of the shared IP list follow the Lease: a new term's first read waits for
 /// a list fetched after the previous holder stopped writing (docs/cloud.md, "Shared IP list").
 fn fenced_clients(
     clients: &crate::kube::client::Clients,
@@ -257,7 +258,7 @@ fn fenced_clients(
     });
     let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
     let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
-    let cherry = cherry.led_by(led);
+    let cherry = cherry.led_by(led).counting(leader.in_flight().clone());
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     (client, cloud, urgent_cloud)

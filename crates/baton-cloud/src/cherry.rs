@@ -11,9 +11,12 @@
 //!                     Retry-After or exponential backoff with jitter
 //! ```
 //!
-//! A handle may carry a [`Fence`] ([`CherryClient::fenced`]): its writes are then sent only
-//! before the fence's deadline, checked after the gate's grant of every attempt. A handle may
-//! carry a [`Leadership`] ([`CherryClient::led_by`]): its reads of the IP list then wait for a
+//! A handle may carry a [`Fence`] ([`CherryClient::fenced`]): each of its writes is then sent
+//! only in the term its call began in and before that term's deadline, checked after the gate's
+//! grant of every attempt; an attempt that left gets the full request timeout, and is counted in
+//! the handle's [`InFlight`] ([`CherryClient::counting`]) until it ends. A write to one IP whose
+//! outcome is unknown is resolved by reading the IP back before anything is sent again. A handle
+//! may carry a [`Leadership`] ([`CherryClient::led_by`]): its reads of the IP list then wait for a
 //! list fetched in the current term.
 
 use std::collections::HashMap;
@@ -33,7 +36,7 @@ use baton_core::Secret;
 
 use crate::cloud::Cloud;
 use crate::error::{CloudError, Object, Op};
-use crate::fence::{Fence, live_deadline};
+use crate::fence::{CallTerm, Fence, InFlight, Sending, changed};
 use crate::limiter::{Priority, RateGate};
 use crate::model::{
     ApiErrorBody, CreateIpRequest, IpAddress, IpId, IpList, Project, ProjectId, Region, Server, ServerId,
@@ -137,8 +140,10 @@ pub trait CallObserver: Send + Sync {
 pub struct CherryClient {
     inner: Arc<Inner>,
     priority: Priority,
-    /// When set, writes are sent only before its deadline.
+    /// When set, writes are sent only in the term their call began in, before its deadline.
     fence: Option<Arc<dyn Fence>>,
+    /// When set, every sent attempt of a fenced write is counted here until it ends.
+    in_flight: Option<InFlight>,
     /// When set, a read of the IP list in a new term waits for a list fetched in it.
     leadership: Option<Arc<dyn Leadership>>,
 }
@@ -154,8 +159,6 @@ struct Inner {
     max_retries: u32,
     backoff_base: Duration,
     backoff_cap: Duration,
-    /// Whole-attempt timeout; a fenced write's is cut to the time its fence has left.
-    request_timeout: Duration,
     /// Told of every attempt sent (metrics); set once by [`CherryClient::observe`].
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// One create protocol at a time per tag set, so two callers asking for the same FIP at
@@ -231,12 +234,12 @@ impl CherryClient {
                 max_retries,
                 backoff_base,
                 backoff_cap,
-                request_timeout,
                 creating: std::sync::Mutex::new(HashMap::new()),
                 observer: std::sync::OnceLock::new(),
             }),
             priority: Priority::Normal,
             fence: None,
+            in_flight: None,
             leadership: None,
         })
     }
@@ -250,18 +253,22 @@ impl CherryClient {
             inner: self.inner.clone(),
             priority,
             fence: self.fence.clone(),
+            in_flight: self.in_flight.clone(),
             leadership: self.leadership.clone(),
         }
     }
 
     /// A handle to the same client (same limit, same cache, same priority) whose writes are
-    /// fenced: every write attempt (first try and each retry) is sent only while
-    /// `fence.deadline()` is in the future, read right after the rate gate's grant, and its HTTP
-    /// timeout is cut to the time left. Otherwise the call fails with [`CloudError::Fenced`]
-    /// without sending. A write waiting in the gate's queue gives up when the deadline passes.
-    /// Retry delays: a [`Priority::Urgent`] handle gives up at once when the delay would end at
-    /// or after the current deadline; a [`Priority::Normal`] handle waits and checks the fence
-    /// again (renewals may have moved the deadline). Reads are never fenced.
+    /// fenced. A write call captures the fence's term when it begins; a call that begins with
+    /// no term fails with [`CloudError::Fenced`] at once. Each attempt (first try and each
+    /// retry) is sent only while the fence shows that same term and its deadline is in the
+    /// future, read right after the rate gate's grant; once sent, the attempt has the full
+    /// request timeout (a write that left in time gets its answer). A write waiting in the
+    /// gate's queue gives up when the deadline passes or the term changes or ends. Retry delays
+    /// (backoff, `Retry-After`): the write is dropped as soon as its term changes or ends; a
+    /// [`Priority::Urgent`] handle also gives up at once when the delay would end at or after the
+    /// current deadline; a [`Priority::Normal`] handle waits out a paused term (a late renewal
+    /// moves the deadline) and checks again. Reads are never fenced.
     ///
     /// The controller's "leader until" receiver is a fence as it is:
     /// `client.with_priority(Priority::Urgent).fenced(Arc::new(rx.clone()))`.
@@ -271,6 +278,22 @@ impl CherryClient {
             inner: self.inner.clone(),
             priority: self.priority,
             fence: Some(fence),
+            in_flight: self.in_flight.clone(),
+            leadership: self.leadership.clone(),
+        }
+    }
+
+    /// A handle to the same client (keeps priority, fence and leadership) that counts each sent
+    /// attempt of a fenced write in `in_flight`, from just before it leaves until its answer,
+    /// error, timeout or cancellation: a graceful release waits for them before it clears the
+    /// holder.
+    #[must_use]
+    pub fn counting(&self, in_flight: InFlight) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            priority: self.priority,
+            fence: self.fence.clone(),
+            in_flight: Some(in_flight),
             leadership: self.leadership.clone(),
         }
     }
@@ -301,6 +324,7 @@ impl CherryClient {
             inner: self.inner.clone(),
             priority: self.priority,
             fence: self.fence.clone(),
+            in_flight: self.in_flight.clone(),
             leadership: Some(leadership),
         }
     }
@@ -320,30 +344,53 @@ impl CherryClient {
             .await
     }
 
-    /// The fence applying to `op`: the handle's, for writes only.
-    fn fence_for(&self, op: Op) -> Option<&dyn Fence> {
+    /// The term a call of `op` begins in: captured from the handle's fence, for writes only.
+    fn term_for(&self, op: Op) -> Option<CallTerm> {
         if op.is_write() {
-            self.fence.as_deref()
+            self.fence.clone().map(CallTerm::begin)
         } else {
             None
         }
     }
 
     /// Whether a fenced urgent write must give up instead of waiting `delay` (and any pause
-    /// of the rate gate) before its next attempt: the wait would end at or after the deadline.
-    /// A normal write always waits and checks the fence again.
-    fn gives_up_before_retry(&self, op: Op, delay: Duration) -> bool {
-        let Some(fence) = self.fence_for(op) else {
+    /// of the rate gate) before its next attempt: its term is over or paused, or the wait would
+    /// end at or after the deadline. A normal write waits and checks the fence again.
+    fn gives_up_before_retry(&self, term: Option<&CallTerm>, delay: Duration) -> bool {
+        let Some(term) = term else {
             return false;
         };
+        if term.is_over() {
+            return true;
+        }
         if self.priority != Priority::Urgent {
             return false;
         }
-        let Some(deadline) = live_deadline(fence) else {
+        let Some(deadline) = term.sendable_until() else {
             return true;
         };
         let ready = (tokio::time::Instant::now() + delay).max(self.inner.gate.next_grant());
         ready >= deadline
+    }
+
+    /// Sleeps `delay` before a retry; `false` as soon as the call's term changes or ends (the
+    /// write is dropped: it carries a decision of that term). A paused term is waited out.
+    async fn sleep_in_term(&self, delay: Duration, term: Option<&CallTerm>) -> bool {
+        let Some(term) = term else {
+            tokio::time::sleep(delay).await;
+            return true;
+        };
+        let end = tokio::time::Instant::now() + delay;
+        let mut changes = term.subscribe();
+        loop {
+            if term.is_over() {
+                return false;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => return !term.is_over(),
+                () = changed(&mut changes) => {}
+            }
+        }
     }
 
     /// Reports every attempt this client (and every handle to it) sends to `observer`. The
@@ -392,7 +439,9 @@ impl CherryClient {
         }
     }
 
-    /// One attempt: waits for the gate, sends, classifies the answer.
+    /// One attempt: waits for the gate, sends, classifies the answer. A fenced write (`term`)
+    /// is sent only in its term before the deadline, with the full request timeout, and counted
+    /// as in flight while it is on its way.
     async fn send_once(
         &self,
         op: Op,
@@ -400,35 +449,40 @@ impl CherryClient {
         method: &Method,
         url: &Url,
         body: Option<&[u8]>,
+        term: Option<&CallTerm>,
     ) -> Result<Bytes, CloudError> {
-        let fence = self.fence_for(op);
         let queued_at = tokio::time::Instant::now();
-        let timeout = match fence {
+        // Lives until the answer (or the error) is in: dropped with this function's future.
+        let _sending: Option<Sending> = match term {
             None => {
                 self.inner.gate.acquire(self.priority).await;
                 None
             }
-            Some(fence) => {
+            Some(term) => {
                 // An urgent write does not queue for a grant that can only come too late.
                 if self.priority == Priority::Urgent
-                    && live_deadline(fence).is_some_and(|d| self.inner.gate.next_grant() >= d)
+                    && term
+                        .sendable_until()
+                        .is_some_and(|d| self.inner.gate.next_grant() >= d)
                 {
                     return Err(fenced(op, object));
                 }
                 if !self
                     .inner
                     .gate
-                    .acquire_until(self.priority, || fence.deadline())
+                    .acquire_until(self.priority, || term.sendable_until(), term.subscribe())
                     .await
                 {
                     return Err(fenced(op, object));
                 }
-                // Right before the bytes leave: still allowed, and for how long?
-                let Some(deadline) = live_deadline(fence) else {
+                // Counted before the last look: a release that ends the term and then finds no
+                // write counted cannot miss one that passed this look before the term ended.
+                let sending = self.in_flight.as_ref().map(InFlight::enter);
+                // Right before the bytes leave: still this call's term, before its deadline?
+                if term.sendable_until().is_none() {
                     return Err(fenced(op, object));
-                };
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                Some(left.min(self.inner.request_timeout))
+                }
+                sending
             }
         };
         let started = tokio::time::Instant::now();
@@ -438,9 +492,6 @@ impl CherryClient {
             .http
             .request(method.clone(), url.clone())
             .header(header::AUTHORIZATION, self.inner.auth.clone());
-        if let Some(timeout) = timeout {
-            req = req.timeout(timeout);
-        }
         if let Some(body) = body {
             req = req
                 .header(header::CONTENT_TYPE, "application/json")
@@ -536,7 +587,8 @@ impl CherryClient {
         }
     }
 
-    /// Sends with retries (idempotent operations only) and returns the body.
+    /// Sends with retries (idempotent operations only) and returns the body. A fenced write
+    /// (`term`) is sent only in its term; a retry delay is cut short when the term ends.
     async fn execute(
         &self,
         op: Op,
@@ -544,40 +596,63 @@ impl CherryClient {
         method: Method,
         url: Url,
         body: Option<Vec<u8>>,
+        term: Option<&CallTerm>,
     ) -> Result<Bytes, CloudError> {
         let mut attempt = 0;
         // The previous attempt's error, named if the fence stops the next one.
         let mut last: Option<CloudError> = None;
         loop {
-            match self.send_once(op, object, &method, &url, body.as_deref()).await {
+            match self
+                .send_once(op, object, &method, &url, body.as_deref(), term)
+                .await
+            {
                 Ok(bytes) => return Ok(bytes),
                 Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
-                // A DELETE repeated after an attempt with an unknown outcome finds nothing: done.
-                Err(e) if op == Op::DeleteIp && attempt > 0 && e.is_not_found() => return Ok(Bytes::new()),
                 Err(e) if op.is_idempotent() && e.is_retryable() && attempt < self.inner.max_retries => {
                     let delay = self.retry_delay(&e, attempt);
-                    // An urgent write does not wait past its fence's deadline.
-                    let give_up = self.gives_up_before_retry(op, delay);
-                    warn!(
-                        op = op.as_str(),
-                        object = %object,
-                        attempt = attempt + 1,
-                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        retrying = !give_up,
-                        category = e.category(),
-                        error = %e,
-                        "cloud call failed"
-                    );
-                    if give_up {
+                    if !self.wait_to_retry(op, object, attempt, delay, &e, term).await {
                         return Err(fenced_after(fenced(op, object), Some(e)));
                     }
-                    tokio::time::sleep(delay).await;
                     attempt += 1;
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Logs a failed attempt and waits `delay` before the next one; `false`: the fence stops the
+    /// call instead (an urgent write whose wait would reach its deadline, or a term that ended).
+    async fn wait_to_retry(
+        &self,
+        op: Op,
+        object: &Object,
+        attempt: u32,
+        delay: Duration,
+        err: &CloudError,
+        term: Option<&CallTerm>,
+    ) -> bool {
+        // An urgent write does not wait past its fence's deadline.
+        let give_up = self.gives_up_before_retry(term, delay);
+        warn!(
+            op = op.as_str(),
+            object = %object,
+            attempt = attempt + 1,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            retrying = !give_up,
+            outcome_unknown = err.outcome_unknown(),
+            category = err.category(),
+            error = %err,
+            "cloud call failed"
+        );
+        if give_up {
+            return false;
+        }
+        if self.sleep_in_term(delay, term).await {
+            return true;
+        }
+        debug!(op = op.as_str(), object = %object, "retry dropped: the term it began in is over");
+        false
     }
 
     async fn call<T: DeserializeOwned>(
@@ -587,36 +662,128 @@ impl CherryClient {
         method: Method,
         url: Url,
         body: Option<&(impl Serialize + Sync)>,
+        term: Option<&CallTerm>,
     ) -> Result<T, CloudError> {
         let body = body.map(|b| encode(op, object, b)).transpose()?;
-        let bytes = self.execute(op, object, method, url, body).await?;
+        let bytes = self.execute(op, object, method, url, body, term).await?;
         decode(op, object, &bytes)
     }
 
     async fn list_ips_uncached(&self) -> Result<Vec<IpAddress>, CloudError> {
         let object = Object(format!("project {}", self.inner.project));
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
-        self.call(Op::ListIps, &object, Method::GET, url, None::<&()>)
+        self.call(Op::ListIps, &object, Method::GET, url, None::<&()>, None)
             .await
     }
 
-    async fn update_ip(&self, op: Op, id: &IpId, req: &UpdateIpRequest) -> Result<IpAddress, CloudError> {
+    /// Retarget or unassign: a PUT whose success is the IP's target being `wanted`.
+    async fn update_ip(&self, op: Op, id: &IpId, wanted: Option<ServerId>) -> Result<IpAddress, CloudError> {
+        let req = UpdateIpRequest {
+            targeted_to: Some(TargetedTo(wanted)),
+            ..Default::default()
+        };
         let object = Object(format!("ip {id}"));
-        let url = self.url(&["ips", id.as_str()]);
+        let body = encode(op, &object, &req)?;
+        let shows = |ip: &IpAddress| ip.target() == wanted;
         match self
-            .call::<IpAddress>(op, &object, Method::PUT, url, Some(req))
+            .write_ip(op, id, &object, Method::PUT, Some(body), shows)
             .await
         {
-            Ok(ip) => {
-                self.inner.store.upsert(&ip);
-                Ok(ip)
-            }
+            Ok(Some(ip)) => Ok(ip),
+            // A PUT answers with the IP.
+            Ok(None) => Err(CloudError::InvalidRequest {
+                op,
+                object,
+                reason: "the API answered a PUT without the IP".into(),
+            }),
             Err(e) => {
-                if e.outcome_unknown() {
+                // Stopped by the fence after an attempt of unknown outcome (which `write_ip`
+                // did not read back): the store shows what the API holds.
+                if e.is_fenced() && e.outcome_unknown() {
                     self.read_back(id).await;
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// A write to one IP (`PUT` with `body`, or `DELETE`) with retries, in the call's term.
+    /// After an attempt whose outcome is unknown, nothing is sent again before the IP is read:
+    /// if it already `shows` what was asked (a `DELETE`: the IP is gone), the call succeeds with
+    /// that read; otherwise the write is sent again (still only in its term). A read that fails
+    /// ends the call with the attempt's error: nothing is sent blind. `Ok(None)`: deleted.
+    async fn write_ip(
+        &self,
+        op: Op,
+        id: &IpId,
+        object: &Object,
+        method: Method,
+        body: Option<Vec<u8>>,
+        shows: impl Fn(&IpAddress) -> bool,
+    ) -> Result<Option<IpAddress>, CloudError> {
+        let url = self.url(&["ips", id.as_str()]);
+        let term = self.term_for(op);
+        let deleting = method == Method::DELETE;
+        let mut attempt = 0;
+        let mut last: Option<CloudError> = None;
+        loop {
+            let err = match self
+                .send_once(op, object, &method, &url, body.as_deref(), term.as_ref())
+                .await
+            {
+                Ok(bytes) => {
+                    if deleting {
+                        self.inner.store.remove(id);
+                        return Ok(None);
+                    }
+                    let ip: IpAddress = decode(op, object, &bytes)?;
+                    self.inner.store.upsert(&ip);
+                    return Ok(Some(ip));
+                }
+                Err(e) if e.is_fenced() => return Err(fenced_after(e, last)),
+                // Gone after a refused attempt (a 429): someone else deleted it.
+                Err(e) if deleting && attempt > 0 && e.is_not_found() => {
+                    self.inner.store.remove(id);
+                    return Ok(None);
+                }
+                Err(e) => e,
+            };
+            if err.outcome_unknown() {
+                match self.ip(id).await {
+                    Ok(ip) if !deleting && shows(&ip) => {
+                        debug!(op = op.as_str(), object = %object, "the write of unknown outcome took effect: not sent again");
+                        return Ok(Some(ip));
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() && deleting => {
+                        debug!(op = op.as_str(), object = %object, "the delete of unknown outcome took effect");
+                        return Ok(None);
+                    }
+                    Err(e) if e.is_not_found() => return Err(e),
+                    Err(e) => {
+                        warn!(
+                            op = op.as_str(),
+                            object = %object,
+                            error = %e,
+                            "cannot read back a write of unknown outcome; not sending it again"
+                        );
+                        self.inner.store.require_since(tokio::time::Instant::now());
+                        return Err(err);
+                    }
+                }
+            }
+            if !(err.is_retryable() && attempt < self.inner.max_retries) {
+                return Err(err);
+            }
+            let delay = self.retry_delay(&err, attempt);
+            if !self
+                .wait_to_retry(op, object, attempt, delay, &err, term.as_ref())
+                .await
+            {
+                return Err(fenced_after(fenced(op, object), Some(err)));
+            }
+            attempt += 1;
+            last = Some(err);
         }
     }
 
@@ -631,10 +798,15 @@ impl CherryClient {
         }
     }
 
-    async fn post_ip(&self, object: &Object, body: &[u8]) -> Result<IpAddress, CloudError> {
+    async fn post_ip(
+        &self,
+        object: &Object,
+        body: &[u8],
+        term: Option<&CallTerm>,
+    ) -> Result<IpAddress, CloudError> {
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
         let bytes = self
-            .send_once(Op::CreateIp, object, &Method::POST, &url, Some(body))
+            .send_once(Op::CreateIp, object, &Method::POST, &url, Some(body), term)
             .await?;
         decode(Op::CreateIp, object, &bytes)
     }
@@ -645,6 +817,7 @@ impl CherryClient {
         &self,
         object: &Object,
         request: &CreateIpRequest,
+        term: Option<&CallTerm>,
     ) -> Result<IpAddress, CloudError> {
         if let Some(found) = self.find_ip_by_tags(&request.tags).await? {
             debug!(ip = %found.id, "create_ip: found by tags, not creating");
@@ -654,7 +827,7 @@ impl CherryClient {
         let mut attempt = 0;
         let mut last: Option<CloudError> = None;
         loop {
-            let err = match self.post_ip(object, &body).await {
+            let err = match self.post_ip(object, &body, term).await {
                 Ok(ip) => {
                     self.inner.store.upsert(&ip);
                     return Ok(ip);
@@ -674,7 +847,7 @@ impl CherryClient {
                 return Err(err);
             }
             let delay = self.retry_delay(&err, attempt);
-            if self.gives_up_before_retry(Op::CreateIp, delay) {
+            if self.gives_up_before_retry(term, delay) {
                 // Nothing duplicated: a create of unknown outcome is found by its tags later
                 // (the store reads a list fetched after it, above).
                 warn!(
@@ -695,7 +868,10 @@ impl CherryClient {
                 error = %err,
                 "create failed"
             );
-            tokio::time::sleep(delay).await;
+            if !self.sleep_in_term(delay, term).await {
+                // Dropped with its term; a create of unknown outcome is found by its tags later.
+                return Err(fenced_after(fenced(Op::CreateIp, object), Some(err)));
+            }
             if unknown {
                 tokio::time::sleep_until(look_from).await;
                 if let Some(found) = self.find_ip_by_tags(&request.tags).await? {
@@ -723,11 +899,13 @@ impl Cloud for CherryClient {
             Method::GET,
             self.url(&["projects", &id]),
             None::<&()>,
+            None,
         )
         .await
     }
 
     async fn enable_project_bgp(&self) -> Result<Project, CloudError> {
+        let term = self.term_for(Op::EnableProjectBgp);
         let project = self.project().await?;
         if project.bgp.enabled {
             return Ok(project);
@@ -745,6 +923,7 @@ impl Cloud for CherryClient {
             Method::PUT,
             self.url(&["projects", &id]),
             Some(&req),
+            term.as_ref(),
         )
         .await
     }
@@ -758,6 +937,7 @@ impl Cloud for CherryClient {
             Method::GET,
             self.url(&["servers", &sid]),
             None::<&()>,
+            None,
         )
         .await
     }
@@ -766,11 +946,12 @@ impl Cloud for CherryClient {
         let pid = self.inner.project.to_string();
         let object = Object(format!("project {pid}"));
         let url = self.url(&["projects", &pid, "servers"]);
-        self.call(Op::ListServers, &object, Method::GET, url, None::<&()>)
+        self.call(Op::ListServers, &object, Method::GET, url, None::<&()>, None)
             .await
     }
 
     async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError> {
+        let term = self.term_for(Op::UpdateServerBgp);
         let current = self.server(id).await?;
         if current.bgp.enabled == enabled {
             return Ok(current);
@@ -790,6 +971,7 @@ impl Cloud for CherryClient {
                 Method::PUT,
                 self.url(&["servers", &sid]),
                 Some(&req),
+                term.as_ref(),
             )
             .await?;
         // PUT responses leave out `ip_addresses`; keep the ones just read.
@@ -822,6 +1004,7 @@ impl Cloud for CherryClient {
                 Method::GET,
                 self.url(&["ips", id.as_str()]),
                 None::<&()>,
+                None,
             )
             .await
         {
@@ -855,9 +1038,10 @@ impl Cloud for CherryClient {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             creating.entry(request.tags.clone()).or_default().clone()
         };
+        let term = self.term_for(Op::CreateIp);
         let result = {
             let _one_at_a_time = slot.lock().await;
-            self.create_ip_locked(&object, &request).await
+            self.create_ip_locked(&object, &request, term.as_ref()).await
         };
         let mut creating = self
             .inner
@@ -872,41 +1056,24 @@ impl Cloud for CherryClient {
     }
 
     async fn retarget_ip(&self, id: &IpId, server: ServerId) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest {
-            targeted_to: Some(TargetedTo(Some(server))),
-            ..Default::default()
-        };
-        self.update_ip(Op::RetargetIp, id, &req).await
+        self.update_ip(Op::RetargetIp, id, Some(server)).await
     }
 
     async fn unassign_ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
-        let req = UpdateIpRequest {
-            targeted_to: Some(TargetedTo::NONE),
-            ..Default::default()
-        };
-        self.update_ip(Op::UnassignIp, id, &req).await
+        self.update_ip(Op::UnassignIp, id, None).await
     }
 
     async fn delete_ip(&self, id: &IpId) -> Result<(), CloudError> {
         let object = Object(format!("ip {id}"));
         match self
-            .execute(
-                Op::DeleteIp,
-                &object,
-                Method::DELETE,
-                self.url(&["ips", id.as_str()]),
-                None,
-            )
+            .write_ip(Op::DeleteIp, id, &object, Method::DELETE, None, |_| false)
             .await
         {
-            Ok(_) => {
-                self.inner.store.remove(id);
-                Ok(())
-            }
+            Ok(_) => Ok(()),
             Err(e) => {
                 if e.is_not_found() {
                     self.inner.store.remove(id);
-                } else if e.outcome_unknown() {
+                } else if e.is_fenced() && e.outcome_unknown() {
                     self.read_back(id).await;
                 }
                 Err(e)
@@ -922,6 +1089,7 @@ impl Cloud for CherryClient {
             Method::GET,
             self.url(&["regions"]),
             None::<&()>,
+            None,
         )
         .await
     }

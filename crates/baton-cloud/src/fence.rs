@@ -1,17 +1,22 @@
-//! Fencing at the write: a [`Fence`] tells a [`CherryClient`](crate::CherryClient) handle until
-//! when it may send writes.
+//! Fencing at the write: a [`Fence`] tells a [`CherryClient`](crate::CherryClient) handle in
+//! which term, and until when, it may send writes.
 //!
 //! ```text
 //!  lease task ── watch::Sender<Option<Lead>> (term, "leader until") ──► Receiver: impl Fence
 //!                                                                       │
-//!  client.fenced(Arc::new(rx)) ── write ──► rate gate ─(deadline?)─► send (timeout ≤ deadline)
-//!                                                ▲                      │ retry delay past the
-//!                                                └── (deadline?) ◄──────┘ deadline: Urgent gives up
+//!  client.fenced(Arc::new(rx)).counting(in_flight)                      │ term captured when
+//!    write ──► rate gate ─(same term, before until?)─► [Sending] send ──┤ the call begins
+//!                ▲          (full request timeout: a write that left in time gets its answer)
+//!                └── backoff / Retry-After: dropped as soon as the term changes or ends;
+//!                    Urgent gives up if the wait would reach `until`
 //! ```
 //!
-//! The client reads the deadline right before each attempt of a write leaves (after the rate
-//! gate's grant, first try and every retry) and sends nothing once it is `None` or past: the
-//! call fails with [`CloudError::Fenced`](crate::CloudError::Fenced). Reads are never fenced.
+//! A fenced write captures the term when its call begins (no term: it fails at once). Each
+//! attempt is sent only while the fence shows that same term with `until` still ahead, read
+//! after the rate gate's grant (first try and every retry); otherwise the call fails with
+//! [`CloudError::Fenced`](crate::CloudError::Fenced) and nothing more is sent. A sent attempt is
+//! counted in [`InFlight`] until its answer, error, timeout or cancellation. Reads are never
+//! fenced.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -36,6 +41,14 @@ pub trait Fence: Send + Sync + Debug {
     /// The current term and its deadline; `None`: not the leader.
     fn lead(&self) -> Option<Lead>;
 
+    /// A receiver that is told of every change of [`Fence::lead`], if this fence can tell: a
+    /// write waiting in the rate gate or a retry delay is then dropped as soon as its term ends,
+    /// not only when it looks again. `None` (the default): the fence is looked at at `until`
+    /// and before each attempt only.
+    fn changes(&self) -> Option<watch::Receiver<Option<Lead>>> {
+        None
+    }
+
     /// Until when writes may be sent; `None`: not at all (not the leader).
     fn deadline(&self) -> Option<Instant> {
         self.lead().map(|l| l.until)
@@ -47,6 +60,10 @@ pub trait Fence: Send + Sync + Debug {
 impl Fence for watch::Receiver<Option<Lead>> {
     fn lead(&self) -> Option<Lead> {
         *self.borrow()
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<Option<Lead>>> {
+        Some(self.clone())
     }
 }
 
@@ -102,9 +119,59 @@ impl InFlight {
     }
 }
 
-/// The deadline if it is still in the future.
-pub(crate) fn live_deadline(fence: &dyn Fence) -> Option<Instant> {
-    fence.deadline().filter(|d| *d > Instant::now())
+/// The term a fenced call began in: each of its attempts is sent only in that term, before its
+/// deadline.
+#[derive(Clone, Debug)]
+pub(crate) struct CallTerm {
+    fence: Arc<dyn Fence>,
+    /// `None`: the call began without a term; it sends nothing.
+    term: Option<u64>,
+}
+
+impl CallTerm {
+    /// Captures the fence's term now.
+    pub(crate) fn begin(fence: Arc<dyn Fence>) -> Self {
+        let term = fence.lead().map(|l| l.term);
+        Self { fence, term }
+    }
+
+    /// The fence's lead if it is still this call's term (paused or not).
+    pub(crate) fn lead(&self) -> Option<Lead> {
+        let term = self.term?;
+        self.fence.lead().filter(|l| l.term == term)
+    }
+
+    /// Until when an attempt may be sent: this call's term is current and its deadline ahead.
+    pub(crate) fn sendable_until(&self) -> Option<Instant> {
+        self.lead().map(|l| l.until).filter(|u| *u > Instant::now())
+    }
+
+    /// The term changed or ended (a term paused for a late renewal has not).
+    pub(crate) fn is_over(&self) -> bool {
+        self.lead().is_none()
+    }
+
+    /// A receiver of the fence's changes with the current value marked seen (see
+    /// [`changed`]); look at the fence after taking it, so no change is missed.
+    pub(crate) fn subscribe(&self) -> Option<watch::Receiver<Option<Lead>>> {
+        let mut rx = self.fence.changes()?;
+        rx.borrow_and_update();
+        Some(rx)
+    }
+}
+
+/// Resolves at the next change `rx` reports; never without a receiver, or once its sender is
+/// gone (nothing can change then; a deadline in the last value still passes).
+pub(crate) async fn changed(rx: &mut Option<watch::Receiver<Option<Lead>>>) {
+    match rx {
+        Some(r) => {
+            if r.changed().await.is_err() {
+                *rx = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 #[cfg(test)]
@@ -119,18 +186,68 @@ mod tests {
     async fn watch_receiver_follows_the_sender_and_keeps_the_last_value() {
         let (tx, rx) = watch::channel(None);
         assert_eq!(rx.deadline(), None);
-        assert_eq!(live_deadline(&rx), None);
+        let fence: Arc<dyn Fence> = Arc::new(rx.clone());
+        assert_eq!(CallTerm::begin(Arc::clone(&fence)).sendable_until(), None);
         let until = Instant::now() + Duration::from_secs(2);
         tx.send(Some(Lead { term: 1, until })).unwrap();
-        assert_eq!(live_deadline(&rx), Some(until));
+        let call = CallTerm::begin(Arc::clone(&fence));
+        assert_eq!(call.sendable_until(), Some(until));
         drop(tx);
         assert_eq!(rx.deadline(), Some(until), "the last value outlives the sender");
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
-            live_deadline(&rx),
+            call.sendable_until(),
             None,
             "a deadline that is now is not in the future"
         );
+        assert!(!call.is_over(), "paused, not over: the same term");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_is_sent_only_in_the_term_it_began_in() {
+        let until = Instant::now() + Duration::from_secs(2);
+        let (tx, rx) = watch::channel(Some(Lead { term: 1, until }));
+        let fence: Arc<dyn Fence> = Arc::new(rx);
+        let call = CallTerm::begin(Arc::clone(&fence));
+        let mut changes = call.subscribe();
+        // A late renewal: paused, then resumed in the same term.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(call.sendable_until(), None, "paused");
+        let later = Instant::now() + Duration::from_secs(1);
+        tx.send(Some(Lead {
+            term: 1,
+            until: later,
+        }))
+        .unwrap();
+        changed(&mut changes).await;
+        assert_eq!(call.sendable_until(), Some(later), "resumed in the same term");
+        // Lost and won again: a new term, never this call's.
+        tx.send(None).unwrap();
+        changed(&mut changes).await;
+        assert!(call.is_over());
+        tx.send(Some(Lead {
+            term: 2,
+            until: later,
+        }))
+        .unwrap();
+        changed(&mut changes).await;
+        assert!(call.is_over(), "a later term is not the call's");
+        assert_eq!(call.sendable_until(), None);
+        assert_eq!(CallTerm::begin(Arc::clone(&fence)).sendable_until(), Some(later));
+        // A call that began without a term never sends.
+        tx.send(None).unwrap();
+        let orphan = CallTerm::begin(Arc::clone(&fence));
+        tx.send(Some(Lead {
+            term: 3,
+            until: later,
+        }))
+        .unwrap();
+        assert!(orphan.is_over());
+        changed(&mut changes).await; // both sends seen
+        // The sender gone: no change ever comes (the waiter relies on `until`).
+        drop(tx);
+        let waited = tokio::time::timeout(Duration::from_secs(5), changed(&mut changes)).await;
+        assert!(waited.is_err(), "a gone sender is not a change");
     }
 
     #[tokio::test(start_paused = true)]
@@ -158,11 +275,12 @@ mod tests {
 
     #[test]
     fn fixed_deadline() {
-        let past: Option<Instant> = Some(Instant::now());
-        assert_eq!(live_deadline(&past), None);
-        let never: Option<Instant> = None;
-        assert_eq!(live_deadline(&never), None);
+        let call = |f: Option<Instant>| CallTerm::begin(Arc::new(f));
+        assert_eq!(call(Some(Instant::now())).sendable_until(), None);
+        assert_eq!(call(None).sendable_until(), None);
+        assert!(call(None).is_over());
         let later = Some(Instant::now() + Duration::from_secs(60));
-        assert_eq!(live_deadline(&later), later);
+        assert_eq!(call(later).sendable_until(), later);
+        assert!(call(later).subscribe().is_none(), "a fixed fence never changes");
     }
 }

@@ -16,8 +16,10 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+
+use crate::fence::{Lead, changed};
 
 /// The priority class of a cloud call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -168,13 +170,15 @@ impl RateGate {
         }
     }
 
-    /// Like [`RateGate::acquire`], but only while `deadline()` is in the future: once the
-    /// current deadline is reached it is read again (it may have been extended), and if it is
-    /// `None` or past, the waiter gives its place up and `false` is returned. `true`: granted.
+    /// Like [`RateGate::acquire`], but only while `deadline()` is in the future: it is read
+    /// again once the current deadline is reached (it may have been extended) and at every
+    /// change `changes` reports (a fence's term ending), and if it is `None` or past, the waiter
+    /// gives its place up and `false` is returned. `true`: granted.
     pub(crate) async fn acquire_until(
         &self,
         priority: Priority,
         deadline: impl Fn() -> Option<Instant>,
+        mut changes: Option<watch::Receiver<Option<Lead>>>,
     ) -> bool {
         let acquire = self.acquire(priority);
         tokio::pin!(acquire);
@@ -187,6 +191,7 @@ impl RateGate {
                 biased;
                 () = &mut acquire => return true,
                 () = tokio::time::sleep_until(until) => {}
+                () = changed(&mut changes) => {}
             }
         }
     }

@@ -16,8 +16,9 @@
 //! - a caller asked for a list fetched after some moment ([`IpStore::require_since`]): after a
 //!   write whose outcome is unknown (from the end of the list's lag after it: readers wait for
 //!   that moment and share one fetch then), or a caller that must see the truth (a route check);
-//! - **a new term**: the reader leads now ([`Leadership`]) but did not at its previous read (or
-//!   its lead lapsed in between). The list must then have been fetched after the previous holder
+//! - **a new term**: the reader holds a term now ([`Leadership::term`]) and not the one it held
+//!   at its previous read (it held none, or another one: it lost the Lease in between). A term
+//!   paused for a late renewal and resumed is the same term: nobody else wrote in between. The list must then have been fetched after the previous holder
 //!   stopped writing, or, if that is unknown, from now: so a new leader never acts on a list that
 //!   predates the last writes of the one before it. The journal is dropped: another leader may
 //!   have changed what this replica once wrote.
@@ -52,8 +53,8 @@ struct Entry {
 /// What the store's reader last knew of its leadership.
 #[derive(Debug, Default)]
 struct TermTrack {
-    /// The deadline this replica led under at its last read; `None`: it did not lead.
-    led_until: Option<Instant>,
+    /// The term this replica held at its last look; `None`: none.
+    held: Option<u64>,
     /// Seen while following: after this moment the holder sent no more writes.
     holder_stopped: Option<Instant>,
 }
@@ -144,16 +145,15 @@ impl State {
     /// Follows the reader's leadership; on a new term, asks for a list fetched after the
     /// previous holder stopped writing (or from now) and forgets the journal.
     fn observe(&mut self, leadership: &dyn Leadership, now: Instant) {
-        let until = leadership.leads_until().filter(|u| *u > now);
-        let Some(until) = until else {
-            self.term.led_until = None;
+        let Some(term) = leadership.term() else {
+            self.term.held = None;
             if let Some(stopped) = leadership.holder_stopped() {
                 self.term.holder_stopped = Some(stopped);
             }
             return;
         };
-        let new_term = self.term.led_until.is_none_or(|u| u <= now);
-        self.term.led_until = Some(until);
+        let new_term = self.term.held != Some(term);
+        self.term.held = Some(term);
         if new_term {
             // The previous holder's stop as the gate shows it now (its last record), else as it
             // was at this replica's last read while following (the read ahead of a takeover).

@@ -1,5 +1,6 @@
-//! What the IP store needs to know of leadership to tell a new term: a [`Leadership`] says until
-//! when this replica leads and, while another replica does, when that one stopped writing.
+//! What the IP store needs to know of leadership to tell a new term: a [`Leadership`] says which
+//! term this replica holds (a number that grows with each acquisition, never with a renewal) and,
+//! while another replica leads, when that one stopped writing.
 //!
 //! ```text
 //!  controller: LeaderGate ── impl Leadership ──► CherryClient::led_by ──► IpStore::read
@@ -15,18 +16,19 @@ use tokio::time::Instant;
 
 /// This replica's leadership, as the store's reads see it.
 pub trait Leadership: Send + Sync + Debug {
-    /// Until when this replica leads; `None` (or a past instant): it does not.
-    fn leads_until(&self) -> Option<Instant>;
+    /// The term this replica holds, also while its writes pause for a late renewal; `None`:
+    /// it holds none. A new number is a new term (a pause and its renewal are not).
+    fn term(&self) -> Option<u64>;
 
     /// While another replica holds the lease: the moment after which that holder sends no more
     /// writes unless it renews (its fence), plus any margin for requests still on the way.
     fn holder_stopped(&self) -> Option<Instant>;
 }
 
-/// A fixed leadership (tests, one-shot tools): leads until the instant given, no other holder.
+/// A fixed leadership (tests, one-shot tools): term 0 until the instant given, no other holder.
 impl Leadership for Option<Instant> {
-    fn leads_until(&self) -> Option<Instant> {
-        *self
+    fn term(&self) -> Option<u64> {
+        self.filter(|until| *until > Instant::now()).map(|_| 0)
     }
 
     fn holder_stopped(&self) -> Option<Instant> {

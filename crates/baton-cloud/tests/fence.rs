@@ -4,13 +4,14 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, ServerId};
 use baton_cloud::tags::service_fip_tags;
-use baton_cloud::{CherryClient, Cloud, CloudError, Fence, Lead, Op, Priority};
-use baton_sim::{Faults, LogEntry, SimHandle};
+use baton_cloud::{CherryClient, Cloud, CloudError, Fence, InFlight, Lead, Op, Priority};
+use baton_sim::{Faults, LogEntry, RouteFaults, SimHandle};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -410,4 +411,355 @@ async fn a_fenced_create_whose_post_took_effect_leaves_no_duplicate() {
 #[tokio::test]
 async fn a_fenced_create_whose_post_failed_creates_once_later() {
     fenced_create_after_an_unknown_outcome(false).await;
+}
+
+/// A lease whose term the test ends or changes: published on a watch channel, as the
+/// controller's lease task does.
+fn term_lease(term: u64, ahead: Duration) -> (watch::Sender<Option<Lead>>, Arc<dyn Fence>) {
+    let (tx, rx) = watch::channel(Some(Lead {
+        term,
+        until: Instant::now() + ahead,
+    }));
+    (tx, Arc::new(rx))
+}
+
+/// A Normal write sleeping out a `Retry-After` (3 s) when its term ends (`next: None`) or
+/// changes (`next: Some(2)`, lost and won again at once): it is dropped at that moment, nothing
+/// of it reaches the API afterwards, and its error is Fenced naming the 429.
+async fn a_write_held_past_its_term_is_not_sent(next: Option<u64>) {
+    let sim = Sim::start(Faults {
+        rate_limit: Some(1.0),
+        retry_after_secs: Some(3),
+        ..Faults::none()
+    })
+    .await;
+    let fip = make_fip(&sim, "api").await; // takes the second's only token
+    let mut cfg = common::config(&sim.handle, None);
+    cfg.backoff_cap = Duration::from_secs(2); // Retry-After honoured up to 8 s
+    let client = CherryClient::new(cfg).unwrap();
+    // A term renewed well ahead: the write would wait out the Retry-After and go.
+    let (lease, fence) = term_lease(1, Duration::from_secs(30));
+    let writer = tokio::spawn({
+        let c = client.fenced(fence);
+        let id = fip.id.clone();
+        async move { c.retarget_ip(&id, ServerId(600_101)).await }
+    });
+    // The first PUT is refused with 429 and the writer sleeps its Retry-After.
+    let refused = async {
+        while sim.handle.stats().route("PUT /v1/ips/{id}") == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), refused)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let changed_at = Instant::now();
+    lease.send_replace(next.map(|term| Lead {
+        term,
+        until: Instant::now() + Duration::from_secs(30),
+    }));
+    let err = writer.await.unwrap().unwrap_err();
+    let dropped_at = Instant::now();
+    assert!(err.is_fenced(), "{err}");
+    let CloudError::Fenced {
+        after: Some(last), ..
+    } = &err
+    else {
+        panic!("the 429 is not named: {err:?}");
+    };
+    assert_eq!(last.status(), Some(429));
+    assert!(
+        dropped_at - changed_at < Duration::from_millis(500),
+        "dropped {:?} after the term changed, not at once",
+        dropped_at - changed_at
+    );
+    // Past the Retry-After and more: nothing of it came.
+    tokio::time::sleep_until(changed_at + Duration::from_secs(4)).await;
+    let puts: Vec<_> = sim.writes().into_iter().filter(|e| e.method == "PUT").collect();
+    assert_eq!(puts.len(), 1, "{puts:?}");
+    assert_eq!(puts[0].status, 429);
+    assert!(sim.arrived(&puts[0]) <= changed_at, "{puts:?}");
+    assert_eq!(sim.handle.peek_ip(&fip.id.0).unwrap().target(), None);
+}
+
+#[tokio::test]
+async fn a_write_in_retry_after_is_dropped_when_its_term_ends() {
+    a_write_held_past_its_term_is_not_sent(None).await;
+}
+
+#[tokio::test]
+async fn a_write_in_retry_after_is_dropped_when_a_new_term_begins() {
+    a_write_held_past_its_term_is_not_sent(Some(2)).await;
+}
+
+#[tokio::test]
+async fn a_write_that_began_in_one_term_is_not_sent_in_the_next() {
+    let sim = Sim::start(Faults::none()).await;
+    let fip = make_fip(&sim, "api").await;
+    // One grant per second: a read takes the slot, the write waits in the gate.
+    let client = common::client(&sim.handle, Some(1.0));
+    client.server(ServerId(600_101)).await.unwrap();
+    let (lease, fence) = term_lease(1, Duration::from_secs(30));
+    let writer = tokio::spawn({
+        let c = client.fenced(fence);
+        let id = fip.id.clone();
+        async move { c.retarget_ip(&id, ServerId(600_101)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Lost and won again while the write waits for its grant.
+    lease.send_replace(Some(Lead {
+        term: 2,
+        until: Instant::now() + Duration::from_secs(30),
+    }));
+    let err = writer.await.unwrap().unwrap_err();
+    assert_fenced_untouched(&err, Op::RetargetIp);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(sim.handle.stats().route("PUT /v1/ips/{id}"), 0);
+}
+
+#[tokio::test]
+async fn a_retarget_answered_after_the_lease_deadline_succeeds_and_is_sent_once() {
+    let sim = Sim::start(Faults::none()).await;
+    let fip = make_fip(&sim, "api").await;
+    // The cloud takes 800 ms; it applies the write halfway.
+    sim.handle
+        .set_faults(Faults {
+            latency_ms: 800.into(),
+            processing_ratio: 0.5,
+            ..Faults::none()
+        })
+        .unwrap();
+    let client = common::client(&sim.handle, None);
+    let start = Instant::now();
+    // 300 ms of lease left when the failover write leaves: less than the cloud takes.
+    let deadline = start + Duration::from_millis(300);
+    let urgent = client
+        .with_priority(Priority::Urgent)
+        .fenced(fence(Some(deadline)));
+    let moved = urgent.retarget_ip(&fip.id, ServerId(600_102)).await.unwrap();
+    assert!(Instant::now() >= deadline, "answered before the deadline?");
+    assert_eq!(moved.target(), Some(ServerId(600_102)));
+    let puts: Vec<_> = sim.writes().into_iter().filter(|e| e.method == "PUT").collect();
+    assert_eq!(puts.len(), 1, "sent once: {puts:?}");
+    assert_eq!(puts[0].status, 200);
+    assert!(
+        sim.arrived(&puts[0]) <= deadline,
+        "sent after the deadline: {puts:?}"
+    );
+    assert_eq!(
+        sim.handle.peek_ip(&fip.id.0).unwrap().target(),
+        Some(ServerId(600_102))
+    );
+}
+
+/// Faults on `PUT`/`DELETE /v1/ips/{id}` only: every answer is lost (503) after the write took
+/// effect, or (`late`) answered after the client's request timeout (2 s).
+fn lost_answers(late: bool) -> Faults {
+    let lost = RouteFaults {
+        latency_ms: late.then(|| 2500.into()),
+        error_rate: (!late).then_some(1.0),
+        lost_response_ratio: Some(1.0),
+    };
+    Faults {
+        error_statuses: vec![503],
+        non_json_ratio: 0.0,
+        routes: BTreeMap::from([(PUT_IP.to_owned(), lost.clone()), (DELETE_IP.to_owned(), lost)]),
+        ..Faults::none()
+    }
+}
+
+const PUT_IP: &str = "PUT /v1/ips/{id}";
+const DELETE_IP: &str = "DELETE /v1/ips/{id}";
+const GET_IP: &str = "GET /v1/ips/{id}";
+
+/// A retarget, an unassign and a delete whose answers are lost (or come too late) after they
+/// took effect: each is read back and succeeds with that read; none is sent twice.
+async fn writes_of_unknown_outcome_are_read_back(late: bool) {
+    let sim = Sim::start(Faults::none()).await;
+    let fip = make_fip(&sim, "api").await;
+    sim.handle.set_faults(lost_answers(late)).unwrap();
+    let (_lease, lease) = term_lease(1, Duration::from_secs(60));
+    let client = common::client(&sim.handle, None)
+        .with_priority(Priority::Urgent)
+        .fenced(lease);
+
+    let moved = client.retarget_ip(&fip.id, ServerId(600_103)).await.unwrap();
+    assert_eq!(moved.target(), Some(ServerId(600_103)), "the read's answer");
+    let stats = sim.handle.stats();
+    assert_eq!(stats.route(PUT_IP), 1, "one PUT: the read showed it done");
+    assert_eq!(stats.route(GET_IP), 1, "read back once");
+    assert_eq!(
+        client.cached_ip(&fip.id).await.unwrap().unwrap().target(),
+        Some(ServerId(600_103)),
+        "the store holds the read"
+    );
+
+    let unassigned = client.unassign_ip(&fip.id).await.unwrap();
+    assert_eq!(unassigned.target(), None);
+    assert_eq!(sim.handle.stats().route(PUT_IP), 2, "one PUT each");
+
+    client.delete_ip(&fip.id).await.unwrap();
+    let stats = sim.handle.stats();
+    assert_eq!(stats.route(DELETE_IP), 1, "one DELETE: the read found it gone");
+    assert!(sim.handle.peek_ip(&fip.id.0).is_none());
+    assert!(client.cached_ip(&fip.id).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn writes_whose_answers_are_lost_are_read_back_not_sent_again() {
+    writes_of_unknown_outcome_are_read_back(false).await;
+}
+
+#[tokio::test]
+async fn writes_answered_after_the_timeout_are_read_back_not_sent_again() {
+    writes_of_unknown_outcome_are_read_back(true).await;
+}
+
+#[tokio::test]
+async fn a_write_whose_lost_attempt_did_not_take_effect_is_sent_again_after_the_read() {
+    let sim = Sim::start(Faults::none()).await;
+    let fip = make_fip(&sim, "api").await;
+    // The first PUT fails with 503 before acting (a refusal the client cannot tell from a lost
+    // answer); the second gets through.
+    sim.handle
+        .set_faults(Faults {
+            error_rate: 1.0,
+            error_statuses: vec![503],
+            error_routes: vec![PUT_IP.to_owned()],
+            lost_response_ratio: 0.0,
+            non_json_ratio: 0.0,
+            ..Faults::none()
+        })
+        .unwrap();
+    let (_lease, lease) = term_lease(1, Duration::from_secs(60));
+    let mut cfg = common::config(&sim.handle, None);
+    // The faults are lifted between the read and the second PUT (0.25..0.5 s later).
+    cfg.backoff_base = Duration::from_millis(500);
+    cfg.backoff_cap = Duration::from_secs(1);
+    let client = CherryClient::new(cfg).unwrap().fenced(lease);
+    let writer = tokio::spawn({
+        let c = client.clone();
+        let id = fip.id.clone();
+        async move { c.retarget_ip(&id, ServerId(600_101)).await }
+    });
+    // The read comes before the second PUT.
+    let read_first = async {
+        while sim.handle.stats().route(GET_IP) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_first)
+        .await
+        .unwrap();
+    sim.handle.set_faults(Faults::none()).unwrap();
+    let moved = writer.await.unwrap().unwrap();
+    assert_eq!(moved.target(), Some(ServerId(600_101)));
+    let log: Vec<_> = sim
+        .handle
+        .log(0)
+        .into_iter()
+        .filter(|e| e.path.starts_with("/v1/ips/"))
+        .map(|e| (e.method, e.status))
+        .collect();
+    assert!(log.len() >= 3, "{log:?}");
+    assert_eq!(
+        log[..3],
+        [
+            ("PUT".to_owned(), 503),
+            ("GET".to_owned(), 200),
+            ("PUT".to_owned(), 200)
+        ],
+        "read back before sending again: {log:?}"
+    );
+}
+
+#[tokio::test]
+async fn in_flight_counts_a_slow_write_until_its_answer() {
+    let sim = Sim::start(Faults::none()).await;
+    let fip = make_fip(&sim, "api").await;
+    sim.handle
+        .set_faults(Faults {
+            routes: BTreeMap::from([(
+                PUT_IP.to_owned(),
+                RouteFaults {
+                    latency_ms: Some(700.into()),
+                    ..RouteFaults::default()
+                },
+            )]),
+            ..Faults::none()
+        })
+        .unwrap();
+    let in_flight = InFlight::default();
+    let (lease, fence) = term_lease(1, Duration::from_secs(60));
+    let client = common::client(&sim.handle, None)
+        .fenced(fence)
+        .counting(in_flight.clone());
+    // Reads are not counted.
+    client.ip(&fip.id).await.unwrap();
+    assert_eq!(in_flight.count(), 0);
+    let start = Instant::now();
+    let writer = tokio::spawn({
+        let c = client.clone();
+        let id = fip.id.clone();
+        async move { c.retarget_ip(&id, ServerId(600_101)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(in_flight.count(), 1, "on its way");
+    // The term ends meanwhile (a graceful release): the write is still counted until answered.
+    lease.send_replace(None);
+    assert!(
+        !in_flight.settled(Duration::from_millis(100)).await,
+        "settled before the answer"
+    );
+    assert!(in_flight.settled(Duration::from_secs(5)).await);
+    let answered = Instant::now();
+    assert!(
+        answered - start >= Duration::from_millis(700),
+        "settled after {:?}, before the answer",
+        answered - start
+    );
+    writer.await.unwrap().unwrap();
+    // A write fenced before it left was never counted.
+    let err = client.retarget_ip(&fip.id, ServerId(600_102)).await.unwrap_err();
+    assert!(err.is_fenced(), "{err}");
+    assert_eq!(in_flight.count(), 0);
+    assert_eq!(sim.handle.stats().route(PUT_IP), 1);
+}
+
+#[tokio::test]
+async fn a_create_answered_after_the_lease_deadline_makes_one_fip() {
+    let sim = Sim::start(Faults::none()).await;
+    let client = common::client(&sim.handle, None);
+    client.ips().await.unwrap(); // the look-up before the POST reads this list
+    sim.handle
+        .set_faults(Faults {
+            latency_ms: 800.into(),
+            processing_ratio: 0.5,
+            ..Faults::none()
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let fip = client
+        .fenced(fence(Some(deadline)))
+        .create_ip(fip_request("api"))
+        .await
+        .unwrap();
+    assert!(Instant::now() >= deadline, "answered before the deadline?");
+    let stats = sim.handle.stats();
+    assert_eq!(stats.route("POST /v1/projects/{id}/ips"), 1, "created once");
+    assert_eq!(stats.duplicate_fips, 0);
+    let posts: Vec<_> = sim.writes();
+    assert!(
+        sim.arrived(&posts[0]) <= deadline,
+        "sent after the deadline: {posts:?}"
+    );
+    // The next create finds it: the answer went into the store.
+    let again = client
+        .fenced(fence(Some(Instant::now() + Duration::from_secs(30))))
+        .create_ip(fip_request("api"))
+        .await
+        .unwrap();
+    assert_eq!(again.id, fip.id);
+    assert_eq!(sim.handle.stats().route("POST /v1/projects/{id}/ips"), 1);
 }

@@ -141,6 +141,11 @@ async fn a_paused_gate_past_the_deadline() {
     assert_eq!(tokio::time::Instant::now(), start + Duration::from_secs(2));
 }
 
+/// Whether a call of `op` that began now on `c` would give up before waiting `delay`.
+fn gives_up(c: &CherryClient, op: Op, delay: Duration) -> bool {
+    c.gives_up_before_retry(c.term_for(op).as_ref(), delay)
+}
+
 #[tokio::test(start_paused = true)]
 async fn only_fenced_urgent_writes_give_up_before_a_long_retry_delay() {
     let c = unreachable_client();
@@ -148,27 +153,24 @@ async fn only_fenced_urgent_writes_give_up_before_a_long_retry_delay() {
     let deadline = Some(start + Duration::from_secs(1));
     let urgent = c.with_priority(Priority::Urgent).fenced(fence_at(deadline));
     let ms = Duration::from_millis;
-    assert!(!urgent.gives_up_before_retry(Op::RetargetIp, ms(500)));
+    assert!(!gives_up(&urgent, Op::RetargetIp, ms(500)));
     assert!(
-        urgent.gives_up_before_retry(Op::RetargetIp, ms(1000)),
+        gives_up(&urgent, Op::RetargetIp, ms(1000)),
         "would send at the deadline"
     );
-    assert!(urgent.gives_up_before_retry(Op::CreateIp, ms(2000)));
-    assert!(
-        !urgent.gives_up_before_retry(Op::GetIp, ms(2000)),
-        "reads are not fenced"
-    );
+    assert!(gives_up(&urgent, Op::CreateIp, ms(2000)));
+    assert!(!gives_up(&urgent, Op::GetIp, ms(2000)), "reads are not fenced");
     let normal = c.fenced(fence_at(deadline));
     assert!(
-        !normal.gives_up_before_retry(Op::RetargetIp, ms(2000)),
+        !gives_up(&normal, Op::RetargetIp, ms(2000)),
         "normal waits and re-checks"
     );
     let unfenced = c.with_priority(Priority::Urgent);
-    assert!(!unfenced.gives_up_before_retry(Op::RetargetIp, ms(2000)));
+    assert!(!gives_up(&unfenced, Op::RetargetIp, ms(2000)));
     // A gate pause counts as part of the delay.
     c.inner.gate.defer(start + ms(1500));
-    assert!(urgent.gives_up_before_retry(Op::RetargetIp, ms(100)));
+    assert!(gives_up(&urgent, Op::RetargetIp, ms(100)));
     // An ended lease: give up whatever the delay.
     let ended = c.with_priority(Priority::Urgent).fenced(fence_at(None));
-    assert!(ended.gives_up_before_retry(Op::DeleteIp, Duration::ZERO));
+    assert!(gives_up(&ended, Op::DeleteIp, Duration::ZERO));
 }

@@ -92,7 +92,11 @@ async fn acquire_until_gives_up_at_the_deadline_and_frees_its_place() {
     gate.acquire(Priority::Normal).await; // next slot at t=1 s
     let start = Instant::now();
     let deadline = start + Duration::from_millis(400);
-    assert!(!gate.acquire_until(Priority::Normal, || Some(deadline)).await);
+    assert!(
+        !gate
+            .acquire_until(Priority::Normal, || Some(deadline), None)
+            .await
+    );
     assert_eq!(
         Instant::now() - start,
         Duration::from_millis(400),
@@ -110,17 +114,17 @@ async fn acquire_until_follows_an_extended_deadline() {
     let start = Instant::now();
     // The deadline is always 300 ms ahead (a lease renewed in time): the grant comes.
     let extending = || Some(Instant::now() + Duration::from_millis(300));
-    assert!(gate.acquire_until(Priority::Normal, extending).await);
+    assert!(gate.acquire_until(Priority::Normal, extending, None).await);
     assert_eq!(Instant::now() - start, Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn acquire_until_without_a_deadline_does_not_queue() {
     let gate = Arc::new(RateGate::new(Some(1.0)));
-    assert!(!gate.acquire_until(Priority::Urgent, || None).await);
+    assert!(!gate.acquire_until(Priority::Urgent, || None, None).await);
     assert!(
         !gate
-            .acquire_until(Priority::Urgent, || Some(Instant::now()))
+            .acquire_until(Priority::Urgent, || Some(Instant::now()), None)
             .await
     );
     // The slot at t=0 was not used by the refused callers.
@@ -136,4 +140,32 @@ async fn next_grant_shows_a_pause() {
     assert!(gate.next_grant() <= start);
     gate.defer(start + Duration::from_secs(5));
     assert_eq!(gate.next_grant(), start + Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_until_gives_up_as_soon_as_the_term_ends() {
+    use crate::fence::Lead;
+    let gate = Arc::new(RateGate::new(Some(1.0)));
+    gate.acquire(Priority::Normal).await; // next slot at t=1 s
+    let start = Instant::now();
+    let until = start + Duration::from_secs(5);
+    let (tx, rx) = tokio::sync::watch::channel(Some(Lead { term: 1, until }));
+    let waiter = tokio::spawn({
+        let gate = Arc::clone(&gate);
+        let rx = rx.clone();
+        async move {
+            let lead = || rx.borrow().filter(|l| l.term == 1).map(|l| l.until);
+            let granted = gate.acquire_until(Priority::Normal, lead, Some(rx.clone())).await;
+            (granted, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tx.send_replace(None);
+    let (granted, gave_up) = waiter.await.unwrap();
+    assert!(!granted);
+    assert_eq!(
+        gave_up - start,
+        Duration::from_millis(200),
+        "at the change, not at `until`"
+    );
 }
