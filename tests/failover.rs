@@ -312,7 +312,13 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
         })
         .await;
         let took_over = stop.elapsed();
-        let _ = tokio::time::timeout(Duration::from_secs(20), a.wait()).await;
+        let status = tokio::time::timeout(Duration::from_secs(20), a.wait()).await;
+        let exited = stop.elapsed();
+        eprintln!("replica-a exited {exited:?} after SIGTERM: {status:?}");
+        assert!(
+            matches!(status, Ok(Ok(s)) if s.success()) && exited < took_over + Duration::from_secs(3),
+            "replica-a exits (0) soon after it released the Lease ({took_over:?}), not after its tasks' time limit: {exited:?}, {status:?}"
+        );
         let log = std::fs::read_to_string(&a_log).unwrap();
         let puts: Vec<_> = bed
             .sim

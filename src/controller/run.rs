@@ -220,7 +220,10 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         servers_refresh: Duration::from_secs(600),
     };
     if !args.no_leader_election {
-        sup.spawn("leader-events", leader_events(ctx.clone(), lease_ref));
+        sup.spawn(
+            "leader-events",
+            leader_events(ctx.clone(), lease_ref, shutdown.clone()),
+        );
     }
     let mut result_rx = spawn_controllers(&sup, ctx, opts, &shutdown);
     let result = tokio::select! {
@@ -291,11 +294,15 @@ async fn watch_leaderless(mut gate: LeaderGate, clock: Arc<Leaderless>, shutdown
 }
 
 /// An Event on the Lease each time this replica becomes leader (the convention of
-/// Kubernetes' own controllers: `kubectl describe lease` tells who led when).
-async fn leader_events(ctx: Context, (namespace, name, identity): (String, String, String)) {
+/// Kubernetes' own controllers: `kubectl describe lease` tells who led when), until `shutdown`.
+async fn leader_events(
+    ctx: Context,
+    (namespace, name, identity): (String, String, String),
+    shutdown: CancellationToken,
+) {
     use futures::StreamExt as _;
     let lease = super::context::object_ref("coordination.k8s.io/v1", "Lease", Some(&namespace), &name);
-    let mut elected = std::pin::pin!(ctx.leader.elected());
+    let mut elected = std::pin::pin!(ctx.leader.elected().take_until(shutdown.cancelled_owned()));
     while elected.next().await.is_some() {
         ctx.event_on(
             &lease,
