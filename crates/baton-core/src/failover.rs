@@ -194,7 +194,12 @@ pub fn avoid(last: Option<&LastMove>, holder: Option<u64>) -> Option<u64> {
 /// within [`STORM_ONSET`] of that move, and has not lasted [`STORM_CONFIRM`] yet. Only
 /// [`Reason::HolderDown`] is held; a holder that keeps failing moves at most
 /// `STORM_ONSET + STORM_CONFIRM` after the move to it, a failure that begins later at once.
-pub fn storm_held(last: Option<&LastMove>, holder: Option<u64>, reason: Reason, failing_for: Duration) -> bool {
+pub fn storm_held(
+    last: Option<&LastMove>,
+    holder: Option<u64>,
+    reason: Reason,
+    failing_for: Duration,
+) -> bool {
     let Some(last) = last else { return false };
     if reason != Reason::HolderDown || holder != Some(last.to) {
         return false;

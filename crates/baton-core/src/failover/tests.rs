@@ -126,6 +126,7 @@ const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+#[allow(clippy::unnecessary_wraps)] // the cases' `last` is an Option
 fn moved(from: Option<u64>, to: u64, ago: Duration) -> Option<LastMove> {
     Some(LastMove { from, to, ago })
 }
@@ -143,7 +144,11 @@ fn moved(from: Option<u64>, to: u64, ago: Duration) -> Option<LastMove> {
 #[case(moved(Some(1), 2, ms(500)), None, None)]
 // It was unassigned before: nothing was left.
 #[case(moved(None, 2, ms(500)), Some(2), None)]
-fn the_server_to_avoid(#[case] last: Option<LastMove>, #[case] holder: Option<u64>, #[case] want: Option<u64>) {
+fn the_server_to_avoid(
+    #[case] last: Option<LastMove>,
+    #[case] holder: Option<u64>,
+    #[case] want: Option<u64>,
+) {
     assert_eq!(avoid(last.as_ref(), holder), want);
 }
 
@@ -154,7 +159,13 @@ fn the_server_to_avoid(#[case] last: Option<LastMove>, #[case] holder: Option<u6
 // … for as long as it has failed less than STORM_CONFIRM …
 #[case(moved(Some(1), 2, ms(2_000)), Some(2), Reason::HolderDown, ms(1_900), true)]
 // … then it moves (a dead new holder moves at most STORM_ONSET + STORM_CONFIRM after the move).
-#[case(moved(Some(1), 2, ms(2_100)), Some(2), Reason::HolderDown, STORM_CONFIRM, false)]
+#[case(
+    moved(Some(1), 2, ms(2_100)),
+    Some(2),
+    Reason::HolderDown,
+    STORM_CONFIRM,
+    false
+)]
 #[case(moved(Some(1), 2, ms(3_900)), Some(2), Reason::HolderDown, ms(1_950), true)]
 #[case(moved(Some(1), 2, ms(4_000)), Some(2), Reason::HolderDown, ms(1_999), false)]
 // It was failing before the move reached it (a failure run longer than the move's age).
