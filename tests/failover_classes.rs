@@ -195,13 +195,22 @@ fn signal(child: &Child, sig: Signal) {
 
 /// A hung API server (SIGSTOP: the kernel still accepts TCP, nothing answers) on the FIP's
 /// holder: the FIP moves once, to a healthy node, and only the leader writes.
+///
+/// Then the hold-down that move started outlives its leader (one cluster for both: the second
+/// part starts where the first ends). The leader records the move on the mirror Service; it is
+/// stopped, and when the new holder fails a few seconds later, the next leader moves the FIP on
+/// to the third node, not straight back to the node it just left, although that one is healthy
+/// again and comes first in the candidates' order (the order a leader that forgot the move
+/// would pick from).
 #[test]
-fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once() {
+fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leader_does_not_send_it_back() {
     lab::run(|| async {
         let mut bed = bed(100).await;
-        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
         let leader = bed.leader().await;
-        let victim = (leader + 1) % 3;
+        // The first node that is not the leader's: the node the FIP then goes to comes before
+        // the third one in the candidates' order (by address: cp-0, cp-1, cp-2).
+        let victim = usize::from(leader == 0);
         bed.place_fip(victim).await;
         let from = bed.next_seq();
 
@@ -216,7 +225,99 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once() {
         );
         bed.cp.unhang(victim).unwrap();
         bed.assert_only_leaders_wrote();
+
+        // The move and its hold are on the mirror Service, for every replica.
+        let to = bed.holder().unwrap();
+        let third = 3 - victim - to;
+        let addresses = bed.cp.addresses();
+        assert!(
+            addresses[victim] < addresses[third],
+            "the test needs the node left first in the candidates' order"
+        );
+        let observer = bed.cp.client(third).unwrap();
+        let record = last_move_to(&observer, CP[to]).await;
+        assert_eq!(record["from"], CP[victim], "{record}");
+        assert_eq!(record["to"], CP[to], "{record}");
+        assert_eq!(record["reason"], "HolderDown", "{record}");
+        assert!(
+            record["at"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some(),
+            "{record}"
+        );
+        // The node left answers again, for every replica.
+        let direct = SocketAddr::new(bed.cp.addresses()[victim], 6443);
+        let ca = bed.cp.ca_der().to_vec();
+        common::wait_for("the hung node to answer again", Duration::from_secs(30), || {
+            common::readyz(&ca, direct)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        // The leader that moved it stops (a rolling update); another takes over.
+        let pid = i32::try_from(replicas[leader].id().expect("running")).unwrap();
+        nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), replicas[leader].wait())
+            .await
+            .expect("the leader stops on SIGTERM")
+            .unwrap();
+        common::wait_for("another replica to lead", Duration::from_secs(10), || {
+            let h = bed.history.holder();
+            let old = format!("cp-{leader}");
+            async move { h.is_some_and(|h| h != old) }
+        })
+        .await;
+        let from = bed.next_seq();
+
+        // The new holder dies: the FIP moves on, to the third node.
+        bed.cp.kill_apiserver(to).await;
+        bed.wait_fip_answers_from_other_than(to).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = bed.moves(from);
+        assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
+        assert!(
+            !moves[0].user_agent.ends_with(&format!("controller/cp-{leader}")),
+            "moved by the next leader: {moves:#?}"
+        );
+        assert_eq!(
+            bed.holder(),
+            Some(third),
+            "not straight back to cp-{victim}, which it just left\n{}",
+            bed.logs()
+        );
+        let record = last_move_to(&observer, CP[third]).await;
+        assert_eq!(
+            record["from"], CP[to],
+            "the next leader's move recorded: {record}"
+        );
+        bed.assert_only_leaders_wrote();
     });
+}
+
+/// The record of the last move on the mirror Service, once it names a move to server `to`.
+async fn last_move_to(client: &kube::Client, to: u64) -> serde_json::Value {
+    let api = Api::<Service>::namespaced(client.clone(), "kube-system");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let svc = api.get("baton-kubernetes-external").await.unwrap();
+        if let Some(raw) = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("baton.dev/fip-last-move"))
+        {
+            let record: serde_json::Value = serde_json::from_str(raw).expect("the record is JSON");
+            if record["to"] == to {
+                return record;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no baton.dev/fip-last-move to {to} on the mirror Service"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The node of the leader replica dies while it holds the FIP (the CPEM #304/#319 case): a
