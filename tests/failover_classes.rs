@@ -201,7 +201,9 @@ fn signal(child: &Child, sig: Signal) {
 /// stopped, and when the new holder fails a few seconds later, the next leader moves the FIP on
 /// to the third node, not straight back to the node it just left, although that one is healthy
 /// again and comes first in the candidates' order (the order a leader that forgot the move
-/// would pick from).
+/// would pick from). Last, the FIP stops answering through its route while its holder answers
+/// directly: the leader moves it once and holds it (30 s); it is stopped too, and the next leader
+/// keeps holding it rather than move it again 5 s after its takeover.
 #[test]
 fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leader_does_not_send_it_back() {
     lab::run(|| async {
@@ -292,7 +294,92 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
             "the next leader's move recorded: {record}"
         );
         bed.assert_only_leaders_wrote();
+
+        // Three replicas again (the stopped one restarts; one of the others has no API server).
+        replicas[leader] = bed.replica(leader, &[]);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        an_unreachable_fip_stays_held_across_a_leader_change(&bed, &mut replicas, &observer, victim).await;
     });
+}
+
+/// The FIP (on a healthy node) stops answering through its route: the leader moves it to
+/// `expected` (the only other healthy node), then holds it there for 30 s; the leader is stopped
+/// and the next one holds it too.
+async fn an_unreachable_fip_stays_held_across_a_leader_change(
+    bed: &Bed,
+    replicas: &mut [Child],
+    observer: &kube::Client,
+    expected: usize,
+) {
+    let from = bed.next_seq();
+    // Every packet to the FIP's port dropped, on every route (the nodes still answer directly).
+    nft(&format!(
+        "table inet hold_test {{\n chain input {{\n  type filter hook input priority -10;\n  ip daddr {} tcp dport 6443 drop\n }}\n}}\n",
+        bed.fip.address
+    ))
+    .await;
+    common::wait_for("a move of the unreachable FIP", Duration::from_secs(30), || {
+        let n = bed.moves(from).len();
+        async move { n >= 1 }
+    })
+    .await;
+    let moved_by = bed.history.holder().unwrap();
+    let record = last_move_to(observer, CP[expected]).await;
+    assert_eq!(record["reason"], "FipUnreachable", "{record}");
+    let at: k8s_openapi::jiff::Timestamp = record["at"].as_str().unwrap().parse().unwrap();
+    let until: k8s_openapi::jiff::Timestamp = record["holdUntil"].as_str().unwrap().parse().unwrap();
+    assert_eq!(until.duration_since(at).as_secs(), 30, "{record}");
+    assert_eq!(record["unreachable"]["holdMs"], 30_000, "{record}");
+
+    // The leader that moved it stops; the next one reads the hold from the record.
+    let i: usize = moved_by.strip_prefix("cp-").unwrap().parse().unwrap();
+    let pid = i32::try_from(replicas[i].id().expect("running")).unwrap();
+    nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), replicas[i].wait())
+        .await
+        .expect("the leader stops on SIGTERM")
+        .unwrap();
+    common::wait_for("another replica to lead", Duration::from_secs(10), || {
+        let h = bed.history.holder();
+        let old = moved_by.clone();
+        async move { h.is_some_and(|h| h != old) }
+    })
+    .await;
+    let next = bed.history.holder().unwrap();
+    // Without the record it would hold 5 s after its first list (the move it sees there), then
+    // move the FIP again within a second.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let moves = bed.moves(from);
+    assert_eq!(
+        moves.len(),
+        1,
+        "the next leader ({next}) kept the hold: {moves:#?}\n{}",
+        bed.logs()
+    );
+    assert_eq!(bed.holder(), Some(expected));
+    let log = std::fs::read_to_string(bed.logs.path().join(format!("{next}.log"))).unwrap();
+    assert!(
+        log.contains("moved recently; holding it where it is"),
+        "the next leader never held the FIP\n{}",
+        bed.logs()
+    );
+    nft("delete table inet hold_test").await;
+    bed.assert_only_leaders_wrote();
+}
+
+/// Runs an nftables script in the lab's network namespace.
+async fn nft(script: &str) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nft (Debian package nftables)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).await.unwrap();
+    drop(stdin);
+    assert!(child.wait().await.unwrap().success(), "nft -f - failed: {script}");
 }
 
 /// The record of the last move on the mirror Service, once it names a move to server `to`.
