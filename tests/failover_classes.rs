@@ -198,7 +198,8 @@ fn signal(child: &Child, sig: Signal) {
 ///
 /// Then the hold-down that move started outlives its leader (one cluster for both: the second
 /// part starts where the first ends). The leader records the move on the mirror Service; it is
-/// stopped, and when the new holder fails a few seconds later, the next leader moves the FIP on
+/// stopped (with the replica on the new holder), and when the new holder fails a few seconds
+/// later, the next leader moves the FIP on
 /// to the third node, not straight back to the node it just left, although that one is healthy
 /// again and comes first in the candidates' order (the order a leader that forgot the move
 /// would pick from). Last, the FIP stops answering through its route while its holder answers
@@ -257,17 +258,16 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
 
-        // The leader that moved it stops (a rolling update); another takes over.
-        let pid = i32::try_from(replicas[leader].id().expect("running")).unwrap();
-        nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), replicas[leader].wait())
-            .await
-            .expect("the leader stops on SIGTERM")
-            .unwrap();
+        // The leader that moved it stops (a rolling update); another takes over. The replica on
+        // the new holder stops too: the next failure is the holder's alone, not its leader's
+        // (a leader losing its own API server is the leader-node class, tested above).
+        for i in [leader, to] {
+            stop_gracefully(&mut replicas[i]).await;
+        }
         common::wait_for("another replica to lead", Duration::from_secs(10), || {
             let h = bed.history.holder();
-            let old = format!("cp-{leader}");
-            async move { h.is_some_and(|h| h != old) }
+            let gone = [format!("cp-{leader}"), format!("cp-{to}")];
+            async move { h.is_some_and(|h| !gone.contains(&h)) }
         })
         .await;
         let from = bed.next_seq();
@@ -295,8 +295,10 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         );
         bed.assert_only_leaders_wrote();
 
-        // Three replicas again (the stopped one restarts; one of the others has no API server).
-        replicas[leader] = bed.replica(leader, &[]);
+        // Three replicas again (the one on the dead API server cannot lead).
+        for i in [leader, to] {
+            replicas[i] = bed.replica(i, &[]);
+        }
         tokio::time::sleep(Duration::from_secs(3)).await;
         an_unreachable_fip_stays_held_across_a_leader_change(&bed, &mut replicas, &observer, victim).await;
     });
@@ -333,12 +335,7 @@ async fn an_unreachable_fip_stays_held_across_a_leader_change(
 
     // The leader that moved it stops; the next one reads the hold from the record.
     let i: usize = moved_by.strip_prefix("cp-").unwrap().parse().unwrap();
-    let pid = i32::try_from(replicas[i].id().expect("running")).unwrap();
-    nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), replicas[i].wait())
-        .await
-        .expect("the leader stops on SIGTERM")
-        .unwrap();
+    stop_gracefully(&mut replicas[i]).await;
     common::wait_for("another replica to lead", Duration::from_secs(10), || {
         let h = bed.history.holder();
         let old = moved_by.clone();
@@ -365,6 +362,18 @@ async fn an_unreachable_fip_stays_held_across_a_leader_change(
     );
     nft("delete table inet hold_test").await;
     bed.assert_only_leaders_wrote();
+}
+
+/// SIGTERM, as a rolling update stops a replica; waits until it has stopped (a no-op for one
+/// that has).
+async fn stop_gracefully(replica: &mut Child) {
+    if let Some(pid) = replica.id() {
+        nix::sys::signal::kill(Pid::from_raw(i32::try_from(pid).unwrap()), Signal::SIGTERM).unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(10), replica.wait())
+        .await
+        .expect("a replica stops on SIGTERM")
+        .unwrap();
 }
 
 /// Runs an nftables script in the lab's network namespace.
