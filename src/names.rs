@@ -20,6 +20,11 @@ pub const FIP_HOLDER_ANNOTATION: &str = "baton.dev/fip-holder";
 /// the server's own packets for the FIP locally: the cloud's router would send them back to the
 /// server, which drops packets carrying its own address as their source.
 pub const FIP_HOLDER_ADDRESS_ANNOTATION: &str = "baton.dev/fip-holder-address";
+/// On every control-plane endpoint Service, written by the leading controller after it moves the
+/// Service's FIP: the last move (when, from and to which server, why) and the hold-down it
+/// started, as JSON with RFC 3339 times, so that every replica, and the next leader, holds the
+/// FIP as the leader that moved it would (docs/controller.md, "No flapping").
+pub const FIP_LAST_MOVE_ANNOTATION: &str = "baton.dev/fip-last-move";
 /// The label EndpointSlices use to name their Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// cloud-provider-cherry's mirror Service (`kube-system`), left behind on a switch to baton.

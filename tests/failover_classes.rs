@@ -195,13 +195,25 @@ fn signal(child: &Child, sig: Signal) {
 
 /// A hung API server (SIGSTOP: the kernel still accepts TCP, nothing answers) on the FIP's
 /// holder: the FIP moves once, to a healthy node, and only the leader writes.
+///
+/// Then the hold-down that move started outlives its leader (one cluster for both: the second
+/// part starts where the first ends). The leader records the move on the mirror Service; it is
+/// stopped (with the replica on the new holder), and when the new holder fails a few seconds
+/// later, the next leader moves the FIP on
+/// to the third node, not straight back to the node it just left, although that one is healthy
+/// again and comes first in the candidates' order (the order a leader that forgot the move
+/// would pick from). Last, the FIP stops answering through its route while its holder answers
+/// directly: the leader moves it once and holds it (30 s); it is stopped too, and the next leader
+/// keeps holding it rather than move it again 5 s after its takeover.
 #[test]
-fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once() {
+fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leader_does_not_send_it_back() {
     lab::run(|| async {
         let mut bed = bed(100).await;
-        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
         let leader = bed.leader().await;
-        let victim = (leader + 1) % 3;
+        // The first node that is not the leader's: the node the FIP then goes to comes before
+        // the third one in the candidates' order (by address: cp-0, cp-1, cp-2).
+        let victim = usize::from(leader == 0);
         bed.place_fip(victim).await;
         let from = bed.next_seq();
 
@@ -216,7 +228,202 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once() {
         );
         bed.cp.unhang(victim).unwrap();
         bed.assert_only_leaders_wrote();
+
+        // The move and its hold are on the mirror Service, for every replica.
+        let to = bed.holder().unwrap();
+        let third = 3 - victim - to;
+        let addresses = bed.cp.addresses();
+        assert!(
+            addresses[victim] < addresses[third],
+            "the test needs the node left first in the candidates' order"
+        );
+        let observer = bed.cp.client(third).unwrap();
+        let record = last_move_to(&observer, CP[to]).await;
+        assert_eq!(record["from"], CP[victim], "{record}");
+        assert_eq!(record["to"], CP[to], "{record}");
+        assert_eq!(record["reason"], "HolderDown", "{record}");
+        assert!(
+            record["at"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some(),
+            "{record}"
+        );
+        // The node left answers again, for every replica.
+        let direct = SocketAddr::new(bed.cp.addresses()[victim], 6443);
+        let ca = bed.cp.ca_der().to_vec();
+        common::wait_for("the hung node to answer again", Duration::from_secs(30), || {
+            common::readyz(&ca, direct)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        // The leader that moved it stops (a rolling update); another takes over. The replica on
+        // the new holder stops too: the next failure is the holder's alone, not its leader's
+        // (a leader losing its own API server is the leader-node class, tested below).
+        let mut stopping: Vec<&mut Child> = replicas
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| *i == leader || *i == to)
+            .map(|(_, r)| r)
+            .collect();
+        stop_gracefully(&mut stopping).await;
+        common::wait_for("another replica to lead", Duration::from_secs(10), || {
+            let h = bed.history.holder();
+            let gone = [format!("cp-{leader}"), format!("cp-{to}")];
+            async move { h.is_some_and(|h| !gone.contains(&h)) }
+        })
+        .await;
+        let from = bed.next_seq();
+
+        // The new holder dies: the FIP moves on, to the third node.
+        bed.cp.kill_apiserver(to).await;
+        bed.wait_fip_answers_from_other_than(to).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = bed.moves(from);
+        assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
+        assert!(
+            !moves[0].user_agent.ends_with(&format!("controller/cp-{leader}")),
+            "moved by the next leader: {moves:#?}"
+        );
+        assert_eq!(
+            bed.holder(),
+            Some(third),
+            "not straight back to cp-{victim}, which it just left\n{}",
+            bed.logs()
+        );
+        let record = last_move_to(&observer, CP[third]).await;
+        assert_eq!(
+            record["from"], CP[to],
+            "the next leader's move recorded: {record}"
+        );
+        bed.assert_only_leaders_wrote();
+
+        // Three replicas again (the one on the dead API server cannot lead).
+        for i in [leader, to] {
+            replicas[i] = bed.replica(i, &[]);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        an_unreachable_fip_stays_held_across_a_leader_change(&bed, &mut replicas, &observer, victim).await;
     });
+}
+
+/// The FIP (on a healthy node) stops answering through its route: the leader moves it to
+/// `expected` (the only other healthy node), then holds it there for 30 s; the leader is stopped
+/// and the next one holds it too.
+async fn an_unreachable_fip_stays_held_across_a_leader_change(
+    bed: &Bed,
+    replicas: &mut [Child],
+    observer: &kube::Client,
+    expected: usize,
+) {
+    let from = bed.next_seq();
+    // Every packet to the FIP's port dropped, on every route (the nodes still answer directly).
+    nft(&format!(
+        "table inet hold_test {{\n chain input {{\n  type filter hook input priority -10;\n  ip daddr {} tcp dport 6443 drop\n }}\n}}\n",
+        bed.fip.address
+    ))
+    .await;
+    common::wait_for("a move of the unreachable FIP", Duration::from_secs(30), || {
+        let n = bed.moves(from).len();
+        async move { n >= 1 }
+    })
+    .await;
+    let moved_by = bed.history.holder().unwrap();
+    let record = last_move_to(observer, CP[expected]).await;
+    assert_eq!(record["reason"], "FipUnreachable", "{record}");
+    let at: k8s_openapi::jiff::Timestamp = record["at"].as_str().unwrap().parse().unwrap();
+    let until: k8s_openapi::jiff::Timestamp = record["holdUntil"].as_str().unwrap().parse().unwrap();
+    assert_eq!(until.duration_since(at).as_secs(), 30, "{record}");
+    assert_eq!(record["unreachable"]["holdMs"], 30_000, "{record}");
+
+    // The leader that moved it stops; the next one reads the hold from the record.
+    let i: usize = moved_by.strip_prefix("cp-").unwrap().parse().unwrap();
+    stop_gracefully(&mut [&mut replicas[i]]).await;
+    common::wait_for("another replica to lead", Duration::from_secs(10), || {
+        let h = bed.history.holder();
+        let old = moved_by.clone();
+        async move { h.is_some_and(|h| h != old) }
+    })
+    .await;
+    let next = bed.history.holder().unwrap();
+    // Without the record it would hold 5 s after its first list (the move it sees there), then
+    // move the FIP again within a second.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let moves = bed.moves(from);
+    assert_eq!(
+        moves.len(),
+        1,
+        "the next leader ({next}) kept the hold: {moves:#?}\n{}",
+        bed.logs()
+    );
+    assert_eq!(bed.holder(), Some(expected));
+    let log = std::fs::read_to_string(bed.logs.path().join(format!("{next}.log"))).unwrap();
+    assert!(
+        log.contains("moved recently; holding it where it is"),
+        "the next leader never held the FIP\n{}",
+        bed.logs()
+    );
+    nft("delete table inet hold_test").await;
+    bed.assert_only_leaders_wrote();
+}
+
+/// SIGTERM to each of `replicas` at once, as a rolling update stops a replica (it releases the
+/// Lease on its way out); one that has not exited 5 s later is killed (how long a replica takes
+/// to exit is not what these tests are about).
+async fn stop_gracefully(replicas: &mut [&mut Child]) {
+    for r in replicas.iter() {
+        if let Some(pid) = r.id() {
+            nix::sys::signal::kill(Pid::from_raw(i32::try_from(pid).unwrap()), Signal::SIGTERM).unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for r in replicas.iter_mut() {
+        if tokio::time::timeout_at(deadline, r.wait()).await.is_err() {
+            eprintln!("a replica had not exited 5 s after SIGTERM: killed");
+            r.kill().await.unwrap();
+        }
+    }
+}
+
+/// Runs an nftables script in the lab's network namespace.
+async fn nft(script: &str) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nft (Debian package nftables)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).await.unwrap();
+    drop(stdin);
+    assert!(child.wait().await.unwrap().success(), "nft -f - failed: {script}");
+}
+
+/// The record of the last move on the mirror Service, once it names a move to server `to`.
+async fn last_move_to(client: &kube::Client, to: u64) -> serde_json::Value {
+    let api = Api::<Service>::namespaced(client.clone(), "kube-system");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let svc = api.get("baton-kubernetes-external").await.unwrap();
+        if let Some(raw) = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("baton.dev/fip-last-move"))
+        {
+            let record: serde_json::Value = serde_json::from_str(raw).expect("the record is JSON");
+            if record["to"] == to {
+                return record;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no baton.dev/fip-last-move to {to} on the mirror Service"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The node of the leader replica dies while it holds the FIP (the CPEM #304/#319 case): a

@@ -161,7 +161,7 @@ impl Default for Metrics {
             failover_held: register(
                 r,
                 "failover_held",
-                "FIP moves for an unreachable FIP held back by the hold-down after a recent such move",
+                "FIP moves held back after a recent move: of an unreachable FIP (hold-down), or of a new holder failing since the move to it (ping-pong), once per hold",
                 Counter::default(),
             ),
             cloud_stale: register(

@@ -7,6 +7,15 @@
 //! clusters). It is `None` unless the controller watches routers; then a holder whose router
 //! is Down moves ([`Reason::RouterDown`]) to a node whose API server and router are both Up,
 //! and every other move prefers such a node.
+//!
+//! Two more pure rules keep a FIP from ping-ponging after a move ([`LastMove`]): the server it
+//! just left is chosen again only when no other candidate is as good ([`avoid`], via
+//! [`Observation::left`]), and a failure of the new holder that begins right after the move (the
+//! reconnect storm the move itself sends there) moves it only once it has lasted
+//! [`STORM_CONFIRM`] ([`storm_held`]). The controller keeps the last move where every replica
+//! reads it, so the rules survive a change of leader.
+
+use std::time::Duration;
 
 use crate::health::Health;
 
@@ -43,6 +52,9 @@ pub struct Observation {
     pub via_fip: Health,
     /// Every candidate, in a stable order.
     pub candidates: Vec<Candidate>,
+    /// The server the FIP was just moved away from ([`avoid`]): chosen again only when no
+    /// other healthy candidate is as good.
+    pub left: Option<u64>,
 }
 
 /// Why the FIP moves.
@@ -115,17 +127,20 @@ pub fn decide(obs: &Observation) -> Decision {
         _ => return Decision::Keep,
     };
     let others = obs.candidates.iter().filter(|c| Some(c.server_id) != obs.holder);
-    let mut healthy: Vec<&Candidate> = others
+    // Best first: a schedulable node with a serving router, then a schedulable one, then a
+    // serving router; within each, one the FIP did not just leave; then the given order
+    // (`min_by_key` keeps the first of equals).
+    let best = others
         .filter(|c| c.health == Health::Up && !c.deleting)
         .filter(|c| reason != Reason::RouterDown || c.router == Some(Health::Up))
-        .collect();
-    // Stable: a serving router first, the given order otherwise kept.
-    healthy.sort_by_key(|c| !c.router_ok());
-    let best = healthy
-        .iter()
-        .find(|c| c.schedulable && c.router_ok())
-        .or_else(|| healthy.iter().find(|c| c.schedulable))
-        .or_else(|| healthy.first());
+        .min_by_key(|c| {
+            (
+                !(c.schedulable && c.router_ok()),
+                !c.schedulable,
+                !c.router_ok(),
+                Some(c.server_id) == obs.left,
+            )
+        });
     match (best, reason) {
         // Draining: only move to a schedulable node; otherwise the holder is as good as any.
         (Some(c), Reason::HolderDraining) if !c.schedulable => Decision::Keep,
@@ -136,6 +151,62 @@ pub fn decide(obs: &Observation) -> Decision {
         },
         (None, reason) => Decision::Stuck { reason },
     }
+}
+
+/// The last move of a FIP the controller made (or another replica made and recorded), as the
+/// rules against ping-pong see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastMove {
+    /// The server the FIP was moved away from (`None`: it was unassigned).
+    pub from: Option<u64>,
+    /// The server it was moved to.
+    pub to: u64,
+    /// How long ago the move was made.
+    pub ago: Duration,
+}
+
+/// A failure of the FIP's new holder that begins within this long of the move to it may be the
+/// move's own doing: every client whose connections broke with the old holder reconnects to the
+/// new one at once.
+pub const STORM_ONSET: Duration = Duration::from_secs(2);
+
+/// Such a failure moves the FIP only once the holder has failed its probes for this long (a dead
+/// holder is marked down 0.4–0.9 s after its first failed probe with the default probes).
+pub const STORM_CONFIRM: Duration = Duration::from_secs(2);
+
+/// For this long after a move, the server the FIP left is chosen again only when no other
+/// healthy candidate is as good.
+pub const AVOID_LEFT: Duration = Duration::from_secs(30);
+
+/// The server a move should avoid ([`Observation::left`]): the one the FIP left in `last`, while
+/// the FIP is still where that move put it and for [`AVOID_LEFT`] after it. Not held back: a
+/// move goes there when it is the only healthy candidate.
+pub fn avoid(last: Option<&LastMove>, holder: Option<u64>) -> Option<u64> {
+    let last = last?;
+    if holder != Some(last.to) || last.ago >= AVOID_LEFT {
+        return None;
+    }
+    last.from
+}
+
+/// Whether a move for `reason` is held back as a possible reconnect storm: the holder is the
+/// server `last` moved the FIP to, its current run of failed probes (`failing_for` long) began
+/// within [`STORM_ONSET`] of that move, and has not lasted [`STORM_CONFIRM`] yet. Only
+/// [`Reason::HolderDown`] is held; a holder that keeps failing moves at most
+/// `STORM_ONSET + STORM_CONFIRM` after the move to it, a failure that begins later at once.
+pub fn storm_held(
+    last: Option<&LastMove>,
+    holder: Option<u64>,
+    reason: Reason,
+    failing_for: Duration,
+) -> bool {
+    let Some(last) = last else { return false };
+    if reason != Reason::HolderDown || holder != Some(last.to) {
+        return false;
+    }
+    // When the failure began, counted from the move (0: it was failing already).
+    let onset = last.ago.saturating_sub(failing_for);
+    onset < STORM_ONSET && failing_for < STORM_CONFIRM
 }
 
 #[cfg(test)]

@@ -35,7 +35,14 @@ fn obs(holder: Option<u64>, via_fip: Health, candidates: Vec<Candidate>) -> Obse
         holder,
         via_fip,
         candidates,
+        left: None,
     }
+}
+
+/// `o` right after a move away from `left`.
+fn after_leaving(mut o: Observation, left: u64) -> Observation {
+    o.left = Some(left);
+    o
 }
 
 #[rstest]
@@ -90,6 +97,96 @@ fn obs(holder: Option<u64>, via_fip: Health, candidates: Vec<Candidate>) -> Obse
        Decision::Move { to: 2, reason: Reason::RouterDown })]
 fn decides(#[case] o: Observation, #[case] want: Decision) {
     assert_eq!(decide(&o), want);
+}
+
+#[rstest]
+// The new holder (2) falls right after the FIP left 1: not straight back, to 3 instead …
+#[case(after_leaving(obs(Some(2), Down, vec![cand(1, Up), cand(2, Down), cand(3, Up)]), 1),
+       Decision::Move { to: 3, reason: Reason::HolderDown })]
+// … but back to 1 when it is the only healthy one (a dead holder always moves).
+#[case(after_leaving(obs(Some(2), Down, vec![cand(1, Up), cand(2, Down), cand(3, Down)]), 1),
+       Decision::Move { to: 1, reason: Reason::HolderDown })]
+#[case(after_leaving(obs(Some(2), Down, vec![cand(1, Up), cand(2, Down)]), 1),
+       Decision::Move { to: 1, reason: Reason::HolderDown })]
+// Avoiding it comes after the other preferences: a schedulable node that was just left beats a
+// cordoned one.
+#[case(after_leaving(obs(Some(2), Down, vec![cand(1, Up), cand(2, Down), cordoned(cand(3, Up))]), 1),
+       Decision::Move { to: 1, reason: Reason::HolderDown })]
+// Any reason avoids it.
+#[case(after_leaving(obs(Some(2), Up, vec![cand(1, Up), cordoned(cand(2, Up)), cand(3, Up)]), 1),
+       Decision::Move { to: 3, reason: Reason::HolderDraining })]
+// Not a candidate, or down: nothing changes.
+#[case(after_leaving(obs(Some(2), Down, vec![cand(2, Down), cand(3, Up)]), 1),
+       Decision::Move { to: 3, reason: Reason::HolderDown })]
+fn the_server_just_left_is_the_last_choice(#[case] o: Observation, #[case] want: Decision) {
+    assert_eq!(decide(&o), want);
+}
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[allow(clippy::unnecessary_wraps)] // the cases' `last` is an Option
+fn moved(from: Option<u64>, to: u64, ago: Duration) -> Option<LastMove> {
+    Some(LastMove { from, to, ago })
+}
+
+#[rstest]
+// No move recorded: nothing to avoid.
+#[case(None, Some(2), None)]
+// Right after 1 → 2, while 2 holds it: avoid 1.
+#[case(moved(Some(1), 2, ms(500)), Some(2), Some(1))]
+#[case(moved(Some(1), 2, ms(29_999)), Some(2), Some(1))]
+// Long enough ago: no preference any more.
+#[case(moved(Some(1), 2, AVOID_LEFT), Some(2), None)]
+// Someone else moved the FIP since (the record is not about this holder).
+#[case(moved(Some(1), 2, ms(500)), Some(3), None)]
+#[case(moved(Some(1), 2, ms(500)), None, None)]
+// It was unassigned before: nothing was left.
+#[case(moved(None, 2, ms(500)), Some(2), None)]
+fn the_server_to_avoid(
+    #[case] last: Option<LastMove>,
+    #[case] holder: Option<u64>,
+    #[case] want: Option<u64>,
+) {
+    assert_eq!(avoid(last.as_ref(), holder), want);
+}
+
+#[rstest]
+// The ping-pong the issue saw: 1 → 2; 2 fails from 100 ms after the move (the reconnect storm)
+// and is marked down at its third failed probe, 0.5 s later. Held …
+#[case(moved(Some(1), 2, ms(600)), Some(2), Reason::HolderDown, ms(500), true)]
+// … for as long as it has failed less than STORM_CONFIRM …
+#[case(moved(Some(1), 2, ms(2_000)), Some(2), Reason::HolderDown, ms(1_900), true)]
+// … then it moves (a dead new holder moves at most STORM_ONSET + STORM_CONFIRM after the move).
+#[case(
+    moved(Some(1), 2, ms(2_100)),
+    Some(2),
+    Reason::HolderDown,
+    STORM_CONFIRM,
+    false
+)]
+#[case(moved(Some(1), 2, ms(3_900)), Some(2), Reason::HolderDown, ms(1_950), true)]
+#[case(moved(Some(1), 2, ms(4_000)), Some(2), Reason::HolderDown, ms(1_999), false)]
+// It was failing before the move reached it (a failure run longer than the move's age).
+#[case(moved(Some(1), 2, ms(300)), Some(2), Reason::HolderDown, ms(900), true)]
+// A failure that begins later than STORM_ONSET after the move is a failure of its own: at once.
+#[case(moved(Some(1), 2, ms(3_000)), Some(2), Reason::HolderDown, ms(500), false)]
+#[case(moved(Some(1), 2, ms(60_000)), Some(2), Reason::HolderDown, ms(500), false)]
+// Only HolderDown waits; and only for the server the move went to.
+#[case(moved(Some(1), 2, ms(600)), Some(2), Reason::FipUnreachable, ms(500), false)]
+#[case(moved(Some(1), 2, ms(600)), Some(2), Reason::HolderDraining, ms(0), false)]
+#[case(moved(Some(1), 2, ms(600)), Some(2), Reason::RouterDown, ms(0), false)]
+#[case(moved(Some(1), 2, ms(600)), Some(3), Reason::HolderDown, ms(500), false)]
+#[case(None, Some(2), Reason::HolderDown, ms(500), false)]
+fn a_failure_of_the_new_holder_right_after_the_move_needs_a_longer_one(
+    #[case] last: Option<LastMove>,
+    #[case] holder: Option<u64>,
+    #[case] reason: Reason,
+    #[case] failing_for: Duration,
+    #[case] want: bool,
+) {
+    assert_eq!(storm_held(last.as_ref(), holder, reason, failing_for), want);
 }
 
 proptest::proptest! {
