@@ -75,7 +75,10 @@ const LEASE_MS: u64 = 1000;
 struct Args {
     classes: Vec<String>,
     runs: usize,
-    latency_ms: u64,
+    /// The cloud API's latency: `N` ms, or `P50,P99` (a log-normal draw per request, as
+    /// `baton sim --latency-ms` takes it; the simulator applies each write when it receives it,
+    /// whether the client still waits or not).
+    latency: baton_sim::Latency,
     svg_dir: Option<String>,
     bin: String,
     /// Draw the plots again from a log of an earlier run (its per-run lines), run nothing.
@@ -86,7 +89,7 @@ fn args() -> Args {
     let mut a = Args {
         classes: vec!["kill".into()],
         runs: 30,
-        latency_ms: 100,
+        latency: 100.into(),
         svg_dir: None,
         bin: std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into()),
         replot: None,
@@ -108,12 +111,12 @@ fn args() -> Args {
                 };
             }
             "--runs" => a.runs = value().parse().expect("--runs N"),
-            "--latency-ms" => a.latency_ms = value().parse().expect("--latency-ms N"),
+            "--latency-ms" => a.latency = value().parse().expect("--latency-ms N or P50,P99"),
             "--svg-dir" => a.svg_dir = Some(value()),
             "--bin" => a.bin = value(),
             "--replot" => a.replot = Some(value()),
             other => panic!(
-                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N --svg-dir DIR --bin PATH --replot LOG"
+                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N|P50,P99 --svg-dir DIR --bin PATH --replot LOG"
             ),
         }
     }
@@ -246,7 +249,7 @@ async fn run_class(class: String, a: Args) -> Report {
     .unwrap();
     let sim = common::routed_sim(
         Faults {
-            latency_ms: a.latency_ms.into(),
+            latency_ms: a.latency.clone(),
             rate_limit: busy.then_some(4.0),
             ..Faults::none()
         },
