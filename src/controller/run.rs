@@ -255,11 +255,11 @@ fn fenced_clients(
     leader: &LeaderGate,
     cherry: &CherryClient,
 ) -> (kube::Client, Arc<dyn Cloud>, Arc<dyn Cloud>) {
+    let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
     let client = clients.fenced(crate::kube::client::WriteFence {
-        lead: leader.receiver(),
+        fence: Arc::clone(&fence),
         in_flight: leader.in_flight().clone(),
     });
-    let fence: Arc<dyn baton_cloud::Fence> = Arc::new(leader.receiver());
     let led: Arc<dyn baton_cloud::Leadership> = Arc::new(leader.clone());
     let cherry = cherry.led_by(led).counting(leader.in_flight().clone());
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));

@@ -232,12 +232,13 @@ struct Failover {
     fence: Option<WriteFence>,
 }
 
-/// The leader's fence on its Kubernetes writes, as on its cloud writes: a write is sent only in
-/// the term it began in and before that term's deadline, checked before each attempt (the
-/// re-send to the next API server included), and counted in flight until its answer.
+/// The leader's fence on its Kubernetes writes, the same as on its cloud writes
+/// ([`baton_cloud::CallTerm`]): a write is sent only in the term it began in and before that
+/// term's deadline, checked before each attempt (the re-send to the next API server included),
+/// and counted in flight until its answer.
 #[derive(Clone, Debug)]
 pub struct WriteFence {
-    pub lead: tokio::sync::watch::Receiver<Option<baton_cloud::Lead>>,
+    pub fence: Arc<dyn baton_cloud::Fence>,
     pub in_flight: baton_cloud::InFlight,
 }
 
@@ -262,27 +263,6 @@ impl WriteFence {
             *method,
             http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
         ) && !REVIEWS.iter().any(|r| path.ends_with(r))
-    }
-
-    /// Waits until a write of `term` may leave: `Ok` while the same term's deadline is ahead
-    /// (at most [`FENCE_PAUSE_WAIT`] for a late renewal); the reason otherwise.
-    async fn open(&self, term: u64) -> Result<(), &'static str> {
-        let mut rx = self.lead.clone();
-        let wait = async {
-            loop {
-                match *rx.borrow_and_update() {
-                    Some(l) if l.term != term => return Err("the term it was decided in ended"),
-                    None => return Err("the term it was decided in ended"),
-                    Some(l) if Instant::now() < l.until => return Ok(()),
-                    Some(_) => {}
-                }
-                // Paused: a renewal moves the deadline; look again at least every 100 ms.
-                let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
-            }
-        };
-        tokio::time::timeout(FENCE_PAUSE_WAIT, wait)
-            .await
-            .unwrap_or(Err("the leader's renewal stayed late"))
     }
 }
 
@@ -468,7 +448,10 @@ impl Failover {
 impl Failover {
     /// The term a write of this fenced client was decided in (`None`: not a fenced write);
     /// refused at once when this replica does not lead.
-    fn write_term(&self, parts: &http::request::Parts) -> Result<Option<(WriteFence, u64)>, BoxError> {
+    fn write_term(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<Option<(baton_cloud::CallTerm, baton_cloud::InFlight)>, BoxError> {
         let Some(fence) = self
             .fence
             .as_ref()
@@ -476,28 +459,27 @@ impl Failover {
         else {
             return Ok(None);
         };
-        let lead = *fence.lead.borrow();
-        match lead {
-            Some(lead) => Ok(Some((fence.clone(), lead.term))),
-            None => Err(not_sent(parts, "this replica does not lead")),
+        let term = baton_cloud::CallTerm::begin(Arc::clone(&fence.fence));
+        if term.lead().is_none() {
+            return Err(not_sent(parts, "this replica does not lead"));
         }
+        Ok(Some((term, fence.in_flight.clone())))
     }
 
-    /// Right before an attempt of a fenced write: waits for its term to be open, and counts it
-    /// in flight until the returned guard drops.
+    /// Right before an attempt of a fenced write: waits for its term to be open (a late renewal
+    /// at most [`FENCE_PAUSE_WAIT`]), and counts it in flight until the returned guard drops.
     async fn may_send(
         &self,
-        term: Option<&(WriteFence, u64)>,
+        term: Option<&(baton_cloud::CallTerm, baton_cloud::InFlight)>,
         parts: &http::request::Parts,
     ) -> Result<Option<baton_cloud::Sending>, BoxError> {
-        let Some((fence, term)) = term else {
+        let Some((term, in_flight)) = term else {
             return Ok(None);
         };
-        fence
-            .open(*term)
+        term.sendable_within(FENCE_PAUSE_WAIT)
             .await
             .map_err(|reason| not_sent(parts, reason))?;
-        Ok(Some(fence.in_flight.enter()))
+        Ok(Some(in_flight.enter()))
     }
 }
 
@@ -912,38 +894,40 @@ mod tests {
             })
         };
         let (tx, rx) = tokio::sync::watch::channel(lead(1, 600));
-        let fence = WriteFence {
-            lead: rx,
-            in_flight: baton_cloud::InFlight::default(),
+        let fence: Arc<dyn baton_cloud::Fence> = Arc::new(rx);
+        let in_term_1 = baton_cloud::CallTerm::begin(Arc::clone(&fence));
+        let open = |call: &baton_cloud::CallTerm| {
+            let call = call.clone();
+            async move { call.sendable_within(FENCE_PAUSE_WAIT).await }
         };
-        assert_eq!(fence.open(1).await, Ok(()), "its term, before the deadline");
-        assert!(fence.open(2).await.is_err(), "another term's write");
+        assert_eq!(open(&in_term_1).await, Ok(()), "its term, before the deadline");
 
         // Paused: the deadline passed; a late renewal of the same term lets it go.
         tokio::time::advance(Duration::from_millis(700)).await;
-        let waiting = tokio::spawn({
-            let fence = fence.clone();
-            async move { fence.open(1).await }
-        });
+        let waiting = tokio::spawn(open(&in_term_1));
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(!waiting.is_finished(), "no write while paused");
         tx.send_replace(lead(1, 600));
         assert_eq!(waiting.await.unwrap(), Ok(()), "resumed in the same term");
 
-        // A new term while it waits: the old term's write is dropped.
+        // A new term while it waits: the old term's write is dropped, and stays so.
         tokio::time::advance(Duration::from_millis(700)).await;
-        let waiting = tokio::spawn({
-            let fence = fence.clone();
-            async move { fence.open(1).await }
-        });
+        let waiting = tokio::spawn(open(&in_term_1));
         tokio::time::advance(Duration::from_millis(200)).await;
         tx.send_replace(lead(2, 600));
         assert!(waiting.await.unwrap().is_err(), "decided in a term that ended");
+        assert!(open(&in_term_1).await.is_err(), "another term's write");
 
         // A pause that lasts: given up after FENCE_PAUSE_WAIT.
+        let in_term_2 = baton_cloud::CallTerm::begin(Arc::clone(&fence));
         tokio::time::advance(Duration::from_millis(700)).await;
         let started = Instant::now();
-        assert!(fence.open(2).await.is_err());
+        assert!(open(&in_term_2).await.is_err());
         assert!(started.elapsed() >= FENCE_PAUSE_WAIT);
+
+        // No term: nothing is sent.
+        tx.send_replace(None);
+        let no_term = baton_cloud::CallTerm::begin(fence);
+        assert_eq!(open(&no_term).await, Err("this replica does not lead"));
     }
 }

@@ -122,7 +122,7 @@ impl InFlight {
 /// The term a fenced call began in: each of its attempts is sent only in that term, before its
 /// deadline.
 #[derive(Clone, Debug)]
-pub(crate) struct CallTerm {
+pub struct CallTerm {
     fence: Arc<dyn Fence>,
     /// `None`: the call began without a term; it sends nothing.
     term: Option<u64>,
@@ -130,13 +130,13 @@ pub(crate) struct CallTerm {
 
 impl CallTerm {
     /// Captures the fence's term now.
-    pub(crate) fn begin(fence: Arc<dyn Fence>) -> Self {
+    pub fn begin(fence: Arc<dyn Fence>) -> Self {
         let term = fence.lead().map(|l| l.term);
         Self { fence, term }
     }
 
     /// The fence's lead if it is still this call's term (paused or not).
-    pub(crate) fn lead(&self) -> Option<Lead> {
+    pub fn lead(&self) -> Option<Lead> {
         let term = self.term?;
         self.fence.lead().filter(|l| l.term == term)
     }
@@ -149,6 +149,25 @@ impl CallTerm {
     /// The term changed or ended (a term paused for a late renewal has not).
     pub(crate) fn is_over(&self) -> bool {
         self.lead().is_none()
+    }
+
+    /// Waits until an attempt may be sent: this call's term current and its deadline ahead,
+    /// a paused term (a late renewal) waited out for at most `limit`. `Err` says why not.
+    pub async fn sendable_within(&self, limit: std::time::Duration) -> Result<(), &'static str> {
+        let give_up = Instant::now() + limit;
+        let mut changes = self.subscribe();
+        loop {
+            match self.lead() {
+                None if self.term.is_none() => return Err("this replica does not lead"),
+                None => return Err("the term it was decided in ended"),
+                Some(l) if Instant::now() < l.until => return Ok(()),
+                Some(_) => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(give_up) => return Err("the leader's renewal stayed late"),
+                () = changed(&mut changes) => {}
+            }
+        }
     }
 
     /// A receiver of the fence's changes with the current value marked seen (see

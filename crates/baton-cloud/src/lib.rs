@@ -29,6 +29,6 @@ mod store;
 pub use cherry::{Attempt, CallObserver, CherryClient, ClientConfig};
 pub use cloud::Cloud;
 pub use error::{CloudError, Op};
-pub use fence::{Fence, InFlight, Lead, Sending};
+pub use fence::{CallTerm, Fence, InFlight, Lead, Sending};
 pub use limiter::Priority;
 pub use term::Leadership;
