@@ -131,12 +131,7 @@ fn stopping_the_holders_api_server_moves_the_fip_to_a_healthy_one() {
         eprintln!("failover: FIP answered again {recovered:?} after the holder's API server was killed");
 
         // Exactly one retarget call for the move (the simulator counts writes).
-        let puts = bed
-            .sim
-            .log(0)
-            .into_iter()
-            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
-            .count();
+        let puts = ip_puts(&bed.sim).len();
         assert_eq!(puts, 2, "the test's own assignment + one move");
 
         // An Event on the mirror Service says what happened.
@@ -187,6 +182,16 @@ fn a_short_hiccup_of_the_holder_does_not_move_the_fip() {
     });
 }
 
+/// Waits (up to 30 s) until `identity` holds the Lease, as `observer` reads it.
+async fn leads(observer: &kube::Client, identity: &str) {
+    common::wait_for(
+        &format!("{identity} to lead"),
+        Duration::from_secs(30),
+        || async { lease_holder(observer).await.as_deref() == Some(identity) },
+    )
+    .await;
+}
+
 async fn lease_holder(client: &kube::Client) -> Option<String> {
     lease(client).await.and_then(|(h, _)| h)
 }
@@ -220,11 +225,7 @@ fn leadership_rides_out_api_writes_slower_than_the_old_renew_attempt_limit() {
         let observer = bed.cp.client(0).unwrap();
         let kubeconfig = bed.cp.write_kubeconfig_for(&slow_a.url(), ADMIN_TOKEN).unwrap();
         let _a = controller_on(&bed, &kubeconfig, "replica-a", &logs.path().join("a.log"), &[]);
-        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
-            let c = observer.clone();
-            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
-        })
-        .await;
+        leads(&observer, "replica-a").await;
         let kubeconfig = bed.cp.write_kubeconfig_for(&slow_b.url(), ADMIN_TOKEN).unwrap();
         let _b = controller_on(&bed, &kubeconfig, "replica-b", &logs.path().join("b.log"), &[]);
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
@@ -269,11 +270,7 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
         let a_log = logs.path().join("a.log");
         let mut a = controller(&bed, 1, "replica-a", &a_log);
         let observer = bed.cp.client(2).unwrap();
-        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
-            let c = observer.clone();
-            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
-        })
-        .await;
+        leads(&observer, "replica-a").await;
         let _b = controller(&bed, 2, "replica-b", &logs.path().join("b.log"));
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             common::mirror_has_ingress(&observer)
@@ -306,11 +303,7 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
-        common::wait_for("replica-b to lead", Duration::from_secs(30), || {
-            let c = observer.clone();
-            async move { lease_holder(&c).await.as_deref() == Some("replica-b") }
-        })
-        .await;
+        leads(&observer, "replica-b").await;
         let took_over = stop.elapsed();
         let status = tokio::time::timeout(Duration::from_secs(20), a.wait()).await;
         let exited = stop.elapsed();
@@ -320,12 +313,7 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
             "replica-a exits (0) soon after it released the Lease ({took_over:?}), not after its tasks' time limit: {exited:?}, {status:?}"
         );
         let log = std::fs::read_to_string(&a_log).unwrap();
-        let puts: Vec<_> = bed
-            .sim
-            .log(0)
-            .into_iter()
-            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
-            .collect();
+        let puts = ip_puts(&bed.sim);
         eprintln!("replica-b led {took_over:?} after SIGTERM; retargets: {puts:?}");
         assert!(
             log.contains("waited for writes on their way before releasing the lease")
@@ -339,12 +327,7 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
             "replica-b led {took_over:?} after SIGTERM, before the 4 s retarget could be answered"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let puts = bed
-            .sim
-            .log(0)
-            .into_iter()
-            .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
-            .count();
+        let puts = ip_puts(&bed.sim).len();
         assert_eq!(
             puts, 2,
             "the test's own assignment and one move: replica-b did not move it again"
@@ -352,6 +335,14 @@ fn a_graceful_stop_waits_for_the_retarget_on_its_way_before_the_next_leader_acts
         let now = holder(&bed).await;
         assert!(matches!(now, Some(id) if id == CP[1] || id == CP[2]), "{now:?}");
     });
+}
+
+/// The retargets (PUTs of an IP) the simulator logged.
+fn ip_puts(sim: &SimHandle) -> Vec<baton_sim::LogEntry> {
+    sim.log(0)
+        .into_iter()
+        .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/"))
+        .collect()
 }
 
 fn ip_writes(sim: &SimHandle) -> usize {
@@ -369,11 +360,7 @@ fn losing_the_holder_and_the_leader_together_still_moves_the_fip_exactly_once() 
         // Replica A talks to the holder's own API server (the worst case), replica B to cp-1's.
         let mut a = controller(&bed, 0, "replica-a", &logs.path().join("a.log"));
         let observer = bed.cp.client(2).unwrap();
-        common::wait_for("replica-a to lead", Duration::from_secs(30), || {
-            let c = observer.clone();
-            async move { lease_holder(&c).await.as_deref() == Some("replica-a") }
-        })
-        .await;
+        leads(&observer, "replica-a").await;
         let _b = controller(&bed, 1, "replica-b", &logs.path().join("b.log"));
         common::wait_for("the mirror Service's ingress", Duration::from_secs(30), || {
             common::mirror_has_ingress(&observer)

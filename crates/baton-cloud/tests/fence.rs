@@ -71,6 +71,22 @@ async fn make_fip(sim: &Sim, name: &str) -> IpAddress {
         .unwrap()
 }
 
+/// A simulator allowing one request per second, then answering 429 with `Retry-After: 3`; a
+/// FIP whose creation took this second's token; a client that honours a `Retry-After` up to 8 s
+/// (backoff cap 2 s).
+async fn retry_after_3s() -> (Sim, IpAddress, CherryClient) {
+    let sim = Sim::start(Faults {
+        rate_limit: Some(1.0),
+        retry_after_secs: Some(3),
+        ..Faults::none()
+    })
+    .await;
+    let fip = make_fip(&sim, "api").await;
+    let mut cfg = common::config(&sim.handle, None);
+    cfg.backoff_cap = Duration::from_secs(2);
+    (sim, fip, CherryClient::new(cfg).unwrap())
+}
+
 fn assert_fenced_untouched(err: &CloudError, op: Op) {
     assert!(err.is_fenced(), "{op}: {err}");
     assert_eq!(err.op(), Some(op));
@@ -122,17 +138,7 @@ async fn a_write_whose_deadline_passed_sends_nothing() {
 
 #[tokio::test]
 async fn an_urgent_write_gives_up_rather_than_wait_out_retry_after_past_its_lease() {
-    // One request per second, then 429 with Retry-After: 3.
-    let sim = Sim::start(Faults {
-        rate_limit: Some(1.0),
-        retry_after_secs: Some(3),
-        ..Faults::none()
-    })
-    .await;
-    let fip = make_fip(&sim, "api").await; // takes the second's only token
-    let mut cfg = common::config(&sim.handle, None);
-    cfg.backoff_cap = Duration::from_secs(2);
-    let client = CherryClient::new(cfg).unwrap();
+    let (sim, fip, client) = retry_after_3s().await;
 
     let start = Instant::now();
     let deadline = start + Duration::from_millis(1500);
@@ -427,16 +433,7 @@ fn term_lease(term: u64, ahead: Duration) -> (watch::Sender<Option<Lead>>, Arc<d
 /// changes (`next: Some(2)`, lost and won again at once): it is dropped at that moment, nothing
 /// of it reaches the API afterwards, and its error is Fenced naming the 429.
 async fn a_write_held_past_its_term_is_not_sent(next: Option<u64>) {
-    let sim = Sim::start(Faults {
-        rate_limit: Some(1.0),
-        retry_after_secs: Some(3),
-        ..Faults::none()
-    })
-    .await;
-    let fip = make_fip(&sim, "api").await; // takes the second's only token
-    let mut cfg = common::config(&sim.handle, None);
-    cfg.backoff_cap = Duration::from_secs(2); // Retry-After honoured up to 8 s
-    let client = CherryClient::new(cfg).unwrap();
+    let (sim, fip, client) = retry_after_3s().await;
     // A term renewed well ahead: the write would wait out the Retry-After and go.
     let (lease, fence) = term_lease(1, Duration::from_secs(30));
     let writer = tokio::spawn({
