@@ -544,8 +544,8 @@ struct Sweeper<'a> {
 /// number. A pause for a late renewal is the same term (no age while paused).
 #[derive(Debug, Default)]
 struct TermClock {
-    term: Option<u64>,
-    started: Option<tokio::time::Instant>,
+    /// The term last seen and the first look that saw it.
+    seen: Option<(u64, tokio::time::Instant)>,
 }
 
 impl TermClock {
@@ -553,11 +553,10 @@ impl TermClock {
     /// leading, or writes paused).
     fn age(&mut self, lead: Option<baton_cloud::Lead>, now: tokio::time::Instant) -> Option<Duration> {
         let lead = lead?;
-        if self.term != Some(lead.term) {
-            self.term = Some(lead.term);
-            self.started = Some(now);
-        }
-        let started = self.started?;
+        let started = match self.seen {
+            Some((term, started)) if term == lead.term => started,
+            _ => self.seen.insert((lead.term, now)).1,
+        };
         (lead.until > now).then(|| now.saturating_duration_since(started))
     }
 }
