@@ -77,8 +77,15 @@ pub struct Prober {
     failing_since: FailingSince,
 }
 
-/// Per target: the start of the first failed probe since its last successful one.
-type FailingSince = Arc<Mutex<BTreeMap<SocketAddr, Instant>>>;
+/// Per target: the start of the first failed probe since its last successful one, and when its
+/// last failed probe ended.
+type FailingSince = Arc<Mutex<Runs>>;
+
+#[derive(Debug, Default)]
+struct Runs {
+    failing_since: BTreeMap<SocketAddr, Instant>,
+    last_failure: BTreeMap<SocketAddr, Instant>,
+}
 
 /// Errors building probe clients.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +133,17 @@ impl Prober {
         self.failing_since
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .failing_since
+            .get(target)
+            .copied()
+    }
+
+    /// When `target`'s last failed probe ended (`None`: none since it was first probed).
+    pub fn last_failure(&self, target: &SocketAddr) -> Option<Instant> {
+        self.failing_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .last_failure
             .get(target)
             .copied()
     }
@@ -200,10 +218,12 @@ impl Prober {
     }
 
     fn forget_failures(&self, target: &SocketAddr) {
-        self.failing_since
+        let mut runs = self
+            .failing_since
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(target);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        runs.failing_since.remove(target);
+        runs.last_failure.remove(target);
     }
 }
 
@@ -307,15 +327,16 @@ impl ProbeLoop {
         let target = self.target;
         self.observer.observe(target, ok, started.elapsed());
         {
-            let mut since = self
+            let mut runs = self
                 .failing_since
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if ok {
-                since.remove(&target);
+                runs.failing_since.remove(&target);
             } else {
-                let first = since.entry(target).or_insert(started);
+                let first = runs.failing_since.entry(target).or_insert(started);
                 *first = (*first).min(started);
+                runs.last_failure.insert(target, Instant::now());
             }
         }
         if let Some(h) = tracker.observe(ok) {

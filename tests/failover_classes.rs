@@ -1,7 +1,7 @@
 //! Failover for the ways a control-plane node really fails, with three `baton controller`
 //! replicas each talking only to its own node's API server (as the shipped Deployment runs
-//! them): a hung API server, the leader's own node dying, a deposed leader whose cloud calls
-//! are held back, and work left while there was no leader. Every cloud write a replica sends
+//! them): a hung API server, the leader's own node dying, etcd stalling under every API server,
+//! a deposed leader whose cloud calls are held back, and work left while there was no leader. Every cloud write a replica sends
 //! is checked against the Lease history at the simulator (its User-Agent names the replica).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
 
@@ -27,7 +27,8 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-const LEASE_MS: u64 = 1000;
+/// The controller's default lease duration.
+const LEASE_MS: u64 = 1700;
 
 struct Bed {
     cp: ControlPlane,
@@ -185,7 +186,7 @@ impl Bed {
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    lines[lines.len().saturating_sub(150)..].join("\n")
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -235,7 +236,8 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         let addresses = bed.cp.addresses();
         assert!(
             addresses[victim] < addresses[third],
-            "the test needs the node left first in the candidates' order"
+            "the test needs the node left first in the candidates' order (the FIP went from cp-{victim} to cp-{to})\n{}",
+            bed.logs()
         );
         let observer = bed.cp.client(third).unwrap();
         let record = last_move_to(&observer, CP[to]).await;
@@ -451,6 +453,41 @@ fn the_leaders_own_node_dying_moves_the_fip_exactly_once() {
         );
         bed.assert_only_leaders_wrote();
         bed.cp.heal(leader).await.unwrap();
+    });
+}
+
+/// An etcd stall: every API server stops answering writes and `/readyz` at once, and answers
+/// again a moment apart. That is no node failing: stalls of 0.7 and 1.5 s keep the Lease with
+/// its holder, and no stall (3 s either) moves the FIP: the first API server to answer again
+/// does not take it from the holder that answers a probe later. Only the leader ever writes.
+#[test]
+fn etcd_stalls_keep_the_lease_with_its_holder_and_the_fip_where_it_is() {
+    lab::run(|| async {
+        let bed = bed(100).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
+        let leader = bed.leader().await;
+        bed.place_fip(0).await;
+        let from = bed.next_seq();
+        for stall_ms in [700, 1500, 1500, 3000] {
+            bed.cp.stall_etcd(Duration::from_millis(stall_ms)).unwrap();
+            tokio::time::sleep(Duration::from_millis(stall_ms) + Duration::from_secs(4)).await;
+            if stall_ms <= 1500 {
+                assert_eq!(
+                    bed.history.holder(),
+                    Some(format!("cp-{leader}")),
+                    "the Lease changed hands after a {stall_ms} ms etcd stall\n{}",
+                    bed.logs()
+                );
+            }
+            let moves = bed.moves(from);
+            assert!(
+                moves.is_empty(),
+                "the FIP moved after a {stall_ms} ms etcd stall: {moves:#?}\n{}",
+                bed.logs()
+            );
+        }
+        assert_eq!(bed.holder(), Some(0));
+        bed.assert_only_leaders_wrote();
     });
 }
 

@@ -30,7 +30,9 @@ use std::time::Duration;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{IpAddress, IpList, IpType, Server, ServerId, each_ip};
-use baton_core::failover::{Candidate, Decision, LastMove, Observation, Reason, avoid, decide, storm_held};
+use baton_core::failover::{
+    Candidate, Decision, LastMove, Observation, Reason, avoid, decide, shared_failure_held, storm_held,
+};
 use baton_core::health::Health;
 use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -951,6 +953,42 @@ impl Step<'_> {
         }
     }
 
+    /// Why a move `decision` makes waits, if it does (the rules against moving too soon), given
+    /// the FIP's last move and how long its holder has failed its probes.
+    fn held(
+        &self,
+        state: &EndpointState,
+        clocks: Clocks,
+        decision: &Decision,
+        (last_move, holder_failing_for): (Option<&LastMove>, Duration),
+        prober: &Prober,
+    ) -> Option<&'static str> {
+        let Decision::Move { to, reason } = *decision else {
+            return None;
+        };
+        // Set from this pass's observation before any decision.
+        let holder = state.seen_holder;
+        if state.hold.holds(clocks.now, reason) {
+            return Some(
+                "the FIP does not answer through its route but moved recently; holding it where it is",
+            );
+        }
+        if storm_held(last_move, holder, reason, holder_failing_for) {
+            return Some(
+                "the FIP's new holder fails its probes since the FIP moved to it; moving it only if that lasts",
+            );
+        }
+        let target_ok_for = self
+            .candidates
+            .iter()
+            .find(|(c, _)| c.server_id == to)
+            .and_then(|(_, a)| prober.last_failure(a))
+            .map(|t| clocks.now.saturating_duration_since(t));
+        shared_failure_held(reason, holder_failing_for, target_ok_for).then_some(
+            "the FIP's holder failed its probes, but so did the other servers until a moment ago (a shared failure, e.g. etcd), or it answers again; moving it only if the holder goes on failing alone",
+        )
+    }
+
     /// Decides and acts for one endpoint, then keeps its Service's status and endpoints current.
     async fn endpoint(
         &self,
@@ -966,7 +1004,6 @@ impl Step<'_> {
             last_move,
             holder_failing_for,
         } = self.observe(ep, state, prober, clocks);
-        let holder = obs.holder;
         // A route that changed since the previous pass (a move by someone else, seen in a
         // fresh list) starts a new episode, and settles before "unreachable" means anything.
         if state.seen && state.seen_holder != obs.holder {
@@ -976,6 +1013,13 @@ impl Step<'_> {
         }
         (state.seen, state.seen_holder) = (true, obs.holder);
         let decision = decide(&obs);
+        let held = self.held(
+            state,
+            clocks,
+            &decision,
+            (last_move.as_ref(), holder_failing_for),
+            prober,
+        );
         let mut moved = None;
         if !matches!(
             decision,
@@ -1032,20 +1076,15 @@ impl Step<'_> {
                     }
                 }
             }
-            // Held by the hold-down; or the holder the FIP just moved to fails from the moment
-            // it got it: the reconnect storm the move sent there may pass, it moves if it lasts.
-            Decision::Move { reason, .. }
-                if state.hold.holds(clocks.now, reason)
-                    || storm_held(last_move.as_ref(), holder, reason, holder_failing_for) =>
-            {
+            // Held: by the hold-down; or the holder the FIP just moved to fails from the moment
+            // it got it (the reconnect storm the move sent there may pass, it moves if it
+            // lasts); or the target failed too while the holder was failing (it moves if the
+            // holder goes on failing alone).
+            Decision::Move { reason, .. } if held.is_some() => {
                 if !state.hold.reported && ctx.leader.is_leader() {
                     state.hold.reported = true;
                     metrics.failover_held();
-                    tracing::warn!(fip = %ep.fip.address, reason = reason.as_str(), failing_ms = holder_failing_for.as_millis(), "{}", if reason == Reason::FipUnreachable {
-                        "the FIP does not answer through its route but moved recently; holding it where it is"
-                    } else {
-                        "the FIP's new holder fails its probes since the FIP moved to it; moving it only if that lasts"
-                    });
+                    tracing::warn!(fip = %ep.fip.address, reason = reason.as_str(), failing_ms = holder_failing_for.as_millis(), "{}", held.unwrap_or_default());
                 }
             }
             Decision::Move { to, reason } => {

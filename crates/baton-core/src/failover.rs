@@ -14,6 +14,9 @@
 //! reconnect storm the move itself sends there) moves it only once it has lasted
 //! [`STORM_CONFIRM`] ([`storm_held`]). The controller keeps the last move where every replica
 //! reads it, so the rules survive a change of leader.
+//!
+//! A last rule keeps a failure shared by every API server (an etcd stall) from moving the FIP
+//! when it ends: the holder counts as down only once it has failed alone ([`shared_failure_held`]).
 
 use std::time::Duration;
 
@@ -207,6 +210,31 @@ pub fn storm_held(
     // When the failure began, counted from the move (0: it was failing already).
     let onset = last.ago.saturating_sub(failing_for);
     onset < STORM_ONSET && failing_for < STORM_CONFIRM
+}
+
+/// After a failure shared with other candidates, the holder must fail alone this long before it
+/// counts as down ([`shared_failure_held`]).
+pub const SHARED_CONFIRM: Duration = Duration::from_secs(1);
+
+/// Whether a move for `reason` is held back because the holder's failure may be one it shared
+/// with the target: the target failed a probe after the holder's current run of failed probes
+/// began (`target_ok_for`, the time since the target's last failed probe, is shorter than
+/// `holder_failing_for`), and the holder has not yet failed alone for [`SHARED_CONFIRM`] since.
+///
+/// A failure every API server meets at once (etcd stalling, every server restarting) ends at
+/// slightly different moments on each: the first to answer again must not take the FIP from a
+/// holder that answers a probe later. A holder whose latest probe succeeded (`holder_failing_for`
+/// zero, while its health still says `Down`: both came back in the same instant) is held too.
+/// Only [`Reason::HolderDown`] is held; a target that has never failed (`None`) or failed only
+/// before the holder did is not.
+pub fn shared_failure_held(
+    reason: Reason,
+    holder_failing_for: Duration,
+    target_ok_for: Option<Duration>,
+) -> bool {
+    reason == Reason::HolderDown
+        && (holder_failing_for.is_zero()
+            || target_ok_for.is_some_and(|ok_for| ok_for < holder_failing_for && ok_for < SHARED_CONFIRM))
 }
 
 #[cfg(test)]

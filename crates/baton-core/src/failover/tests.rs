@@ -189,6 +189,34 @@ fn a_failure_of_the_new_holder_right_after_the_move_needs_a_longer_one(
     assert_eq!(storm_held(last.as_ref(), holder, reason, failing_for), want);
 }
 
+#[rstest]
+// A failure shared with the target (an etcd stall ends on one API server before another).
+// The target failed after the holder began failing: held until the holder fails alone 1 s.
+#[case(Reason::HolderDown, ms(3_000), Some(ms(100)), true)]
+#[case(Reason::HolderDown, ms(3_000), Some(ms(999)), true)]
+#[case(Reason::HolderDown, ms(3_000), Some(ms(1_000)), false)]
+// The target's last failure came before the holder's began: the holder fails alone.
+#[case(Reason::HolderDown, ms(500), Some(ms(600)), false)]
+// A target that has never failed: a plain failover, not held.
+#[case(Reason::HolderDown, ms(500), None, false)]
+// The holder's latest probe succeeded (it came back in the same instant as the target).
+#[case(Reason::HolderDown, ms(0), Some(ms(400)), true)]
+#[case(Reason::HolderDown, ms(0), None, true)]
+// Only HolderDown is held.
+#[case(Reason::FipUnreachable, ms(3_000), Some(ms(100)), false)]
+#[case(Reason::HolderGone, ms(0), Some(ms(100)), false)]
+fn a_failure_shared_with_the_target_moves_only_once_the_holder_fails_alone(
+    #[case] reason: Reason,
+    #[case] holder_failing_for: Duration,
+    #[case] target_ok_for: Option<Duration>,
+    #[case] want: bool,
+) {
+    assert_eq!(
+        shared_failure_held(reason, holder_failing_for, target_ok_for),
+        want
+    );
+}
+
 proptest::proptest! {
     /// Whatever is observed, a move only ever targets a healthy, non-deleting, other server,
     /// and a healthy, schedulable holder reachable through the FIP is never moved.
