@@ -291,11 +291,11 @@ settings! {
         secret: false, doc: "Port of the SNI router (baton sni serve) on the control-plane nodes: a FIP holder whose router stops answering its probes loses the FIP, as one whose API server fails; 0 = routers not probed",
         parse: |v| v.parse::<u16>().map_err(|_| "must be a port number, 0-65535".to_owned()), show: text },
     LeaseDuration lease_duration => lease.duration {
-        flag: "lease-duration", env: "BATON_LEASE_DURATION", file: "leaseDuration", default: Some("1s"),
+        flag: "lease-duration", env: "BATON_LEASE_DURATION", file: "leaseDuration", default: Some("1700ms"),
         secret: false, doc: "How long the controller's leader Lease stays valid without renewal: a follower takes over this long after it last saw the Lease change",
         parse: positive_duration, show: duration },
     LeaseRenewDeadline lease_renew_deadline => lease.renew_deadline {
-        flag: "lease-renew-deadline", env: "BATON_LEASE_RENEW_DEADLINE", file: "leaseRenewDeadline", default: Some("600ms"),
+        flag: "lease-renew-deadline", env: "BATON_LEASE_RENEW_DEADLINE", file: "leaseRenewDeadline", default: Some("1300ms"),
         secret: false, doc: "The leader stops writing this long after the start of its last successful renew; must be below leaseDuration",
         parse: positive_duration, show: duration },
     LeaseRenewInterval lease_renew_interval => lease.renew_interval {
