@@ -24,12 +24,37 @@
 //!   created (and deleted 40 behind) at 4/s, so the controller's Service work always has more
 //!   queued cloud calls than the limit lets through.
 //!
+//! Grey classes (`--class grey`: a dependency turns slow, nothing or one API server fails):
+//! - `etcd-stall`: etcd (shared by every API server) is stopped for each length of
+//!   `--stalls-ms` (0.7, 1.5 and 3 s), `--runs` times each, 6 s apart; no node fails. One line
+//!   per stall length.
+//! - `slow-api`: every replica talks to its API server through a proxy that holds each write
+//!   (log-normal, p50 150 ms, p99 600 ms; reads pass at once): first 30 s with nothing failing,
+//!   then the `kill` runs.
+//! - `slow-cloud`: `kill` with the cloud answering at p50 300 ms / p99 2 s, each write taking
+//!   effect halfway through its latency, whether the client still waits or not.
+//! - `rolling-update`: at the failure (`kill`), the replicas are replaced one by one as a
+//!   Deployment's rolling update does (a new pod with a new name first, then the old one gets
+//!   SIGTERM), while LoadBalancer Services are created and deleted at 4/s.
+//!
 //! The victim is always the node holding the FIP. For kill/hang/blackhole/dead-node/busy the
 //! leader must be elsewhere, for leader-node and partition on the victim: the benchmark restarts
 //! the leading replica gracefully (it hands the Lease over) until that holds. Every cloud write a replica sends is attributed by its User-Agent
 //! (`controller/<identity>`) and checked against the Lease history: `nonleader_writes` counts
 //! writes that arrived when their sender did not hold the Lease. A client that keeps one HTTP/2
 //! connection open through the FIP and sends a request every 100 ms reports its longest gap.
+//!
+//! Every class also reports, over its failure windows (from each failure until the node is
+//! healed and settled; for `slow-api` also the quiet 30 s):
+//! - `lease_transitions`: acquisitions of the Lease by another replica (a graceful handover to
+//!   arrange the leader is outside the windows);
+//! - `leaderless_ms`: the longest stretch in which the Lease, as written, had lapsed: from a
+//!   version's renew time plus the lease duration (or from a release) until the next version's
+//!   renew or acquire time. A renewal that is late but lands is dated by its sending, as the
+//!   replicas date it, so it is leaderless time only if it was sent after the lease lapsed;
+//! - `duplicate_writes`: retarget PUTs beyond one per failure (sent, whatever their answer), plus
+//!   the simulator's count of FIPs that ever carried the same tags as another (a second create
+//!   for one Service).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // a benchmark harness: a panic is the report
 // Plot arithmetic on small counts (runs, pixels): the casts cannot lose anything that matters.
@@ -50,15 +75,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton_cloud::CherryClient;
 use baton_cloud::model::IpAddress;
 use baton_sim::{Faults, SimHandle, Topology};
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, Profile, SlowApi, lab};
 use common::leases::LeaseHistory;
 use tokio::process::Child;
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-const CLASSES: [&str; 7] = [
+const FAILURES: [&str; 7] = [
     "kill",
     "hang",
     "blackhole",
@@ -67,9 +93,38 @@ const CLASSES: [&str; 7] = [
     "partition",
     "busy",
 ];
+const GREY: [&str; 4] = ["etcd-stall", "slow-api", "slow-cloud", "rolling-update"];
 /// The controller's default lease duration: a write later than this after its sender's last
 /// renew could come after a takeover.
-const LEASE_MS: u64 = 1000;
+const LEASE_MS: u64 = 1700;
+
+/// Lease timings given to every replica (`--lease D,DEADLINE,INTERVAL` in ms), instead of the
+/// shipped defaults.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    /// Milliseconds, each.
+    duration: u64,
+    deadline: u64,
+    interval: u64,
+}
+
+impl std::str::FromStr for Lease {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let n: Vec<u64> = s
+            .split(',')
+            .map(|p| p.trim().parse::<u64>().map_err(|e| format!("--lease {s}: {e}")))
+            .collect::<Result<_, _>>()?;
+        let [duration, deadline, interval] = n[..] else {
+            return Err(format!("--lease {s}: DURATION_MS,DEADLINE_MS,INTERVAL_MS"));
+        };
+        Ok(Self {
+            duration,
+            deadline,
+            interval,
+        })
+    }
+}
 
 #[derive(Clone)]
 struct Args {
@@ -83,6 +138,15 @@ struct Args {
     bin: String,
     /// Draw the plots again from a log of an earlier run (its per-run lines), run nothing.
     replot: Option<String>,
+    lease: Option<Lease>,
+    /// `etcd-stall`: the stall lengths.
+    stalls_ms: Vec<u64>,
+}
+
+impl Args {
+    fn lease_ms(&self) -> u64 {
+        self.lease.map_or(LEASE_MS, |l| l.duration)
+    }
 }
 
 fn args() -> Args {
@@ -93,6 +157,8 @@ fn args() -> Args {
         svg_dir: None,
         bin: std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into()),
         replot: None,
+        lease: None,
+        stalls_ms: vec![700, 1500, 3000],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -101,11 +167,13 @@ fn args() -> Args {
             "--class" => {
                 let c = value();
                 a.classes = if c == "all" {
-                    CLASSES.iter().map(|s| (*s).to_owned()).collect()
+                    FAILURES.iter().map(|s| (*s).to_owned()).collect()
+                } else if c == "grey" {
+                    GREY.iter().map(|s| (*s).to_owned()).collect()
                 } else {
                     assert!(
-                        CLASSES.contains(&c.as_str()),
-                        "unknown class {c}; one of {CLASSES:?} or all"
+                        FAILURES.contains(&c.as_str()) || GREY.contains(&c.as_str()),
+                        "unknown class {c}; one of {FAILURES:?}, {GREY:?}, all or grey"
                     );
                     vec![c]
                 };
@@ -115,8 +183,15 @@ fn args() -> Args {
             "--svg-dir" => a.svg_dir = Some(value()),
             "--bin" => a.bin = value(),
             "--replot" => a.replot = Some(value()),
+            "--lease" => a.lease = Some(value().parse().unwrap_or_else(|e: String| panic!("{e}"))),
+            "--stalls-ms" => {
+                a.stalls_ms = value()
+                    .split(',')
+                    .map(|v| v.parse().expect("--stalls-ms MS,MS,.."))
+                    .collect();
+            }
             other => panic!(
-                "unknown flag {other}; flags: --class CLASS|all --runs N --latency-ms N|P50,P99 --svg-dir DIR --bin PATH --replot LOG"
+                "unknown flag {other}; flags: --class CLASS|all|grey --runs N --latency-ms N|P50,P99 --lease D,DEADLINE,INTERVAL (ms) --stalls-ms MS,.. --svg-dir DIR --bin PATH --replot LOG"
             ),
         }
     }
@@ -165,11 +240,60 @@ struct Run {
 
 #[derive(Debug, Default)]
 struct Report {
+    /// What follows `class=<class>` on the result line (`etcd-stall`: the stall length).
+    label: String,
     runs: Vec<Run>,
+    /// Failures with no failover to time (`etcd-stall`).
+    windows: usize,
     false_moves: usize,
     retargets: usize,
     nonleader_writes: usize,
+    lease_transitions: usize,
+    leaderless_ms: u64,
+    duplicate_writes: usize,
+    client_gap_ms: f64,
     extra: String,
+}
+
+impl Report {
+    /// Adds what the Lease history shows between `from_ms` and `to_ms` (wall clock).
+    fn lease_window(&mut self, history: &LeaseHistory, from_ms: u64, to_ms: u64, lease_ms: u64) {
+        let (transitions, leaderless) = lease_window(&history.entries(), from_ms, to_ms, lease_ms);
+        self.lease_transitions += transitions;
+        self.leaderless_ms = self.leaderless_ms.max(leaderless);
+    }
+}
+
+/// Over `(from_ms, to_ms]` of a Lease history (renew or acquire time, holder; empty = released):
+/// how many times another replica acquired it, and the longest time it had lapsed.
+fn lease_window(entries: &[(u64, String)], from_ms: u64, to_ms: u64, lease_ms: u64) -> (usize, u64) {
+    // A release keeps the holder's last renew time: it comes after that renew.
+    let mut entries = entries.to_vec();
+    entries.sort_by_key(|(t, h)| (*t, h.is_empty()));
+    let entries = &entries[..];
+    let mut prev = entries.iter().rev().find(|(t, _)| *t <= from_ms);
+    let (mut transitions, mut longest) = (0, 0);
+    let lapse = |(t, h): &(u64, String)| if h.is_empty() { *t } else { t + lease_ms };
+    for e in entries.iter().filter(|(t, _)| *t > from_ms && *t <= to_ms) {
+        if let Some(p) = prev {
+            longest = longest.max(e.0.saturating_sub(lapse(p).max(from_ms)));
+            if !e.1.is_empty() && !p.1.is_empty() && e.1 != p.1 {
+                transitions += 1;
+            }
+            // A release and a new holder: an acquisition by another replica too.
+            if !e.1.is_empty() && p.1.is_empty() {
+                let before = entries.iter().rev().find(|(t, h)| *t <= p.0 && !h.is_empty());
+                if before.is_some_and(|b| b.1 != e.1) {
+                    transitions += 1;
+                }
+            }
+        }
+        prev = Some(e);
+    }
+    if let Some(p) = prev {
+        longest = longest.max(to_ms.saturating_sub(lapse(p).max(from_ms)));
+    }
+    (transitions, longest)
 }
 
 fn main() {
@@ -181,9 +305,43 @@ fn main() {
     for class in a.classes.clone() {
         let a2 = a.clone();
         let c = class.clone();
-        let report = lab::run(move || run_class(c, a2));
+        let reports = lab::run(move || async move {
+            if c == "etcd-stall" {
+                etcd_stalls(a2).await
+            } else {
+                vec![run_class(c, a2).await]
+            }
+        });
+        for report in reports {
+            print_report(&class, &report, a.svg_dir.as_deref());
+        }
+    }
+}
+
+fn print_report(class: &str, report: &Report, svg_dir: Option<&str>) {
+    let grey = format!(
+        "lease_transitions={} leaderless_ms={} duplicate_writes={}",
+        report.lease_transitions, report.leaderless_ms, report.duplicate_writes
+    );
+    let gap = report
+        .runs
+        .iter()
+        .map(|r| r.client_gap_ms)
+        .fold(report.client_gap_ms, f64::max);
+    if report.runs.is_empty() {
+        println!(
+            "failover class={class}{} windows={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}",
+            report.label,
+            report.windows,
+            report.false_moves,
+            report.retargets,
+            report.nonleader_writes,
+            report.extra
+        );
+        return;
+    }
+    {
         let (p50, p99, max) = p50_p99_max(&report.runs);
-        let gap = report.runs.iter().map(|r| r.client_gap_ms).fold(0.0, f64::max);
         let mean = |f: fn(&Run) -> f64| report.runs.iter().map(f).sum::<f64>() / report.runs.len() as f64;
         for (i, r) in report.runs.iter().enumerate() {
             eprintln!(
@@ -203,13 +361,14 @@ fn main() {
             mean(|r| r.call_ms),
             mean(|r| r.total_ms - r.to_call_ms - r.call_ms)
         );
-        if let Some(dir) = &a.svg_dir {
+        if let Some(dir) = svg_dir {
             let path = format!("{dir}/failover-{class}.svg");
-            std::fs::write(&path, svg(&class, &report.runs, p50, p99)).unwrap();
+            std::fs::write(&path, svg(class, &report.runs, p50, p99)).unwrap();
             eprintln!("wrote {path}");
         }
         println!(
-            "failover class={class} p50_ms={p50:.0} p99_ms={p99:.0} max_ms={max:.0} runs={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0}{}",
+            "failover class={class}{} p50_ms={p50:.0} p99_ms={p99:.0} max_ms={max:.0} runs={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}",
+            report.label,
             report.runs.len(),
             report.false_moves,
             report.retargets,
@@ -239,171 +398,387 @@ fn holder_of(sim: &SimHandle, fip: &IpAddress) -> Option<usize> {
     CP.iter().position(|&c| c == id)
 }
 
-async fn run_class(class: String, a: Args) -> Report {
-    let busy = class == "busy";
-    let mut cp = ControlPlane::start(Options {
-        nodes: true,
-        ..Options::servers(3)
-    })
-    .await
-    .unwrap();
-    let sim = common::routed_sim(
-        Faults {
-            latency_ms: a.latency.clone(),
-            rate_limit: busy.then_some(4.0),
-            ..Faults::none()
-        },
-        Topology::default(),
-    )
-    .await;
-    let _agents: Vec<Child> = (0..3).map(|i| start_agent(&cp, &a.bin, i)).collect();
-    let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
-    let history = LeaseHistory::record(
-        (0..3).map(|i| cp.client(i).unwrap()).collect(),
-        "baton-controller",
-    );
-    let mut replicas: Vec<Option<Child>> = (0..3)
-        .map(|i| Some(start_replica(&cp, &sim, &a.bin, i, &class)))
-        .collect();
+/// The lab, the simulator, the agents and the replicas of one class, with the FIP answering and
+/// a leader elected.
+struct Bed {
+    cp: ControlPlane,
+    sim: SimHandle,
+    fip: IpAddress,
+    fleet: Fleet,
+    replicas: Vec<Option<Child>>,
+    history: LeaseHistory,
+    probe: reqwest::Client,
+    fresh: reqwest::Client,
+    url: String,
+    client: H2Client,
+    _agents: Vec<Child>,
+    _cloud: CherryClient,
+    _slow: Vec<SlowApi>,
+}
 
-    let ca = cp.ca_der().to_vec();
-    let probe = baton_testbed::http_client(Some(&ca)).unwrap();
-    // Recovery is what a new client sees: a new connection through the FIP for every probe
-    // (no pooled connection left over from before the failure).
-    let fresh = fresh_client(&ca);
-    let fip_addr = SocketAddr::new(fip.address, 6443);
-    let url = format!("https://{fip_addr}/readyz");
-    common::wait_for("the FIP answers", Duration::from_secs(60), || {
-        answers(&probe, &url)
-    })
-    .await;
-    common::wait_for("a leader", Duration::from_secs(30), || {
-        let h = history.holder();
-        async move { h.is_some() }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-
-    let client = H2Client::start(&ca, &url);
-    let created = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let churn = busy.then(|| {
-        tokio::spawn(churn_services(
+impl Bed {
+    async fn start(class: &str, a: &Args) -> Self {
+        let cp = ControlPlane::start(Options {
+            nodes: true,
+            ..Options::servers(3)
+        })
+        .await
+        .unwrap();
+        let faults = match class {
+            "busy" => Faults {
+                latency_ms: a.latency.clone(),
+                rate_limit: Some(4.0),
+                ..Faults::none()
+            },
+            "slow-cloud" => Faults {
+                latency_ms: "300,2000".parse().unwrap(),
+                processing_ratio: 0.5,
+                ..Faults::none()
+            },
+            _ => Faults {
+                latency_ms: a.latency.clone(),
+                ..Faults::none()
+            },
+        };
+        let sim = common::routed_sim(faults, Topology::default()).await;
+        let agents: Vec<Child> = (0..3).map(|i| start_agent(&cp, &a.bin, i)).collect();
+        let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
+        let history = LeaseHistory::record(
             (0..3).map(|i| cp.client(i).unwrap()).collect(),
-            Arc::clone(&created),
-        ))
-    });
-    if busy {
-        // Let the queue fill before the first failure.
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    let stats_before = sim.stats();
-    let log_from = next_seq(&sim);
-    let created_before = created.load(std::sync::atomic::Ordering::Relaxed);
+            "baton-controller",
+        );
+        let mut slow = Vec::new();
+        let mut urls = vec![None, None, None];
+        if class == "slow-api" {
+            for (i, url) in urls.iter_mut().enumerate() {
+                let profile = Profile::writes(Duration::from_millis(150), Duration::from_millis(600))
+                    .unwrap()
+                    .with_seed(i as u64 + 1);
+                let s = SlowApi::start(&cp, i, profile).await.unwrap();
+                *url = Some(s.url());
+                slow.push(s);
+            }
+        }
+        let fleet = Fleet {
+            bin: a.bin.clone(),
+            class: class.to_owned(),
+            lease: a.lease,
+            urls,
+        };
+        let replicas: Vec<Option<Child>> = (0..3)
+            .map(|i| Some(fleet.start(&cp, &sim, i, &format!("cp-{i}"))))
+            .collect();
 
-    let mut report = Report::default();
-    for run in 0..a.runs {
-        let on_leader = matches!(class.as_str(), "leader-node" | "partition");
-        let holder = holder_of(&sim, &fip).expect("the FIP is routed");
-        // The victim is always the FIP's holder; leadership is moved (a graceful restart of
-        // the leading replica, which hands the Lease over) until the leader is on the victim
-        // (leader-node, partition) or elsewhere (the other classes). The FIP itself is never
-        // moved behind the replicas' back: they would act on a holder they have not read yet.
-        for attempt in 0.. {
-            let leader = leader_of(&history);
-            if (leader == holder) == on_leader {
-                break;
-            }
-            assert!(
-                attempt < 20,
-                "could not arrange the leader (holder cp-{holder}, leader cp-{leader})"
-            );
-            stop_gracefully(&mut replicas, leader).await;
-            common::wait_for("a new leader", Duration::from_secs(10), || {
-                let h = history.holder();
-                let old = format!("cp-{leader}");
-                async move { h.is_some_and(|h| h != old) }
-            })
-            .await;
-            replicas[leader] = Some(start_replica(&cp, &sim, &a.bin, leader, &class));
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        let victim = holder;
-        let seq0 = next_seq(&sim);
-        let t0 = Instant::now();
-        let t0_unix = common::unix_ms();
-        match class.as_str() {
-            "kill" | "busy" => cp.kill_apiserver(victim).await,
-            "hang" => cp.hang(victim).unwrap(),
-            "blackhole" => cp.blackhole(victim).await.unwrap(),
-            "partition" => cp.partition(victim).await.unwrap(),
-            "dead-node" | "leader-node" => {
-                cp.blackhole(victim).await.unwrap();
-                if let Some(mut r) = replicas[victim].take() {
-                    r.kill().await.unwrap();
-                }
-            }
-            _ => unreachable!(),
-        }
-        let total = recover(&fresh, &url, &sim, &fip, victim, t0).await;
-        let total_ms = total.as_secs_f64() * 1000.0;
-        // Heal, and let every replica see the node healthy again before the next run.
-        match class.as_str() {
-            "kill" | "busy" => cp.start_apiserver(victim).await.unwrap(),
-            "hang" => cp.unhang(victim).unwrap(),
-            "blackhole" | "partition" => cp.heal(victim).await.unwrap(),
-            "dead-node" | "leader-node" => {
-                cp.heal(victim).await.unwrap();
-                replicas[victim] = Some(start_replica(&cp, &sim, &a.bin, victim, &class));
-            }
-            _ => unreachable!(),
-        }
-        let direct = format!("https://{}/readyz", SocketAddr::new(cp.addresses()[victim], 6443));
-        common::wait_for("the healed node answers", Duration::from_secs(60), || {
-            answers(&probe, &direct)
+        let ca = cp.ca_der().to_vec();
+        let probe = baton_testbed::http_client(Some(&ca)).unwrap();
+        // Recovery is what a new client sees: a new connection through the FIP for every probe
+        // (no pooled connection left over from before the failure).
+        let fresh = fresh_client(&ca);
+        let fip_addr = SocketAddr::new(fip.address, 6443);
+        let url = format!("https://{fip_addr}/readyz");
+        common::wait_for("the FIP answers", Duration::from_secs(60), || {
+            answers(&probe, &url)
+        })
+        .await;
+        common::wait_for("a leader", Duration::from_secs(30), || {
+            let h = history.holder();
+            async move { h.is_some() }
         })
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let moves = retargets(&sim, &fip, seq0);
+        let client = H2Client::start(&ca, &url);
+        Self {
+            cp,
+            sim,
+            fip,
+            fleet,
+            replicas,
+            history,
+            probe,
+            fresh,
+            url,
+            client,
+            _agents: agents,
+            _cloud: cloud,
+            _slow: slow,
+        }
+    }
+
+    /// Counts what the whole class did: writes by replicas that did not hold the Lease, FIPs
+    /// created twice; stops the replicas.
+    async fn finish(mut self, report: &mut Report, lease_ms: u64, dup_before: u64) {
+        let log = self.sim.log(0);
+        let bad = self.history.nonleader_writes(&log, lease_ms);
+        for w in &bad {
+            eprintln!(
+                "non-leader write: {} {} from {:?} at {}",
+                w.method, w.path, w.user_agent, w.unix_ms
+            );
+        }
+        report.nonleader_writes = bad.len();
+        let dup = usize::try_from(self.sim.stats().duplicate_fips.saturating_sub(dup_before)).unwrap();
+        report.duplicate_writes += dup;
+        self.client.stop();
+        for r in self.replicas.iter_mut().flatten() {
+            let _ = r.kill().await;
+        }
+    }
+}
+
+/// How the replicas are started: the binary, lease timings, and per node the API server URL
+/// (a slow proxy's) when it is not the node's own.
+struct Fleet {
+    bin: String,
+    class: String,
+    lease: Option<Lease>,
+    urls: Vec<Option<String>>,
+}
+
+impl Fleet {
+    /// `baton controller` replica `identity` on node cp-i, talking only to API server i.
+    fn start(&self, cp: &ControlPlane, sim: &SimHandle, i: usize, identity: &str) -> Child {
+        let churn = matches!(self.class.as_str(), "busy" | "rolling-update");
+        let kubeconfig = match &self.urls[i] {
+            Some(url) => cp.write_kubeconfig_for(url, ADMIN_TOKEN).unwrap(),
+            None => cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap(),
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs_dir().join(format!("{}-cp-{i}.log", self.class)))
+            .unwrap();
+        let mut controller = cp.node_command(&format!("cp-{i}"), &self.bin).unwrap();
+        if churn {
+            // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
+            controller
+                .env("CHERRY_REGION_NAME", "LT-Siauliai")
+                .env("CHERRY_LOAD_BALANCER", "kube-vip://");
+        }
+        if let Some(l) = self.lease {
+            controller
+                .env("BATON_LEASE_DURATION", format!("{}ms", l.duration))
+                .env("BATON_LEASE_RENEW_DEADLINE", format!("{}ms", l.deadline))
+                .env("BATON_LEASE_RENEW_INTERVAL", format!("{}ms", l.interval));
+        }
+        controller
+            .env("BATON_LOG", "info,baton=debug")
+            .arg("controller")
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--identity", identity, "--admin-listen", "off"])
+            .env("CHERRY_API_KEY", "sim-token")
+            .env("CHERRY_PROJECT_ID", "123456")
+            .env("CHERRY_FIP_TAG", "cluster=bench-cp")
+            .env("CHERRY_BASE_URL", sim.base_url().as_str())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin))
+    }
+}
+
+/// `etcd-stall`: one report per stall length; nothing fails, nothing may move.
+async fn etcd_stalls(a: Args) -> Vec<Report> {
+    let bed = Bed::start("etcd-stall", &a).await;
+    let dup_before = bed.sim.stats().duplicate_fips;
+    let mut reports = Vec::new();
+    for &stall in &a.stalls_ms {
+        let mut report = Report {
+            label: format!(" stall_ms={stall}"),
+            ..Report::default()
+        };
+        for run in 0..a.runs {
+            let seq0 = next_seq(&bed.sim);
+            let (t0, from_ms) = (Instant::now(), common::unix_ms());
+            bed.cp.stall_etcd(Duration::from_millis(stall)).unwrap();
+            tokio::time::sleep(Duration::from_millis(stall) + Duration::from_secs(6)).await;
+            let moves = put_count(&bed.sim, &bed.fip, seq0);
+            let (transitions, leaderless) =
+                lease_window(&bed.history.entries(), from_ms, common::unix_ms(), a.lease_ms());
+            let gap = bed.client.longest_gap(t0, Instant::now()).as_secs_f64() * 1000.0;
+            eprintln!(
+                "etcd-stall {stall} ms, stall {}: lease transitions {transitions}, leaderless {leaderless} ms, retargets sent {moves}, client gap {gap:.0} ms",
+                run + 1
+            );
+            report.windows += 1;
+            report.lease_transitions += transitions;
+            report.leaderless_ms = report.leaderless_ms.max(leaderless);
+            report.false_moves += moves;
+            report.retargets += moves;
+            report.duplicate_writes += moves.saturating_sub(1);
+            report.client_gap_ms = report.client_gap_ms.max(gap);
+        }
+        reports.push(report);
+    }
+    let mut total = Report::default();
+    bed.finish(&mut total, a.lease_ms(), dup_before).await;
+    if let Some(last) = reports.last_mut() {
+        // Counted over the whole class.
+        last.nonleader_writes = total.nonleader_writes;
+        last.duplicate_writes += total.duplicate_writes;
+    }
+    reports
+}
+
+/// Every PUT of `fip` a controller replica sent from log sequence `from` on, whatever its answer.
+fn put_count(sim: &SimHandle, fip: &IpAddress, from: u64) -> usize {
+    let path = format!("/v1/ips/{}", fip.id.as_str());
+    sim.log(from)
+        .iter()
+        .filter(|e| e.method == "PUT" && e.path == path && e.user_agent.contains("controller/"))
+        .count()
+}
+
+async fn run_class(class: String, a: Args) -> Report {
+    let churning = matches!(class.as_str(), "busy" | "rolling-update");
+    let mut bed = Bed::start(&class, &a).await;
+    let lease_ms = a.lease_ms();
+    let dup_before = bed.sim.stats().duplicate_fips;
+    let created = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let churn = churning.then(|| {
+        tokio::spawn(churn_services(
+            (0..3).map(|i| bed.cp.client(i).unwrap()).collect(),
+            Arc::clone(&created),
+        ))
+    });
+    if churning {
+        // Let the queue fill before the first failure.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let stats_before = bed.sim.stats();
+    let log_from = next_seq(&bed.sim);
+    let created_before = created.load(std::sync::atomic::Ordering::Relaxed);
+
+    let mut report = Report::default();
+    if class == "slow-api" {
+        // Nothing fails for 30 s: the slow writes alone must not cost the Lease or move the FIP.
+        let (seq, from_ms) = (next_seq(&bed.sim), common::unix_ms());
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        report.lease_window(&bed.history, from_ms, common::unix_ms(), lease_ms);
+        let moves = put_count(&bed.sim, &bed.fip, seq);
+        report.false_moves += moves;
+        report.retargets += moves;
+        eprintln!(
+            "slow-api quiet 30 s: lease transitions {}, leaderless {} ms, retargets sent {moves}",
+            report.lease_transitions, report.leaderless_ms
+        );
+    }
+    for run in 0..a.runs {
+        let holder = holder_of(&bed.sim, &bed.fip).expect("the FIP is routed");
+        if class != "rolling-update" {
+            arrange_leader(&mut bed, &class, holder).await;
+        }
+        let victim = holder;
+        let seq0 = next_seq(&bed.sim);
+        let t0 = Instant::now();
+        let t0_unix = common::unix_ms();
+        let total = match class.as_str() {
+            "kill" | "busy" | "slow-api" | "slow-cloud" => {
+                bed.cp.kill_apiserver(victim).await;
+                recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
+            }
+            "rolling-update" => {
+                bed.cp.kill_apiserver(victim).await;
+                let Bed {
+                    cp,
+                    sim,
+                    fleet,
+                    replicas,
+                    fresh,
+                    url,
+                    fip,
+                    ..
+                } = &mut bed;
+                let (total, ()) = tokio::join!(
+                    recover(fresh, url, sim, fip, victim, t0),
+                    roll(cp, sim, fleet, replicas, run + 1)
+                );
+                total
+            }
+            "hang" => {
+                bed.cp.hang(victim).unwrap();
+                recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
+            }
+            "blackhole" => {
+                bed.cp.blackhole(victim).await.unwrap();
+                recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
+            }
+            "partition" => {
+                bed.cp.partition(victim).await.unwrap();
+                recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
+            }
+            "dead-node" | "leader-node" => {
+                bed.cp.blackhole(victim).await.unwrap();
+                if let Some(mut r) = bed.replicas[victim].take() {
+                    r.kill().await.unwrap();
+                }
+                recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
+            }
+            _ => unreachable!(),
+        };
+        let total_ms = total.as_secs_f64() * 1000.0;
+        // Heal, and let every replica see the node healthy again before the next run.
+        match class.as_str() {
+            "kill" | "busy" | "slow-api" | "slow-cloud" | "rolling-update" => {
+                bed.cp.start_apiserver(victim).await.unwrap();
+            }
+            "hang" => bed.cp.unhang(victim).unwrap(),
+            "blackhole" | "partition" => bed.cp.heal(victim).await.unwrap(),
+            "dead-node" | "leader-node" => {
+                bed.cp.heal(victim).await.unwrap();
+                bed.replicas[victim] =
+                    Some(
+                        bed.fleet
+                            .start(&bed.cp, &bed.sim, victim, &format!("cp-{victim}")),
+                    );
+            }
+            _ => unreachable!(),
+        }
+        let direct = format!(
+            "https://{}/readyz",
+            SocketAddr::new(bed.cp.addresses()[victim], 6443)
+        );
+        common::wait_for("the healed node answers", Duration::from_secs(60), || {
+            answers(&bed.probe, &direct)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = retargets(&bed.sim, &bed.fip, seq0);
+        let sent = put_count(&bed.sim, &bed.fip, seq0);
         let first = moves.first().expect("a replica moved the FIP");
+        report.lease_window(&bed.history, t0_unix, common::unix_ms(), lease_ms);
         let result = Run {
             total_ms,
             to_call_ms: first.unix_ms.saturating_sub(t0_unix) as f64,
             call_ms: first.duration_ms as f64,
-            client_gap_ms: client
+            client_gap_ms: bed
+                .client
                 .longest_gap(t0, t0 + total + Duration::from_secs(2))
                 .as_secs_f64()
                 * 1000.0,
             retargets: moves.len(),
         };
         eprintln!(
-            "{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s)",
+            "{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s), {sent} PUT(s) sent",
             run + 1,
             total_ms,
             moves.len()
         );
         report.retargets += moves.len();
         report.false_moves += moves.len().saturating_sub(1);
+        report.duplicate_writes += sent.saturating_sub(1);
         report.runs.push(result);
     }
     // A quiet period: nothing fails, nothing may move.
-    let seq = next_seq(&sim);
+    let seq = next_seq(&bed.sim);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let quiet = retargets(&sim, &fip, seq).len();
+    let quiet = retargets(&bed.sim, &bed.fip, seq).len();
     report.false_moves += quiet;
     report.retargets += quiet;
-    let log = sim.log(0);
-    let bad = history.nonleader_writes(&log, LEASE_MS);
-    for w in &bad {
-        eprintln!(
-            "non-leader write: {} {} from {:?} at {}",
-            w.method, w.path, w.user_agent, w.unix_ms
-        );
-    }
-    report.nonleader_writes = bad.len();
     if let Some(churn) = churn {
         churn.abort();
-        let stats = sim.stats();
-        let fips_created = sim
+        let stats = bed.sim.stats();
+        let fips_created = bed
+            .sim
             .log(log_from)
             .iter()
             .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
@@ -415,17 +790,65 @@ async fn run_class(class: String, a: Args) -> Report {
             stats.rate_limited.saturating_sub(stats_before.rate_limited)
         );
     }
-    client.stop();
-    for r in replicas.iter_mut().flatten() {
-        let _ = r.kill().await;
-    }
+    bed.finish(&mut report, lease_ms, dup_before).await;
     report
 }
 
+/// The victim is always the FIP's holder; leadership is moved (a graceful restart of the
+/// leading replica, which hands the Lease over) until the leader is on the victim (leader-node,
+/// partition) or elsewhere (the other classes). The FIP itself is never moved behind the
+/// replicas' back: they would act on a holder they have not read yet.
+async fn arrange_leader(bed: &mut Bed, class: &str, holder: usize) {
+    let on_leader = matches!(class, "leader-node" | "partition");
+    for attempt in 0.. {
+        let leader = leader_of(&bed.history);
+        if (leader == holder) == on_leader {
+            break;
+        }
+        assert!(
+            attempt < 20,
+            "could not arrange the leader (holder cp-{holder}, leader cp-{leader})"
+        );
+        stop_gracefully(&mut bed.replicas, leader).await;
+        common::wait_for("a new leader", Duration::from_secs(10), || {
+            let h = bed.history.holder();
+            let old = format!("cp-{leader}");
+            async move { h.is_some_and(|h| h != old) }
+        })
+        .await;
+        bed.replicas[leader] = Some(
+            bed.fleet
+                .start(&bed.cp, &bed.sim, leader, &format!("cp-{leader}")),
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// A Deployment's rolling update (maxSurge 1, maxUnavailable 0): on each node in turn a new
+/// replica with a new name starts, and 1.5 s later the old one gets SIGTERM and is waited for.
+async fn roll(
+    cp: &ControlPlane,
+    sim: &SimHandle,
+    fleet: &Fleet,
+    replicas: &mut [Option<Child>],
+    generation: usize,
+) {
+    for i in 0..replicas.len() {
+        let new = fleet.start(cp, sim, i, &format!("cp-{i}-{generation}"));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop_gracefully(replicas, i).await;
+        replicas[i] = Some(new);
+    }
+}
+
+/// The node of the replica holding the Lease (identity `cp-<node>` or `cp-<node>-<generation>`).
 fn leader_of(history: &LeaseHistory) -> usize {
     history
         .holder()
-        .and_then(|h| h.strip_prefix("cp-").and_then(|i| i.parse::<usize>().ok()))
+        .and_then(|h| {
+            h.strip_prefix("cp-")
+                .and_then(|i| i.split('-').next()?.parse::<usize>().ok())
+        })
         .expect("a leader")
 }
 
@@ -525,37 +948,6 @@ fn start_agent(cp: &ControlPlane, bin: &str, i: usize) -> Child {
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("starting {bin} agent: {e}"))
-}
-
-/// `baton controller` replica `i` on node cp-i: identity cp-i, talking only to API server i.
-fn start_replica(cp: &ControlPlane, sim: &SimHandle, bin: &str, i: usize, class: &str) -> Child {
-    let busy = class == "busy";
-    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(logs_dir().join(format!("{class}-cp-{i}.log")))
-        .unwrap();
-    let mut controller = cp.node_command(&format!("cp-{i}"), bin).unwrap();
-    if busy {
-        // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
-        controller
-            .env("CHERRY_REGION_NAME", "LT-Siauliai")
-            .env("CHERRY_LOAD_BALANCER", "kube-vip://");
-    }
-    controller
-        .env("BATON_LOG", "info,baton=debug")
-        .arg("controller")
-        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-        .args(["--identity", &format!("cp-{i}"), "--admin-listen", "off"])
-        .env("CHERRY_API_KEY", "sim-token")
-        .env("CHERRY_PROJECT_ID", "123456")
-        .env("CHERRY_FIP_TAG", "cluster=bench-cp")
-        .env("CHERRY_BASE_URL", sim.base_url().as_str())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {bin}: {e}"))
 }
 
 /// A client that opens a new connection for every request.
@@ -692,7 +1084,7 @@ fn replot(log: &str, dir: &str) {
         let Some((class, rest)) = line.split_once(" run ") else {
             continue;
         };
-        if !CLASSES.contains(&class) {
+        if !FAILURES.contains(&class) && !GREY.contains(&class) {
             continue;
         }
         let num = |key: &str| -> Option<f64> {

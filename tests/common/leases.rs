@@ -78,6 +78,14 @@ impl LeaseHistory {
         e.iter().find(|(t, _)| *t == last).map(|(_, h)| h.clone())
     }
 
+    /// Every version seen, by renew time: (wall-clock ms of its renewTime or acquireTime,
+    /// holder; empty when released).
+    pub fn entries(&self) -> Vec<(u64, String)> {
+        let mut e = self.entries.lock().unwrap().clone();
+        e.sort();
+        e
+    }
+
     /// Cloud writes (POST/PUT/DELETE) sent by a controller replica (User-Agent `… controller/<id>`)
     /// that arrived when that replica did not hold the Lease: another replica had renewed or
     /// acquired it since this one's last renew, or more than `duration_ms` had passed since this
