@@ -75,6 +75,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton::controller::lease::LeaseConfig;
 use baton_cloud::CherryClient;
 use baton_cloud::model::IpAddress;
 use baton_sim::{Faults, SimHandle, Topology};
@@ -94,9 +95,6 @@ const FAILURES: [&str; 7] = [
     "busy",
 ];
 const GREY: [&str; 4] = ["etcd-stall", "slow-api", "slow-cloud", "rolling-update"];
-/// The controller's default lease duration: a write later than this after its sender's last
-/// renew could come after a takeover.
-const LEASE_MS: u64 = 1700;
 
 /// Lease timings given to every replica (`--lease D,DEADLINE,INTERVAL` in ms), instead of the
 /// shipped defaults.
@@ -144,8 +142,13 @@ struct Args {
 }
 
 impl Args {
+    /// The replicas' lease duration in ms (`--lease`, else the shipped default): a write later
+    /// than this after its sender's last renew could come after a takeover.
     fn lease_ms(&self) -> u64 {
-        self.lease.map_or(LEASE_MS, |l| l.duration)
+        self.lease.map_or_else(
+            || u64::try_from(LeaseConfig::new("", "", "").duration.as_millis()).unwrap(),
+            |l| l.duration,
+        )
     }
 }
 

@@ -27,8 +27,12 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-/// The controller's default lease duration.
-const LEASE_MS: u64 = 1700;
+/// The controller's default lease duration, in ms (a write later than this after its sender's
+/// last renew could come after a takeover).
+fn lease_ms() -> u64 {
+    let d = baton::controller::lease::LeaseConfig::new("", "", "").duration;
+    u64::try_from(d.as_millis()).unwrap()
+}
 
 struct Bed {
     cp: ControlPlane,
@@ -174,7 +178,7 @@ impl Bed {
     }
 
     fn assert_only_leaders_wrote(&self) {
-        let bad = self.history.nonleader_writes(&self.sim.log(0), LEASE_MS);
+        let bad = self.history.nonleader_writes(&self.sim.log(0), lease_ms());
         assert!(
             bad.is_empty(),
             "writes from replicas not holding the Lease: {bad:#?}\n{}",
