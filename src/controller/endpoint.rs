@@ -940,11 +940,9 @@ impl Step<'_> {
             candidates: self.candidates.iter().map(|(c, _)| c.clone()).collect(),
             left: avoid(last_move.as_ref(), holder),
         };
-        let holder_failing_for = self
-            .candidates
-            .iter()
-            .find(|(c, _)| Some(c.server_id) == holder)
-            .and_then(|(_, a)| prober.failing_since(a))
+        let holder_failing_for = holder
+            .and_then(|h| self.probed_at(h))
+            .and_then(|a| prober.failing_since(a))
             .map_or(Duration::ZERO, |t| clocks.now.saturating_duration_since(t));
         Observed {
             obs,
@@ -953,36 +951,41 @@ impl Step<'_> {
         }
     }
 
-    /// Why a move `decision` makes waits, if it does (the rules against moving too soon), given
-    /// the FIP's last move and how long its holder has failed its probes.
+    /// The address candidate `server` is probed at.
+    fn probed_at(&self, server: u64) -> Option<&SocketAddr> {
+        self.candidates
+            .iter()
+            .find(|(c, _)| c.server_id == server)
+            .map(|(_, a)| a)
+    }
+
+    /// Why a move `decision` makes waits, if it does (the rules against moving too soon), on
+    /// what this pass observed.
     fn held(
         &self,
         state: &EndpointState,
         clocks: Clocks,
         decision: &Decision,
-        (last_move, holder_failing_for): (Option<&LastMove>, Duration),
+        seen: &Observed,
         prober: &Prober,
     ) -> Option<&'static str> {
         let Decision::Move { to, reason } = *decision else {
             return None;
         };
-        // Set from this pass's observation before any decision.
-        let holder = state.seen_holder;
+        let (holder, holder_failing_for) = (seen.obs.holder, seen.holder_failing_for);
         if state.hold.holds(clocks.now, reason) {
             return Some(
                 "the FIP does not answer through its route but moved recently; holding it where it is",
             );
         }
-        if storm_held(last_move, holder, reason, holder_failing_for) {
+        if storm_held(seen.last_move.as_ref(), holder, reason, holder_failing_for) {
             return Some(
                 "the FIP's new holder fails its probes since the FIP moved to it; moving it only if that lasts",
             );
         }
         let target_ok_for = self
-            .candidates
-            .iter()
-            .find(|(c, _)| c.server_id == to)
-            .and_then(|(_, a)| prober.last_failure(a))
+            .probed_at(to)
+            .and_then(|a| prober.last_failure(a))
             .map(|t| clocks.now.saturating_duration_since(t));
         shared_failure_held(reason, holder_failing_for, target_ok_for).then_some(
             "the FIP's holder failed its probes, but so did the other servers until a moment ago (a shared failure, e.g. etcd), or it answers again; moving it only if the holder goes on failing alone",
@@ -999,11 +1002,8 @@ impl Step<'_> {
         let Self { ctx, metrics, .. } = *self;
         let state = ep_state;
         let clocks = Clocks::now();
-        let Observed {
-            obs,
-            last_move,
-            holder_failing_for,
-        } = self.observe(ep, state, prober, clocks);
+        let seen = self.observe(ep, state, prober, clocks);
+        let obs = &seen.obs;
         // A route that changed since the previous pass (a move by someone else, seen in a
         // fresh list) starts a new episode, and settles before "unreachable" means anything.
         if state.seen && state.seen_holder != obs.holder {
@@ -1012,14 +1012,8 @@ impl Step<'_> {
             state.route_checked = false;
         }
         (state.seen, state.seen_holder) = (true, obs.holder);
-        let decision = decide(&obs);
-        let held = self.held(
-            state,
-            clocks,
-            &decision,
-            (last_move.as_ref(), holder_failing_for),
-            prober,
-        );
+        let decision = decide(obs);
+        let held = self.held(state, clocks, &decision, &seen, prober);
         let mut moved = None;
         if !matches!(
             decision,
@@ -1084,7 +1078,7 @@ impl Step<'_> {
                 if !state.hold.reported && ctx.leader.is_leader() {
                     state.hold.reported = true;
                     metrics.failover_held();
-                    tracing::warn!(fip = %ep.fip.address, reason = reason.as_str(), failing_ms = holder_failing_for.as_millis(), "{}", held.unwrap_or_default());
+                    tracing::warn!(fip = %ep.fip.address, reason = reason.as_str(), failing_ms = seen.holder_failing_for.as_millis(), "{}", held.unwrap_or_default());
                 }
             }
             Decision::Move { to, reason } => {
