@@ -73,7 +73,7 @@ use tracing::{debug, info, instrument, warn};
 
 use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries, Skipped};
-use super::watches::{Cache, StreamErrors, Watches};
+use super::watches::{Cache, StreamErrors, Subset, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often a settled Service is looked at again (reads the cached IP list only).
@@ -211,6 +211,8 @@ pub struct ServiceContext {
     mirror: (String, String),
     /// Every Service (the shared watch), for the BGP prefix budget and the orphan sweep.
     store: Cache<Service>,
+    /// The Services that may be control-plane endpoints ([`may_be_control_plane`]).
+    control_plane: Subset<Service>,
     /// Services whose reconcile was skipped while this replica did not lead.
     skipped: Arc<Skipped<Service>>,
     /// FIPs no longer wanted, kept for their grace period ([`grace`]).
@@ -231,7 +233,7 @@ impl std::fmt::Debug for ServiceContext {
 
 impl ServiceContext {
     /// Wraps the shared context.
-    pub fn new(base: Arc<Context>, store: Cache<Service>) -> Self {
+    pub fn new(base: Arc<Context>, store: Cache<Service>, control_plane: Subset<Service>) -> Self {
         let mirror = (
             "kube-system".to_owned(),
             mirror::service_name(&base.config.prefix),
@@ -244,6 +246,7 @@ impl ServiceContext {
             mirror,
             skipped: Arc::new(Skipped::new(store.store())),
             store,
+            control_plane,
             holds: std::sync::Mutex::new(grace::Holds::default()),
             held: tokio::sync::Notify::new(),
         }
@@ -318,12 +321,13 @@ pub fn run_services(
     let store = watches.services();
     let trigger = watches.subscribe_services();
     let changes = watches.service_changes();
-    run(ctx, store, trigger, changes, shutdown)
+    let control_plane = watches.services_where(may_be_control_plane);
+    run(ctx, (store, control_plane), trigger, changes, shutdown)
 }
 
 async fn run(
     ctx: Arc<Context>,
-    store: Cache<Service>,
+    (store, control_plane): (Cache<Service>, Subset<Service>),
     trigger: ReflectHandle<Service>,
     mut changes: tokio::sync::watch::Receiver<u64>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -331,7 +335,7 @@ async fn run(
     if ctx.config.load_balancer.is_none() {
         info!("no loadbalancer configured: Service Floating IPs are off (only deletions are finished)");
     }
-    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone()));
+    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone(), control_plane));
     let errors = Arc::new(StreamErrors::new("Service controller"));
     let queued = Arc::clone(&svc_ctx);
     let trigger = trigger.inspect(move |svc| queued.queue.add(key_of(svc)));
@@ -1435,24 +1439,47 @@ async fn byo_roles(ctx: &ServiceContext, facts: &ServiceFacts, ip: IpAddr) -> Re
     roles_for(ctx, facts).await
 }
 
-/// The roles of the cloud's FIPs ([`FipRoles`]) when the Service asks for any address at all;
-/// otherwise none, without a cloud read. The IP list is the shared cache.
+/// The roles of the cloud's FIPs ([`FipRoles`]) for the addresses the Service asks for (none,
+/// without a cloud read, when it asks for none). Read without a pass over the IP list or the
+/// Services, since it runs on every reconcile: the FIPs carrying `fipTag` and those at the asked
+/// addresses come from the shared list's indexes, the control-plane Services from their subset.
+/// So `routed` covers only the asked addresses; `control_plane` is whole.
 async fn roles_for(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<FipRoles, ServiceError> {
-    if asked_addresses(facts, ctx.mode().map(ip_annotation)).is_empty() {
+    let asked = asked_addresses(facts, ctx.mode().map(ip_annotation));
+    if asked.is_empty() {
         return Ok(FipRoles::default());
     }
-    let ips = ctx.base.cloud.ips().await.map_err(|source| ServiceError::Cloud {
+    let cloud_err = |source| ServiceError::Cloud {
         svc: facts.key(),
         step: "listing Floating IPs",
         source: Box::new(source),
-    })?;
-    let services: Vec<ServiceFacts> = ctx.store.state().iter().map(|s| facts_of(s)).collect();
+    };
+    let mut ips = match &ctx.base.config.fip_tag {
+        Some(tag) => {
+            let tags = Tags::from([(tag.key().to_owned(), tag.value().to_owned())]);
+            ctx.base.cloud.ips_tagged(&tags).await.map_err(cloud_err)?
+        }
+        None => Vec::new(),
+    };
+    ips.extend(ctx.base.cloud.ips_at(&asked).await.map_err(cloud_err)?);
+    let services: Vec<ServiceFacts> = ctx.control_plane.objects().iter().map(|s| facts_of(s)).collect();
     Ok(FipRoles::of(
         ctx.base.config.fip_tag.as_ref(),
         &ips,
         &services,
         ctx.mirror(),
     ))
+}
+
+/// Whether a Service may be a control-plane endpoint ([`is_control_plane_service`], whatever the
+/// mirror's name: the mirror is in `kube-system`). Read in place, on every Service event.
+fn may_be_control_plane(svc: &Service) -> bool {
+    svc.metadata.namespace.as_deref() == Some("kube-system")
+        || svc
+            .annotations()
+            .contains_key(crate::names::CONTROL_PLANE_ENDPOINT_ANNOTATION)
+        || svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref())
+            == Some(crate::names::CONTROL_PLANE_CLASS)
 }
 
 fn annotation_nulls(

@@ -5,7 +5,9 @@
 //! ```text
 //!                        ┌─► Store<K>            read by any controller (endpoint loop, BGP, …)
 //!  watch K ─► reflector ─┼─► subscribe_K()       objects applied, for a kube Controller's trigger
-//!  (WatchBackoff)        └─► changes_K()         a counter bumped on every event, deletes too
+//!  (WatchBackoff)        ├─► changes_K()         a counter bumped on every event, deletes too
+//!                        └─► services_where()    the Services passing a filter, kept from the
+//!                                                events (no pass over the store per read)
 //! ```
 //!
 //! Objects are stored without their `managedFields` (no controller reads them; they are often
@@ -46,6 +48,9 @@ const BUFFER: usize = 1024;
 /// The annotation `kubectl apply` keeps a full copy of the object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Which objects a [`Subset`] keeps.
+type Filter<K> = fn(&K) -> bool;
+
 /// One kind's shared watch, before it runs.
 struct Kind<K>
 where
@@ -59,6 +64,8 @@ where
     used: bool,
     /// Drops what no controller reads, before the object is stored.
     trim: fn(&mut K),
+    /// Subsets kept from the events, each with its filter.
+    subsets: Vec<(Filter<K>, Subset<K>)>,
 }
 
 impl<K> Kind<K>
@@ -80,7 +87,15 @@ where
             ready: watch::channel(false).0,
             used: false,
             trim,
+            subsets: Vec::new(),
         }
+    }
+
+    fn subset(&mut self, keep: fn(&K) -> bool) -> Subset<K> {
+        self.used = true;
+        let subset = Subset::default();
+        self.subsets.push((keep, subset.clone()));
+        subset
     }
 
     fn cache(&mut self) -> Cache<K> {
@@ -111,7 +126,7 @@ where
         }
         let kind = K::kind(&());
         let errors = StreamErrors::new(kind.clone());
-        let (changes, ready) = (self.changes, self.ready);
+        let (changes, ready, subsets) = (self.changes, self.ready, self.subsets);
         watcher(self.api, self.config)
             .backoff(WatchBackoff::default())
             // No controller reads managedFields or kubectl's copy of the last applied object;
@@ -126,6 +141,11 @@ where
             })
             .reflect_shared(self.writer)
             .for_each(|event| {
+                if let Ok(event) = &event {
+                    for (keep, subset) in &subsets {
+                        subset.apply(event, *keep);
+                    }
+                }
                 match event {
                     Ok(watcher::Event::Init) => {}
                     Ok(watcher::Event::InitApply(_)) => {
@@ -178,6 +198,88 @@ where
     /// The kube store behind the cache (for a kube `Controller`).
     pub fn store(&self) -> Store<K> {
         self.store.clone()
+    }
+}
+
+/// The objects of one kind that pass a filter, kept from the watch's events as they come (no
+/// pass over the store): for a reader that needs a few objects out of many on every reconcile.
+/// A relist replaces the subset when it is complete, as the store is replaced.
+pub struct Subset<K> {
+    inner: Arc<std::sync::Mutex<SubsetState<K>>>,
+}
+
+struct SubsetState<K> {
+    live: std::collections::BTreeMap<(String, String), Arc<K>>,
+    /// Gathered during a relist, in force at its end.
+    relist: Option<std::collections::BTreeMap<(String, String), Arc<K>>>,
+}
+
+impl<K> Default for Subset<K> {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(std::sync::Mutex::new(SubsetState {
+                live: std::collections::BTreeMap::new(),
+                relist: None,
+            })),
+        }
+    }
+}
+
+impl<K> Clone for Subset<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K: kube::Resource + Clone> Subset<K> {
+    /// The objects in the subset now, in namespace and name order.
+    pub fn objects(&self) -> Vec<Arc<K>> {
+        self.lock().live.values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SubsetState<K>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn apply(&self, event: &watcher::Event<K>, keep: fn(&K) -> bool) {
+        let key = |obj: &K| {
+            let meta = obj.meta();
+            (
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            )
+        };
+        let mut state = self.lock();
+        match event {
+            watcher::Event::Init => state.relist = Some(std::collections::BTreeMap::new()),
+            watcher::Event::InitApply(obj) => {
+                if keep(obj) {
+                    state
+                        .relist
+                        .get_or_insert_default()
+                        .insert(key(obj), Arc::new(obj.clone()));
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = state.relist.take() {
+                    state.live = listed;
+                }
+            }
+            watcher::Event::Apply(obj) => {
+                if keep(obj) {
+                    state.live.insert(key(obj), Arc::new(obj.clone()));
+                } else {
+                    state.live.remove(&key(obj));
+                }
+            }
+            watcher::Event::Delete(obj) => {
+                state.live.remove(&key(obj));
+            }
+        }
     }
 }
 
@@ -236,6 +338,11 @@ impl Watches {
     /// Services as they are applied (a Controller's trigger).
     pub fn subscribe_services(&mut self) -> ReflectHandle<Service> {
         self.services.subscribe()
+    }
+
+    /// The Services that pass `keep`, kept from the events (see [`Subset`]).
+    pub fn services_where(&mut self, keep: fn(&Service) -> bool) -> Subset<Service> {
+        self.services.subset(keep)
     }
 
     /// Bumped on every change of a Service (deletes too).
@@ -361,5 +468,66 @@ mod tests {
         assert_eq!(first, [100, 200, 400, 800, 1600, 2000, 2000]);
         b.reset();
         assert_eq!(b.next().map(|d| d.as_millis()), Some(100));
+    }
+}
+
+#[cfg(test)]
+mod subset_tests {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
+
+    use super::Subset;
+
+    fn svc(namespace: &str, name: &str, kept: bool) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                labels: kept.then(|| [("kept".to_owned(), String::new())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    fn kept(svc: &Service) -> bool {
+        svc.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("kept"))
+    }
+
+    fn names(subset: &Subset<Service>) -> Vec<String> {
+        subset
+            .objects()
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn a_subset_follows_applies_deletes_and_a_relist() {
+        let subset = Subset::default();
+        let apply = |event| subset.apply(&event, kept);
+        apply(Event::Init);
+        apply(Event::InitApply(svc("a", "one", true)));
+        apply(Event::InitApply(svc("a", "two", false)));
+        assert!(names(&subset).is_empty(), "a relist counts once it is complete");
+        apply(Event::InitDone);
+        assert_eq!(names(&subset), ["one"]);
+        apply(Event::Apply(svc("b", "three", true)));
+        apply(Event::Apply(svc("a", "two", true)));
+        assert_eq!(names(&subset), ["one", "two", "three"]);
+        // No longer passing the filter, or deleted: out.
+        apply(Event::Apply(svc("a", "one", false)));
+        apply(Event::Delete(svc("b", "three", true)));
+        assert_eq!(names(&subset), ["two"]);
+        // A relist replaces the subset: what it does not list is gone.
+        apply(Event::Init);
+        apply(Event::InitApply(svc("c", "four", true)));
+        assert_eq!(names(&subset), ["two"]);
+        apply(Event::InitDone);
+        assert_eq!(names(&subset), ["four"]);
     }
 }

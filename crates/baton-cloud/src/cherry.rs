@@ -19,7 +19,8 @@
 //! may carry a [`Leadership`] ([`CherryClient::led_by`]): its reads of the IP list then wait for a
 //! list fetched in the current term.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -987,6 +988,11 @@ impl Cloud for CherryClient {
 
     async fn ips_tagged(&self, tags: &Tags) -> Result<Vec<IpAddress>, CloudError> {
         let found = self.read_store(reads::tagged(tags)).await?;
+        Ok(found.iter().map(|ip| IpAddress::clone(ip)).collect())
+    }
+
+    async fn ips_at(&self, addresses: &BTreeSet<IpAddr>) -> Result<Vec<IpAddress>, CloudError> {
+        let found = self.read_store(reads::at(addresses)).await?;
         Ok(found.iter().map(|ip| IpAddress::clone(ip)).collect())
     }
 

@@ -1,5 +1,8 @@
 //! The `Cloud` trait: everything baton asks of a cloud. Controllers hold an `Arc<dyn Cloud>`.
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
 use async_trait::async_trait;
 
 use crate::error::CloudError;
@@ -41,6 +44,18 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
             .await?
             .iter()
             .filter(|ip| ip.ip_type == IpType::FloatingIp && ip.has_tags(tags))
+            .map(|ip| IpAddress::clone(ip))
+            .collect())
+    }
+
+    /// The IPs (of any type) with any of `addresses`, in list order, from the shared list (an
+    /// index: no pass over the list).
+    async fn ips_at(&self, addresses: &BTreeSet<IpAddr>) -> Result<Vec<IpAddress>, CloudError> {
+        Ok(self
+            .ips()
+            .await?
+            .iter()
+            .filter(|ip| addresses.contains(&ip.address))
             .map(|ip| IpAddress::clone(ip))
             .collect())
     }

@@ -8,7 +8,7 @@
 //!                                                     ▼    │
 //!            IPs by id, in list order, indexed by tag ◄────┘──► journal (own writes, `list_lag`)
 //!                       │
-//!      list() ── a snapshot, built once per change; tagged(), get() ── the index, O(matches)
+//!      list() ── a snapshot, built once per change; tagged(), at(), get() ── the indexes, O(matches)
 //! ```
 //!
 //! A read is served from the store unless it must be replaced first:
@@ -25,9 +25,9 @@
 //!
 //! A write never triggers a fetch: its answer is applied in place (O(1) plus its tags), and a
 //! fetch that was under way while it landed keeps it (the journal is re-applied over the fetched
-//! list). A lookup by tags or id uses the index, never a pass over the list.
+//! list). A lookup by tags, address or id uses an index, never a pass over the list.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -67,6 +67,8 @@ pub(crate) struct State {
     next_seq: u64,
     /// `(key, value)` → the IPs carrying that tag.
     by_tag: HashMap<(String, String), HashSet<IpId>>,
+    /// Address → the IPs with that address (one, but the list does not promise it).
+    by_address: HashMap<std::net::IpAddr, HashSet<IpId>>,
     /// When the list in the store was fetched (the call started); `None`: never.
     fetched: Option<Instant>,
     /// A read needs a list fetched at or after this.
@@ -101,6 +103,7 @@ impl State {
                 .or_default()
                 .insert(id.clone());
         }
+        self.by_address.entry(ip.address).or_default().insert(id.clone());
         self.ips.insert(id, Entry { seq, ip });
         self.snapshot = None;
     }
@@ -114,6 +117,12 @@ impl State {
     }
 
     fn unindex(&mut self, ip: &IpAddress) {
+        if let Some(ids) = self.by_address.get_mut(&ip.address) {
+            ids.remove(&ip.id);
+            if ids.is_empty() {
+                self.by_address.remove(&ip.address);
+            }
+        }
         for (k, v) in &ip.tags {
             let key = (k.clone(), v.clone());
             if let Some(ids) = self.by_tag.get_mut(&key) {
@@ -185,6 +194,18 @@ impl State {
             None => self.ips.values().collect(),
         };
         found.retain(|e| e.ip.has_tags(tags));
+        found.sort_by_key(|e| e.seq);
+        found.into_iter().map(|e| Arc::clone(&e.ip)).collect()
+    }
+
+    /// The IPs with any of `addresses`, in list order.
+    fn at(&self, addresses: &BTreeSet<std::net::IpAddr>) -> Vec<Arc<IpAddress>> {
+        let mut found: Vec<&Entry> = addresses
+            .iter()
+            .filter_map(|a| self.by_address.get(a))
+            .flatten()
+            .filter_map(|id| self.ips.get(id))
+            .collect();
         found.sort_by_key(|e| e.seq);
         found.into_iter().map(|e| Arc::clone(&e.ip)).collect()
     }
@@ -283,6 +304,7 @@ impl IpStore {
         state.ips.clear();
         state.order.clear();
         state.by_tag.clear();
+        state.by_address.clear();
         state.snapshot = None;
         state.ips.reserve(list.len());
         for ip in list {
@@ -352,6 +374,9 @@ impl IpStore {
 
 /// Reads of the store (run under its lock).
 pub(crate) mod reads {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+
     use super::{Arc, IpAddress, IpId, IpList, IpType, State, Tags};
 
     /// The whole list (a snapshot built once per change).
@@ -366,6 +391,11 @@ pub(crate) mod reads {
             found.retain(|ip| ip.ip_type == IpType::FloatingIp);
             found
         }
+    }
+
+    /// The IPs with any of `addresses`, in list order.
+    pub(crate) fn at(addresses: &BTreeSet<IpAddr>) -> impl FnOnce(&mut State) -> Vec<Arc<IpAddress>> + '_ {
+        move |state| state.at(addresses)
     }
 
     /// One IP, if the list shows it.

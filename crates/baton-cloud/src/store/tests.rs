@@ -162,6 +162,52 @@ async fn writes_are_applied_in_place_and_never_cause_a_list_call() {
     assert_eq!(api.calls(), 2);
 }
 
+fn ip_at(id: &str, address: &str) -> IpAddress {
+    let mut ip = ip(id, id);
+    ip.address = address.parse().unwrap();
+    ip
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_address_index_follows_writes_and_a_replaced_list() {
+    let store = IpStore::new(RESYNC, LAG);
+    let api = Api::default();
+    api.set(vec![ip_at("a", "203.0.113.1"), ip_at("b", "203.0.113.2")]);
+    let at = |addresses: &[&str]| -> std::collections::BTreeSet<std::net::IpAddr> {
+        addresses.iter().map(|a| a.parse().unwrap()).collect()
+    };
+    let read_at = |addresses| {
+        let (store, api) = (&store, &api);
+        async move {
+            store
+                .read(None, || api.fetch(), reads::at(&addresses))
+                .await
+                .unwrap()
+                .iter()
+                .map(|ip| ip.id.to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(read_at(at(&["203.0.113.2", "198.51.100.9"])).await, ["b"]);
+    // A write moves an IP's entry: a new address, one removed, one added.
+    store.upsert(&ip_at("b", "203.0.113.3"));
+    store.remove(&IpId::from("a"));
+    store.upsert(&ip_at("c", "203.0.113.1"));
+    assert!(read_at(at(&["203.0.113.2"])).await.is_empty());
+    assert_eq!(
+        read_at(at(&["203.0.113.1", "203.0.113.3"])).await,
+        ["b", "c"],
+        "list order"
+    );
+    // The periodic resync replaces the index with the API's list.
+    tokio::time::advance(RESYNC).await;
+    assert_eq!(
+        read_at(at(&["203.0.113.1", "203.0.113.2", "203.0.113.3"])).await,
+        ["a", "b"]
+    );
+    assert_eq!(api.calls(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_list_that_lags_or_overlaps_a_write_keeps_the_write() {
     let store = Arc::new(IpStore::new(RESYNC, LAG));
