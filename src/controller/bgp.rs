@@ -26,7 +26,7 @@ mod plan;
 
 pub use plan::*;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +59,19 @@ pub const RESYNC: Duration = Duration::from_secs(600);
 const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
+/// How long the MetalLB objects as listed (with baton's own writes since applied to them) serve
+/// before they are listed again. A pass reads them from memory, so what a pass costs the API
+/// server does not grow with the pools (one per Service address: 10,000 at 10,000 Services).
+/// Listed again sooner in a new term, and after a failed pass.
+const METALLB_RELIST: Duration = Duration::from_secs(60);
+
+/// The MetalLB objects of a namespace as listed at `at` in `term`, with baton's own writes since.
+struct Listed {
+    at: Instant,
+    term: Option<u64>,
+    namespace: String,
+    objects: BTreeMap<(Kind, String), Existing>,
+}
 
 /// Errors of one BGP pass; each names the failed step and the object.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +132,8 @@ struct Bgp {
     reported: HashSet<String>,
     /// Service addresses the cached IP list did not show, already looked for in a fresh list.
     rechecked: HashSet<IpAddr>,
+    /// The MetalLB objects ([`METALLB_RELIST`]).
+    listed: Option<Listed>,
 }
 
 /// The BGP controller on the shared Node and Service watches, running until `shutdown`
@@ -154,6 +169,7 @@ async fn run(
         cache: HashMap::new(),
         reported: HashSet::new(),
         rechecked: HashSet::new(),
+        listed: None,
     };
     // Each pass is a unit of work (`/health`); waiting for the watches, leadership or a change
     // is idle time.
@@ -566,10 +582,50 @@ impl Bgp {
             &self.ctx.config.prefix,
             self.ctx.config.bgp_node_selector.as_ref(),
         );
-        let existing = self.existing_metallb_objects(namespace).await?;
-        for action in metallb_actions(&desired, &existing) {
+        let term = self.ctx.leader.in_term();
+        let relist = self
+            .listed
+            .as_ref()
+            .is_none_or(|l| l.term != term || l.namespace != namespace || l.at.elapsed() >= METALLB_RELIST);
+        if relist {
+            let at = Instant::now();
+            let objects = self.existing_metallb_objects(namespace).await?;
+            self.listed = Some(Listed {
+                at,
+                term,
+                namespace: namespace.to_owned(),
+                objects: objects
+                    .into_iter()
+                    .map(|e| ((e.kind, e.name.clone()), e))
+                    .collect(),
+            });
+        }
+        let actions = match &self.listed {
+            Some(listed) => metallb_actions(&desired, listed.objects.values()),
+            None => Vec::new(),
+        };
+        let done = self.metallb_act(namespace, actions).await;
+        if done.is_err() {
+            // What the failed write did is unknown: the next pass lists again.
+            self.listed = None;
+        }
+        done
+    }
+
+    /// Carries out `actions`, and keeps [`Listed`] as they leave the objects.
+    async fn metallb_act(&mut self, namespace: &str, actions: Vec<Action>) -> Result<(), BgpError> {
+        for action in actions {
             match action {
-                Action::Apply(obj) => self.apply_metallb(namespace, &obj).await?,
+                Action::Apply(obj) => {
+                    self.apply_metallb(namespace, &obj).await?;
+                    self.seen(Existing {
+                        kind: obj.kind,
+                        name: obj.name,
+                        ours: true,
+                        labels: obj.labels,
+                        spec: obj.spec,
+                    });
+                }
                 Action::Delete(kind, name) => {
                     self.ctx.leader.ensure("deleting a MetalLB object")?;
                     let api: Api<DynamicObject> =
@@ -588,6 +644,9 @@ impl Bgp {
                         Err(e) if e.status() == Some(404) => {}
                         Err(e) => return Err(e.into()),
                     }
+                    if let Some(listed) = self.listed.as_mut() {
+                        listed.objects.remove(&(kind, name));
+                    }
                 }
                 Action::Label(kind, name, labels) => {
                     self.ctx.leader.ensure("labelling a MetalLB object")?;
@@ -600,6 +659,14 @@ impl Bgp {
                     )
                     .await?;
                     info!(kind = kind.kind(), %name, %namespace, "MetalLB object adopted (labelled; its spec already means baton's)");
+                    if let Some(e) = self
+                        .listed
+                        .as_mut()
+                        .and_then(|l| l.objects.get_mut(&(kind, name.clone())))
+                    {
+                        e.labels.extend(labels.clone());
+                        e.ours = true;
+                    }
                     let note = format!(
                         "{} {name} adopted by baton: its spec already means what baton wants, so only baton's label was added (a rewritten BGPPeer would reset its BGP session)",
                         kind.kind()
@@ -627,6 +694,15 @@ impl Bgp {
             }
         }
         Ok(())
+    }
+
+    /// An object as baton just wrote it, in [`Listed`].
+    fn seen(&mut self, existing: Existing) {
+        if let Some(listed) = self.listed.as_mut() {
+            listed
+                .objects
+                .insert((existing.kind, existing.name.clone()), existing);
+        }
     }
 
     /// Applies one of baton's MetalLB objects (server-side apply) and says so on it.

@@ -532,9 +532,15 @@ fn contains(have: &Value, want: &Value) -> bool {
 
 /// The writes that take `existing` to `desired`: apply what is missing or different, delete
 /// baton's objects that are not wanted, and never touch an object without baton's label.
-pub fn metallb_actions(desired: &[MetalLbObject], existing: &[Existing]) -> Vec<Action> {
-    let found: BTreeMap<(Kind, &str), &Existing> =
-        existing.iter().map(|e| ((e.kind, e.name.as_str()), e)).collect();
+pub fn metallb_actions<'a>(
+    desired: &[MetalLbObject],
+    existing: impl IntoIterator<Item = &'a Existing> + Clone,
+) -> Vec<Action> {
+    let found: BTreeMap<(Kind, &str), &Existing> = existing
+        .clone()
+        .into_iter()
+        .map(|e| ((e.kind, e.name.as_str()), e))
+        .collect();
     let mut actions = Vec::new();
     let mut wanted: BTreeSet<(Kind, &str)> = BTreeSet::new();
     for d in desired {
