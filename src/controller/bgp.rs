@@ -481,11 +481,14 @@ impl Bgp {
     ) -> Result<Vec<LbService>, BgpError> {
         let candidates = self.lb_candidates(roles);
         let mut ips = ips;
-        let unheld: Vec<IpAddr> = candidates
-            .iter()
-            .filter(|s| !project_holds(s.ip, &ips))
-            .map(|s| s.ip)
-            .collect();
+        let unheld: Vec<IpAddr> = {
+            let holdings = Holdings::of(&ips);
+            candidates
+                .iter()
+                .filter(|s| !holdings.holds(s.ip))
+                .map(|s| s.ip)
+                .collect()
+        };
         if unheld.iter().any(|ip| !self.rechecked.contains(ip)) {
             self.rechecked.extend(unheld);
             self.ctx.cloud.invalidate_ips();
@@ -494,8 +497,9 @@ impl Bgp {
                 source: Box::new(source),
             })?;
         }
+        let holdings = Holdings::of(&ips);
         let (held, foreign): (Vec<LbService>, Vec<LbService>) =
-            candidates.into_iter().partition(|s| project_holds(s.ip, &ips));
+            candidates.into_iter().partition(|s| holdings.holds(s.ip));
         for svc in foreign {
             let key = format!("foreign/{}/{}/{}", svc.namespace, svc.name, svc.ip);
             if !self.reported.insert(key) {

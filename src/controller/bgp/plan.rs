@@ -207,11 +207,41 @@ pub struct LbService {
 /// An address a user brings goes into a MetalLB pool (and so into BGP) only when this holds:
 /// announcing an address the project does not hold is announcing someone else's.
 pub fn project_holds<B: std::borrow::Borrow<IpAddress>>(ip: IpAddr, ips: &[B]) -> bool {
-    each_ip(ips).any(|p| match p.ip_type {
-        IpType::FloatingIp => p.address == ip,
-        IpType::Subnet => p.address == ip || cidr_contains(&p.cidr, ip),
-        _ => false,
-    })
+    Holdings::of(ips).holds(ip)
+}
+
+/// The addresses of one IP list, indexed for [`project_holds`]: a pass asks about every Service's
+/// address, so a lookup must not walk the list.
+pub struct Holdings<'a> {
+    floating: std::collections::HashSet<IpAddr>,
+    subnets: Vec<&'a IpAddress>,
+}
+
+impl<'a> Holdings<'a> {
+    /// Indexes `ips` (one pass).
+    pub fn of<B: std::borrow::Borrow<IpAddress>>(ips: &'a [B]) -> Self {
+        let mut floating = std::collections::HashSet::new();
+        let mut subnets = Vec::new();
+        for ip in each_ip(ips) {
+            match ip.ip_type {
+                IpType::FloatingIp => {
+                    floating.insert(ip.address);
+                }
+                IpType::Subnet => subnets.push(ip),
+                _ => {}
+            }
+        }
+        Self { floating, subnets }
+    }
+
+    /// [`project_holds`].
+    pub fn holds(&self, ip: IpAddr) -> bool {
+        self.floating.contains(&ip)
+            || self
+                .subnets
+                .iter()
+                .any(|p| p.address == ip || cidr_contains(&p.cidr, ip))
+    }
 }
 
 /// Whether `cidr` (`a.b.c.d/n`, or an IPv6 prefix) contains `ip`; false when it does not parse.
