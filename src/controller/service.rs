@@ -48,9 +48,10 @@ pub use plan::*;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_cloud::CloudError;
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
@@ -221,6 +222,60 @@ pub struct ServiceContext {
     held: tokio::sync::Notify,
     /// Each reconcile, sweep and release pass is a unit of work of loop `services` (`/health`).
     heartbeat: Heartbeat,
+    /// Services this replica wrote, and the versions its writes made old.
+    ahead: std::sync::Mutex<OwnWrites>,
+}
+
+/// How long a reconcile waits for the shared watch to show baton's own last write of a Service.
+const AHEAD_WAIT: Duration = Duration::from_secs(10);
+
+/// What baton last wrote to each Service: every `resourceVersion` its writes superseded (the
+/// version it read, and each it wrote before the last), and when. A reconcile that reads one of
+/// them reads a watch that has not caught up with baton's own writes yet: it would write again
+/// what it has just written (the status after the annotations, as both answer separate watch
+/// events). It waits for the watch instead (the write's own event wakes it), at most
+/// [`AHEAD_WAIT`].
+#[derive(Debug, Default)]
+struct OwnWrites(HashMap<String, Ahead>);
+
+#[derive(Debug)]
+struct Ahead {
+    superseded: Vec<String>,
+    latest: String,
+    at: Instant,
+}
+
+impl OwnWrites {
+    /// A write of Service `key`, read at version `read`, made version `written`.
+    fn wrote(&mut self, key: String, read: &str, written: &str, now: Instant) {
+        if self.0.len() >= 4096 {
+            self.0
+                .retain(|_, a| now.saturating_duration_since(a.at) < AHEAD_WAIT);
+        }
+        let entry = self.0.entry(key).or_insert_with(|| Ahead {
+            superseded: Vec::new(),
+            latest: String::new(),
+            at: now,
+        });
+        let before = std::mem::replace(&mut entry.latest, written.to_owned());
+        for old in [before.as_str(), read] {
+            if !old.is_empty() && old != written && !entry.superseded.iter().any(|v| v == old) {
+                entry.superseded.push(old.to_owned());
+            }
+        }
+        entry.at = now;
+    }
+
+    /// Whether Service `key` read at version `read` is older than baton's own last write of it;
+    /// forgets the record once it is not.
+    fn behind(&mut self, key: &str, read: &str, now: Instant) -> bool {
+        let Some(a) = self.0.get(key) else { return false };
+        if now.saturating_duration_since(a.at) < AHEAD_WAIT && a.superseded.iter().any(|v| v == read) {
+            return true;
+        }
+        self.0.remove(key);
+        false
+    }
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -249,6 +304,7 @@ impl ServiceContext {
             control_plane,
             holds: std::sync::Mutex::new(grace::Holds::default()),
             held: tokio::sync::Notify::new(),
+            ahead: std::sync::Mutex::new(OwnWrites::default()),
         }
     }
 
@@ -284,6 +340,29 @@ impl ServiceContext {
 
     fn mirror(&self) -> (&str, &str) {
         (self.mirror.0.as_str(), self.mirror.1.as_str())
+    }
+
+    /// Records a write of `facts`' Service that made version `written` ([`OwnWrites`]).
+    fn wrote(&self, facts: &ServiceFacts, written: Option<&str>) {
+        if let Some(written) = written {
+            self.ahead
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .wrote(facts.key(), &facts.resource_version, written, Instant::now());
+        }
+    }
+
+    /// Whether the watch still shows a version of `svc` older than baton's own last write of it
+    /// ([`OwnWrites`]).
+    fn behind(&self, svc: &Service) -> bool {
+        self.ahead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .behind(
+                &key_of(svc),
+                svc.metadata.resource_version.as_deref().unwrap_or_default(),
+                Instant::now(),
+            )
     }
 
     /// Whether the BGP prefix budget ([`budget`]) refuses the Service its hand-off to the load
@@ -757,6 +836,10 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
     let _working = ctx.heartbeat.work();
     if !leads(&ctx, &svc) {
         return Ok(Action::await_change());
+    }
+    if ctx.behind(&svc) {
+        debug!("the watch has not shown baton's last write yet; waiting for it");
+        return Ok(Action::requeue(AHEAD_WAIT));
     }
     let facts = facts_of(&svc);
     debug!(
@@ -1347,7 +1430,7 @@ async fn apply_status(
     if let Some(status) = status {
         body["status"] = status;
     }
-    kit::timed(
+    let written = kit::timed(
         step,
         api.patch_status(
             &facts.name,
@@ -1357,6 +1440,7 @@ async fn apply_status(
     )
     .await
     .map_err(|source| ServiceError::kube(facts, source))?;
+    ctx.wrote(facts, written.metadata.resource_version.as_deref());
     Ok(())
 }
 
@@ -1515,12 +1599,13 @@ async fn merge_patch(
 ) -> Result<(), ServiceError> {
     ctx.base.leader.ensure(step)?;
     let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
-    kit::timed(
+    let written = kit::timed(
         step,
         api.patch(&facts.name, &PatchParams::default(), &Patch::Merge(patch)),
     )
     .await
     .map_err(|source| ServiceError::kube(facts, source))?;
+    ctx.wrote(facts, written.metadata.resource_version.as_deref());
     Ok(())
 }
 

@@ -68,6 +68,8 @@ pub struct ServiceFacts {
     pub ingress_ips: Vec<String>,
     /// `metadata.creationTimestamp`, seconds since the epoch (0 when unknown).
     pub created: i64,
+    /// `metadata.resourceVersion` as read.
+    pub resource_version: String,
 }
 
 /// Reads the facts the planner needs off a Service.
@@ -86,6 +88,7 @@ pub fn facts_of(svc: &Service) -> ServiceFacts {
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
+        resource_version: svc.metadata.resource_version.clone().unwrap_or_default(),
         has_finalizer: svc.finalizers().iter().any(|f| f == FINALIZER),
         ingress_ips: svc
             .status

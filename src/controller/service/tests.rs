@@ -659,3 +659,29 @@ fn a_term_is_dated_from_its_first_look_and_only_a_new_term_restarts_it() {
     assert_eq!(clock.age(lead(2, t0 + s(40)), t0 + s(30)), Some(s(0)));
     assert_eq!(clock.age(lead(2, t0 + s(40)), t0 + s(35)), Some(s(5)));
 }
+
+#[test]
+fn a_reconcile_waits_while_the_watch_shows_a_version_its_own_writes_superseded() {
+    use super::{AHEAD_WAIT, OwnWrites};
+    let t0 = std::time::Instant::now();
+    let mut own = OwnWrites::default();
+    // Read at 10; the annotations made 11, the status 12.
+    own.wrote("d/s".into(), "10", "11", t0);
+    own.wrote("d/s".into(), "10", "12", t0);
+    assert!(own.behind("d/s", "10", t0), "the version read");
+    assert!(
+        own.behind("d/s", "11", t0),
+        "the annotations' event, before the status'"
+    );
+    assert!(!own.behind("d/s", "other", t0), "another Service");
+    // The watch shows the last write: acted on, and the record is gone.
+    assert!(!own.behind("d/s", "12", t0));
+    assert!(!own.behind("d/s", "11", t0));
+    // A watch that never catches up is waited for only so long.
+    own.wrote("d/s".into(), "12", "13", t0);
+    assert!(own.behind("d/s", "12", t0 + AHEAD_WAIT / 2));
+    assert!(!own.behind("d/s", "12", t0 + AHEAD_WAIT));
+    // A version someone else wrote since is acted on.
+    own.wrote("d/s".into(), "13", "14", t0);
+    assert!(!own.behind("d/s", "15", t0));
+}
