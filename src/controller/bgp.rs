@@ -480,22 +480,31 @@ impl Bgp {
         ips: baton_cloud::model::IpList,
     ) -> Result<Vec<LbService>, BgpError> {
         let candidates = self.lb_candidates(roles);
-        let mut ips = ips;
-        let unheld: Vec<IpAddr> = {
-            let holdings = Holdings::of(&ips);
+        let unheld = |ips: &[Arc<baton_cloud::model::IpAddress>]| -> Vec<IpAddr> {
+            let holdings = Holdings::of(ips);
             candidates
                 .iter()
                 .filter(|s| !holdings.holds(s.ip))
                 .map(|s| s.ip)
                 .collect()
         };
-        if unheld.iter().any(|ip| !self.rechecked.contains(ip)) {
-            self.rechecked.extend(unheld);
+        let read = |source| BgpError::Cloud {
+            step: "listing Floating IPs".into(),
+            source: Box::new(source),
+        };
+        let mut ips = ips;
+        let mut missing = unheld(&ips);
+        if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
+            // First the shared list as it is now: the Services were read after it, and a FIP
+            // baton reserved in between is in it already (a write's answer goes straight in).
+            // Only an address still missing costs a fresh list.
+            ips = self.ctx.cloud.ips().await.map_err(read)?;
+            missing = unheld(&ips);
+        }
+        if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
+            self.rechecked.extend(missing);
             self.ctx.cloud.invalidate_ips();
-            ips = self.ctx.cloud.ips().await.map_err(|source| BgpError::Cloud {
-                step: "listing Floating IPs".into(),
-                source: Box::new(source),
-            })?;
+            ips = self.ctx.cloud.ips().await.map_err(read)?;
         }
         let holdings = Holdings::of(&ips);
         let (held, foreign): (Vec<LbService>, Vec<LbService>) =
