@@ -65,11 +65,11 @@ const RETRY: Duration = Duration::from_secs(5);
 /// Listed again sooner in a new term, and after a failed pass.
 const METALLB_RELIST: Duration = Duration::from_secs(60);
 
-/// The MetalLB objects of a namespace as listed at `at` in `term`, with baton's own writes since.
+/// The MetalLB objects (of the configured namespace) as listed at `at` in `term`, with baton's
+/// own writes since.
 struct Listed {
     at: Instant,
     term: Option<u64>,
-    namespace: String,
     objects: BTreeMap<(Kind, String), Existing>,
 }
 
@@ -480,7 +480,8 @@ impl Bgp {
         ips: baton_cloud::model::IpList,
     ) -> Result<Vec<LbService>, BgpError> {
         let candidates = self.lb_candidates(roles);
-        let unheld = |ips: &[Arc<baton_cloud::model::IpAddress>]| -> Vec<IpAddr> {
+        // The candidates' addresses the list does not hold: the list indexed once per version.
+        let unheld = |ips: &[Arc<baton_cloud::model::IpAddress>]| -> HashSet<IpAddr> {
             let holdings = Holdings::of(ips);
             candidates
                 .iter()
@@ -492,23 +493,20 @@ impl Bgp {
             step: "listing Floating IPs".into(),
             source: Box::new(source),
         };
-        let mut ips = ips;
         let mut missing = unheld(&ips);
         if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
             // First the shared list as it is now: the Services were read after it, and a FIP
             // baton reserved in between is in it already (a write's answer goes straight in).
             // Only an address still missing costs a fresh list.
-            ips = self.ctx.cloud.ips().await.map_err(read)?;
-            missing = unheld(&ips);
+            missing = unheld(&self.ctx.cloud.ips().await.map_err(read)?);
         }
         if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
-            self.rechecked.extend(missing);
+            self.rechecked.extend(missing.iter().copied());
             self.ctx.cloud.invalidate_ips();
-            ips = self.ctx.cloud.ips().await.map_err(read)?;
+            missing = unheld(&self.ctx.cloud.ips().await.map_err(read)?);
         }
-        let holdings = Holdings::of(&ips);
         let (held, foreign): (Vec<LbService>, Vec<LbService>) =
-            candidates.into_iter().partition(|s| holdings.holds(s.ip));
+            candidates.into_iter().partition(|s| !missing.contains(&s.ip));
         for svc in foreign {
             let key = format!("foreign/{}/{}/{}", svc.namespace, svc.name, svc.ip);
             if !self.reported.insert(key) {
@@ -599,14 +597,13 @@ impl Bgp {
         let relist = self
             .listed
             .as_ref()
-            .is_none_or(|l| l.term != term || l.namespace != namespace || l.at.elapsed() >= METALLB_RELIST);
+            .is_none_or(|l| l.term != term || l.at.elapsed() >= METALLB_RELIST);
         if relist {
             let at = Instant::now();
             let objects = self.existing_metallb_objects(namespace).await?;
             self.listed = Some(Listed {
                 at,
                 term,
-                namespace: namespace.to_owned(),
                 objects: objects
                     .into_iter()
                     .map(|e| ((e.kind, e.name.clone()), e))
