@@ -207,14 +207,10 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                 all_live.insert(format!("{ns}/{name}"));
             }
             let fips = service_fips(&sim).await;
-            let mut by_service: BTreeMap<String, Vec<_>> = BTreeMap::new();
             for f in &fips {
                 assert_eq!(f.tags.get("cluster"), Some(&cluster), "foreign FIP {f:?}");
-                by_service
-                    .entry(f.tags.get("service").cloned().unwrap_or_default())
-                    .or_default()
-                    .push(f);
             }
+            let by_service = group_by_service(&fips);
             for name in &live {
                 let tag = service_tag(&ns, name);
                 let mine = by_service.get(&tag).map(Vec::as_slice).unwrap_or_default();
@@ -264,13 +260,7 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
                 }
                 controller.kill();
             }
-            let mut by_service: BTreeMap<String, Vec<_>> = BTreeMap::new();
-            for f in &fips {
-                by_service
-                    .entry(f.tags.get("service").cloned().unwrap_or_default())
-                    .or_default()
-                    .push(f);
-            }
+            let by_service = group_by_service(&fips);
             for name in &doomed {
                 let tag = service_tag(&ns, name);
                 if let Some(kept) = by_service.get(&tag) {
@@ -334,4 +324,17 @@ fn killed_at_random_points_nothing_leaks_or_is_duplicated() {
         }
         assert!(controller.starts >= 20 * 2, "at least 20 runs with kills");
     });
+}
+
+/// The FIPs by their `service` tag.
+fn group_by_service(
+    fips: &[baton_cloud::model::IpAddress],
+) -> BTreeMap<String, Vec<&baton_cloud::model::IpAddress>> {
+    let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for f in fips {
+        out.entry(f.tags.get("service").cloned().unwrap_or_default())
+            .or_default()
+            .push(f);
+    }
+    out
 }
