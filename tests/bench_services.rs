@@ -22,9 +22,14 @@
 //! simulator), then at that size: `BENCH_PROBES` more Services one at a time (create-to-ingress
 //! p50/p99), the controllers' RSS and CPU seconds, the cloud calls of all replicas while idle over
 //! `BENCH_IDLE_S` seconds (per hour), and the watch events handled. Last lines:
-//! `scale services=<n> nodes=<n> all_ingress_s=<s> burst_cpu_s=<s> cloud_creates=<n> duplicate_fips=<n> list_calls=<n> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> idle_cpu_pct=<n> watch_events=<n>`
+//! `scale services=<n> nodes=<n> all_ingress_s=<s> create_s=<s> burst_cpu_s=<s> cloud_creates=<n> duplicate_fips=<n> list_calls=<n> p50_create_to_ingress_ms=<n> p99_create_to_ingress_ms=<n> rss_mib=<n> cpu_s=<s> idle_cloud_calls_per_hour=<n> idle_cpu_pct=<n> watch_events=<n>`
 //! (`burst_cpu_s`: both replicas' CPU seconds from the first create to the last ingress;
+//! `create_s`: from the first create to the API server's answer to the last;
 //! `cpu_s`: since they started, at the end).
+//!
+//! `BENCH_REPLICAS=0`: no controller at all; the same creates against the API server alone, to
+//! tell its share of `all_ingress_s` from baton's. Last line:
+//! `baseline services=<n> nodes=<n> create_s=<s>`
 //! `footprint static_binary_mib=<n|unknown> rss_mib=<n> services=<n> nodes=<n>`
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark harness: a panic is the report
 #![allow(clippy::too_many_lines, clippy::cast_precision_loss)] // scenario code reads top to bottom
@@ -275,8 +280,8 @@ async fn kube_writes(client: &kube::Client) -> f64 {
 }
 
 /// Creates `names` at once (32 in flight) and waits until each has an ingress; returns the
-/// seconds from the first create to the last ingress.
-async fn create_all(api: &Api<Service>, names: &[String], timeout: Duration) -> f64 {
+/// seconds from the first create to the last ingress, and to the last create's answer.
+async fn create_all(api: &Api<Service>, names: &[String], timeout: Duration) -> (f64, f64) {
     let want: BTreeSet<String> = names.iter().cloned().collect();
     let progress = Arc::new(AtomicUsize::new(0));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -315,21 +320,9 @@ async fn create_all(api: &Api<Service>, names: &[String], timeout: Duration) -> 
             }
         })
     };
-    futures::stream::iter(names.iter().cloned())
-        .for_each_concurrent(32, |name| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &bench_service(&name))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-    eprintln!(
-        "  created {} Services in {:.1}s",
-        names.len(),
-        started.elapsed().as_secs_f64()
-    );
+    create_only(api, names).await;
+    let create_s = started.elapsed().as_secs_f64();
+    eprintln!("  created {} Services in {create_s:.1}s", names.len());
     let finished = tokio::time::timeout(timeout, done_rx).await;
     reporter.abort();
     watch.abort();
@@ -341,7 +334,21 @@ async fn create_all(api: &Api<Service>, names: &[String], timeout: Duration) -> 
             )
         })
         .unwrap();
-    finished.duration_since(started).as_secs_f64()
+    (finished.duration_since(started).as_secs_f64(), create_s)
+}
+
+/// Creates `names`, 32 in flight, as [`create_all`] does, without waiting for anything else.
+async fn create_only(api: &Api<Service>, names: &[String]) {
+    futures::stream::iter(names.iter().cloned())
+        .for_each_concurrent(32, |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &bench_service(&name))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
 }
 
 /// Deletes every Service of the namespace and waits until the simulator holds no Service FIP;
@@ -433,6 +440,20 @@ fn bench_services() {
             )
             .await;
         }
+        if params.replicas == 0 {
+            // The API server alone: how long the same creates take with no controller writing.
+            let api: Api<Service> = Api::namespaced(client.clone(), NS);
+            let names: Vec<String> = (0..params.count).map(|i| format!("svc-{i:05}")).collect();
+            let started = tokio::time::Instant::now();
+            create_only(&api, &names).await;
+            println!(
+                "baseline services={} nodes={} create_s={:.2} (no baton replica running)",
+                params.count,
+                params.nodes,
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
         let replicas = Replicas::start(&cp, &sim, &params);
         let leader = replicas.leader(&client).await;
         // Let the controllers settle on the empty cluster (BGP on the project and every node,
@@ -447,7 +468,7 @@ fn bench_services() {
         let timeout = Duration::from_secs_f64(
             120.0 + params.count as f64 / 20.0 + params.rate.map_or(0.0, |r| params.count as f64 / r * 2.0),
         );
-        let all_ingress_s = create_all(&api, &names, timeout).await;
+        let (all_ingress_s, create_s) = create_all(&api, &names, timeout).await;
         let stats = sim.stats();
         let burst_cpu_s: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum::<f64>() - cpu_before;
         let list_calls = stats.route("GET /v1/projects/{id}/ips");
@@ -493,7 +514,7 @@ fn bench_services() {
             let cpu: f64 = (0..params.replicas).map(|i| replicas.usage(i).1).sum();
             let events = replicas.metric(leader, "baton_watch_events_total").await;
             println!(
-                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} burst_cpu_s={burst_cpu_s:.1} cloud_creates={cloud_creates} duplicate_fips={} list_calls={list_calls} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} idle_cpu_pct={idle_cpu_pct:.1} watch_events={events:.0}",
+                "scale services={} nodes={} all_ingress_s={all_ingress_s:.2} create_s={create_s:.2} burst_cpu_s={burst_cpu_s:.1} cloud_creates={cloud_creates} duplicate_fips={} list_calls={list_calls} p50_create_to_ingress_ms={:.0} p99_create_to_ingress_ms={:.0} rss_mib={rss:.1} cpu_s={cpu:.1} idle_cloud_calls_per_hour={per_hour:.0} idle_cpu_pct={idle_cpu_pct:.1} watch_events={events:.0}",
                 params.count,
                 params.nodes,
                 stats.duplicate_fips,

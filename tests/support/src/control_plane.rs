@@ -1008,8 +1008,11 @@ impl ControlPlane {
         } else {
             cmd.arg("--enable-priority-and-fairness=false");
         }
+        // BATON_TEST_APISERVER_PROFILING=1 serves /debug/pprof (for looking into a benchmark's
+        // API server with `go tool pprof`); off otherwise, as before.
+        let profiling = std::env::var("BATON_TEST_APISERVER_PROFILING").is_ok_and(|v| v == "1");
         cmd.args([
-            "--profiling=false".into(),
+            format!("--profiling={profiling}"),
             // `kubectl logs` and friends reach a lab node's kubelet by its address (the lab has
             // no DNS for node names).
             "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
