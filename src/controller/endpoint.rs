@@ -469,8 +469,8 @@ async fn run_on(
     let mut tick = tokio::time::interval(opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cloud_view = CloudView::default();
-    // The IP list whose Service FIPs `baton_fips_owned` last counted.
-    let mut counted = std::sync::Weak::<Vec<Arc<IpAddress>>>::new();
+    // The IP list whose Service FIPs `baton_fips_owned` last counted, and when.
+    let mut counted = Counted::default();
     let mut takeover = Takeover::default();
     let mut leader = ctx.leader.clone();
     let mut finalizer = Finalizer::default();
@@ -1785,24 +1785,32 @@ fn service_of(services: &[Arc<Service>], spec: &MirrorSpec) -> Option<Arc<Servic
 /// The control-plane endpoints: the `fipTag` FIP with the mirror Service, and every annotated
 /// Service whose `loadBalancerIP` is a FIP of the project.
 /// `baton_fips_owned`: the control-plane endpoints routed, and this cluster's Service FIPs in
-/// `ips` (counted once per list read, not once per tick; `counted` is the list last counted).
-fn count_owned(
-    ctx: &Context,
-    metrics: &Metrics,
-    endpoints: usize,
-    ips: &IpList,
-    counted: &mut std::sync::Weak<Vec<Arc<IpAddress>>>,
-) {
+/// `ips` (counted once per list read, not once per tick, and at most every [`COUNT_EVERY`]:
+/// during a burst of creates the list changes at every tick, and a count walks all of it).
+fn count_owned(ctx: &Context, metrics: &Metrics, endpoints: usize, ips: &IpList, counted: &mut Counted) {
     metrics.set_fips_owned("control_plane", endpoints);
     let list = Arc::downgrade(ips);
-    if !counted.ptr_eq(&list) {
-        *counted = list;
+    if !counted.list.ptr_eq(&list) && counted.at.is_none_or(|at| at.elapsed() >= COUNT_EVERY) {
+        *counted = Counted {
+            list,
+            at: Some(Instant::now()),
+        };
         let owned = ips
             .iter()
             .filter(|ip| super::service::is_cluster_service_fip(ip, &ctx.cluster_id))
             .count();
         metrics.set_fips_owned("service", owned);
     }
+}
+
+/// How often `baton_fips_owned{kind="service"}` may be counted again.
+const COUNT_EVERY: Duration = Duration::from_secs(5);
+
+/// The IP list `baton_fips_owned` last counted, and when.
+#[derive(Default)]
+struct Counted {
+    list: std::sync::Weak<Vec<Arc<IpAddress>>>,
+    at: Option<Instant>,
 }
 
 fn discover<B: Borrow<IpAddress>>(

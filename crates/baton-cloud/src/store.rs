@@ -62,8 +62,9 @@ struct TermTrack {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     ips: HashMap<IpId, Entry>,
-    /// List order (the API's, then creation order).
-    order: BTreeMap<u64, IpId>,
+    /// List order (the API's, then creation order), each IP as in `ips` (a snapshot is built
+    /// from this alone: no look-up per IP).
+    order: BTreeMap<u64, Arc<IpAddress>>,
     next_seq: u64,
     /// `(key, value)` → the IPs carrying that tag.
     by_tag: HashMap<(String, String), HashSet<IpId>>,
@@ -94,9 +95,9 @@ impl State {
         } else {
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.order.insert(seq, id.clone());
             seq
         };
+        self.order.insert(seq, Arc::clone(&ip));
         for (k, v) in &ip.tags {
             self.by_tag
                 .entry((k.clone(), v.clone()))
@@ -214,12 +215,7 @@ impl State {
         if let Some(list) = &self.snapshot {
             return Arc::clone(list);
         }
-        let list: IpList = Arc::new(
-            self.order
-                .values()
-                .filter_map(|id| self.ips.get(id).map(|e| Arc::clone(&e.ip)))
-                .collect(),
-        );
+        let list: IpList = Arc::new(self.order.values().cloned().collect());
         self.snapshot = Some(Arc::clone(&list));
         list
     }
