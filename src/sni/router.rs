@@ -51,6 +51,9 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_PROBES: u32 = 6;
 
+/// Connections accepted in a row before the accept loop lets the thread's other tasks run.
+const ACCEPT_BATCH: usize = 8;
+
 /// Bytes read from a client at once before it is routed (then copied into its own buffer,
 /// which so grows only by what arrived).
 const SCRATCH: usize = 16 * 1024;
@@ -212,7 +215,16 @@ impl Router {
         tracker: TaskTracker,
     ) {
         let port = listener.local_addr().map_or(0, |a| a.port());
+        let mut in_a_row = 0_usize;
         loop {
+            // Fairness: a full accept queue (a flood) would otherwise be drained up to tokio's
+            // budget (128) in one go, and every connection already spliced on this thread,
+            // legitimate users among them, would wait behind the whole batch.
+            in_a_row += 1;
+            if in_a_row == ACCEPT_BATCH {
+                in_a_row = 0;
+                tokio::task::yield_now().await;
+            }
             // Backpressure: with every descriptor taken, accept nothing (the kernel's backlog
             // holds new connections) until one frees — at once if a connection not yet routed
             // is there to evict, its oldest. The slot is taken after the accept (an accept loop
