@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{TAKEOVER_MARGIN, object_ref};
 use super::health::Heartbeat;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
-use super::watches::{Cache, Watches};
+use super::watches::{Cache, Subset, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
 use crate::names::{
     CCM_MIRROR_SERVICE, FIP_HOLDER_ADDRESS_ANNOTATION, FIP_HOLDER_ANNOTATION, FIP_LAST_MOVE_ANNOTATION,
@@ -413,6 +413,7 @@ pub fn run(
         slices: watches.api_slices(),
         nodes: watches.nodes(),
         services: watches.services(),
+        endpoint_candidates: watches.services_where(super::service::may_be_control_plane),
         service_changes: watches.service_changes(),
         heartbeat: ctx.heartbeats.start_loop("endpoints"),
     };
@@ -424,6 +425,8 @@ struct Inputs {
     slices: Cache<EndpointSlice>,
     nodes: Cache<Node>,
     services: Cache<Service>,
+    /// The Services that may be control-plane endpoints (a few, out of perhaps thousands).
+    endpoint_candidates: Subset<Service>,
     service_changes: tokio::sync::watch::Receiver<u64>,
     /// `/health`: a unit of work per pass (its wait, at most a tick, included); idle until the
     /// watches' first lists.
@@ -436,6 +439,7 @@ async fn run_on(
         slices,
         nodes,
         services: all_services,
+        endpoint_candidates,
         mut service_changes,
         heartbeat,
     }: Inputs,
@@ -456,10 +460,12 @@ async fn run_on(
             _ = heartbeat.idle(ready) => {}
         }
     }
-    // The control-plane endpoint Services, picked out of every Service again only when a
-    // Service changed (the loop runs several times a second; a cluster may have thousands).
+    // The control-plane endpoint Services, picked again only when a Service changed, and out
+    // of the few that may be endpoints (kept from the watch's events), not every Service: the
+    // loop runs several times a second, and during a burst of creates a Service changes at
+    // every tick.
     let mirror_name = mirror::service_name(&ctx.config.prefix);
-    let mut services = endpoint_services(&all_services.state(), &mirror_name);
+    let mut services = endpoint_services(&endpoint_candidates.objects(), &mirror_name);
     let mut prober = Prober::new(opts.probe.clone(), Arc::clone(&metrics) as _);
     let mut health_rx = prober.subscribe();
     let mut routers = RouterProbes::new(ctx.config.health_check.sni_router_port, &opts.probe);
@@ -492,7 +498,7 @@ async fn run_on(
         heartbeat.beat();
         if service_changes.has_changed().unwrap_or(false) {
             service_changes.mark_unchanged();
-            services = endpoint_services(&all_services.state(), &mirror_name);
+            services = endpoint_services(&endpoint_candidates.objects(), &mirror_name);
         }
         let read_now = takeover.step(&ctx);
         let leading = ctx.leader.is_leader();

@@ -1557,7 +1557,7 @@ async fn roles_for(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<FipRole
 
 /// Whether a Service may be a control-plane endpoint ([`is_control_plane_service`], whatever the
 /// mirror's name: the mirror is in `kube-system`). Read in place, on every Service event.
-fn may_be_control_plane(svc: &Service) -> bool {
+pub(super) fn may_be_control_plane(svc: &Service) -> bool {
     svc.metadata.namespace.as_deref() == Some("kube-system")
         || svc
             .annotations()
