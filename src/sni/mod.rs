@@ -47,7 +47,7 @@ use tracing::{info, warn};
 
 use self::admission::Caps;
 use self::metrics::Metrics;
-use self::pump::Timeouts;
+use self::pump::{Timeouts, Transfer};
 use self::router::{Kind, Limits, Router};
 use self::routes::{Health, RouteError, RouteSpec, RouteTable};
 
@@ -242,6 +242,12 @@ pub struct ServeArgs {
         value_name = "S"
     )]
     pub stall_timeout_s: u64,
+
+    /// Move spliced connections' bytes with splice(2) through per-thread pipes (kernel to
+    /// kernel) instead of copying them through a 32 KiB buffer. Off by default: on loopback,
+    /// through TLS, it moved fewer bytes a second than copying (docs/benchmarks.md).
+    #[arg(long, env = "BATON_SNI_SPLICE")]
+    pub splice: bool,
 
     /// PROXY listener: the v2 TLV type whose value names the tenant (one of its host names),
     /// for clients that send no SNI; `0x00` not to read one.
@@ -772,6 +778,11 @@ fn check_limits(args: &ServeArgs) -> Result<Limits, SniError> {
             idle: Duration::from_secs(args.idle_timeout_s),
             stall: Duration::from_secs(args.stall_timeout_s),
         },
+        transfer: if args.splice {
+            Transfer::Splice
+        } else {
+            Transfer::Copy
+        },
         caps: Caps {
             max_connections: args.max_connections,
             per_source: args.max_connections_per_source,
@@ -799,7 +810,7 @@ const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
 const RESERVED_FDS: u64 = 256;
 
 /// Raises the soft limit on open files to the hard one, and fits `--max-connections` to it: two
-/// descriptors per connection, after every thread's pipes (0: as many as fit, at most
+/// descriptors per connection, after every thread's pipes with `--splice` (0: as many as fit, at most
 /// [`DEFAULT_MAX_CONNECTIONS`]; more than fit: lowered, with a warning).
 fn fit_to_open_files(mut limits: Limits, threads: usize) -> Limits {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -813,7 +824,10 @@ fn fit_to_open_files(mut limits: Limits, threads: usize) -> Limits {
         }
         Err(_) => 1024,
     };
-    let pipes = u64::try_from(threads * pump::PIPES_PER_THREAD * 2).unwrap_or(u64::MAX);
+    let pipes = match limits.transfer {
+        Transfer::Splice => u64::try_from(threads * pump::PIPES_PER_THREAD * 2).unwrap_or(u64::MAX),
+        Transfer::Copy => 0,
+    };
     let fit = usize::try_from(open_files.saturating_sub(RESERVED_FDS + pipes) / 2)
         .unwrap_or(usize::MAX)
         .max(1);

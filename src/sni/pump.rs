@@ -1,26 +1,29 @@
 //! Moving bytes between a client and its backend once a connection is spliced.
 //!
-//! Both ends are TCP sockets, so on Linux the bytes go through a pipe with splice(2): socket →
-//! pipe → socket, moved page by page inside the kernel, never copied into this process (as
-//! sozu and HAProxy's `option splice-*` do). A direction takes a pipe only when its socket is
-//! readable, keeps it while bytes keep coming and gives it back, empty, as soon as a read would
-//! block: an idle connection holds no pipe and no buffer, only its two sockets and its task.
-//! Pipes come from a per-thread pool (no pipe2/close per burst). Where a pipe cannot be had (the
-//! thread's [`PIPES_PER_THREAD`] are all in use, or splice is not supported), a burst goes
-//! through a 32 KiB buffer from a per-thread pool instead, as before.
+//! A direction takes a 32 KiB buffer from a per-thread pool only when its socket is readable,
+//! keeps it while bytes keep coming and gives it back as soon as a read would block: an idle
+//! connection holds no buffer, only its two sockets and its task.
+//!
+//! With [`Transfer::Splice`] (`--splice`), a burst goes through a pipe with splice(2) instead:
+//! socket → pipe → socket, moved page by page inside the kernel, never copied into this process
+//! (as sozu and HAProxy's `option splice-*` do), pipes from a per-thread pool (no pipe2/close per
+//! burst). Where a pipe cannot be had (the thread's [`PIPES_PER_THREAD`] are all in use, or
+//! splice is not supported), the burst takes a buffer. It is not the default: on loopback,
+//! through TLS, it moved fewer bytes a second than copying and no more connections
+//! (docs/benchmarks.md, "SNI router").
 //!
 //! ```text
-//!  readable ─► take pipe (or buffer) ─► splice socket→pipe ─┬─ n > 0 ─► splice pipe→other socket
-//!                                                           │           (waits ≤ stall while the
-//!                                                           │            other side takes nothing)
-//!                                                           ├─ would block ─► give it back ─► readable …
-//!                                                           └─ 0 (end) ─► shut the other side's write
-//!                                                                         half; this direction is done
+//!  readable ─► take buffer (or pipe) ─► read (splice socket→pipe) ─┬─ n > 0 ─► write to the other socket
+//!                                                                  │           (waits ≤ stall while the
+//!                                                                  │            other side takes nothing)
+//!                                                                  ├─ would block ─► give it back ─► readable …
+//!                                                                  └─ 0 (end) ─► shut the other side's write
+//!                                                                                half; this direction is done
 //!  watchdog: no byte either way for `idle` ─► the connection ends (IdleTimeout)
 //! ```
 //!
-//! What a stalled peer (one that stops reading) can pin is bounded: one pipe (or buffer) per
-//! direction, at most [`PIPES_PER_THREAD`] pipes and [`BUFFERS_PER_THREAD`] buffers per thread
+//! What a stalled peer (one that stops reading) can pin is bounded: one buffer (or pipe) per
+//! direction, at most [`BUFFERS_PER_THREAD`] buffers and [`PIPES_PER_THREAD`] pipes per thread
 //! (a burst waits for one beyond that), each for at most the stall timeout.
 
 use std::cell::{Cell, RefCell};
@@ -55,6 +58,16 @@ pub struct Timeouts {
     pub idle: Duration,
     /// A peer that takes none of the bytes waiting for it for this long ends the connection.
     pub stall: Duration,
+}
+
+/// How a spliced connection's bytes are moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transfer {
+    /// read(2) into a pooled buffer, write(2) out of it.
+    #[default]
+    Copy,
+    /// splice(2) through a pooled pipe (a buffer where no pipe is to be had).
+    Splice,
 }
 
 /// Why a splice ended other than by both sides closing.
@@ -270,21 +283,22 @@ enum Burst {
     End,
 }
 
-/// Copies both ways until both sides have ended, either fails, no byte moves either way for
-/// `timeouts.idle`, or a peer takes nothing for `timeouts.stall`. Bytes are added to
-/// `to_b` / `to_a` as they go (so a long watch shows in the counters while it runs).
+/// Copies both ways (by `transfer`) until both sides have ended, either fails, no byte moves
+/// either way for `timeouts.idle`, or a peer takes nothing for `timeouts.stall`. Bytes are
+/// added to `to_b` / `to_a` as they go (so a long watch shows in the counters while it runs).
 pub async fn both_ways(
     a: &TcpStream,
     b: &TcpStream,
     timeouts: Timeouts,
+    transfer: Transfer,
     to_b: &Counter,
     to_a: &Counter,
 ) -> Result<(), PumpError> {
     let activity = Activity::new();
     let pumps = async {
         tokio::try_join!(
-            pump(a, b, Direction(&activity, 0), to_b),
-            pump(b, a, Direction(&activity, 1), to_a)
+            pump(a, b, Direction(&activity, 0), transfer, to_b),
+            pump(b, a, Direction(&activity, 1), transfer, to_a)
         )
     };
     tokio::select! {
@@ -318,13 +332,18 @@ async fn pump(
     from: &TcpStream,
     to: &TcpStream,
     dir: Direction<'_>,
+    transfer: Transfer,
     counted: &Counter,
 ) -> Result<(), PumpError> {
     loop {
         from.readable().await?;
+        let pipe = match transfer {
+            Transfer::Splice => PipeLease::take(),
+            Transfer::Copy => None,
+        };
         // A burst's state is boxed: allocated while bytes flow, not held by every idle
         // connection's task (it is most of a direction's size).
-        let burst = if let Some(pipe) = PipeLease::take() {
+        let burst = if let Some(pipe) = pipe {
             Box::pin(splice_burst(from, to, pipe, dir, counted)).await?
         } else if let Some(buf) = Buffer::take() {
             Box::pin(copy_burst(from, to, buf, dir, counted)).await?

@@ -32,7 +32,7 @@ use super::admission::{Admitted, Caps, Pending, PendingSlot, Sources};
 use super::hello::{self, Hello, HelloError};
 use super::metrics::Metrics;
 use super::proxy_protocol::{self, Proxied, ProxyError};
-use super::pump::{self, PumpError, Timeouts};
+use super::pump::{self, PumpError, Timeouts, Transfer};
 use super::routes::{BackendSet, Health, NoBackend, RouteTable};
 
 /// A TLS fatal alert `unrecognized_name` (112), sent before closing on an unknown name.
@@ -75,6 +75,8 @@ pub struct Limits {
     pub max_connecting: usize,
     /// Idle and stall timeouts of spliced connections.
     pub timeouts: Timeouts,
+    /// How spliced connections' bytes are moved.
+    pub transfer: Transfer,
     /// The connection caps.
     pub caps: Caps,
     /// The PROXY v2 TLV type that names a tenant's host name (`None`: not read).
@@ -92,6 +94,7 @@ impl Default for Limits {
                 idle: Duration::from_secs(3600),
                 stall: Duration::from_secs(300),
             },
+            transfer: Transfer::Copy,
             caps: Caps::default(),
             proxy_tenant_tlv: Some(0xE0),
         }
@@ -346,6 +349,7 @@ impl Router {
             &client,
             &backend,
             self.limits.timeouts,
+            self.limits.transfer,
             tenant.to_backend(),
             tenant.to_client(),
         )

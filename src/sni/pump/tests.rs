@@ -1,5 +1,5 @@
-//! The pump on loopback sockets: splice both ways, half-close, reset, the idle and stall
-//! timeouts, and the per-thread pools giving back what a connection took.
+//! The pump on loopback sockets, copying and splicing: both ways, half-close, reset, the idle
+//! and stall timeouts, and the per-thread pools giving back what a connection took.
 
 use std::time::Duration;
 
@@ -30,13 +30,34 @@ const LONG: Timeouts = Timeouts {
 };
 
 #[tokio::test]
-async fn bytes_cross_both_ways_and_a_half_close_passes_through() {
+async fn bytes_cross_both_ways_and_a_half_close_passes_through_copied() {
+    crosses_both_ways(Transfer::Copy).await;
+    let kept = BUFFERS.with(|b| b.borrow().free.len());
+    assert!(
+        kept >= 1,
+        "the bytes went through a pooled buffer, kept for reuse"
+    );
+    assert_eq!(PIPES.with(|p| p.borrow().free.len()), 0, "no pipe was made");
+}
+
+#[tokio::test]
+async fn bytes_cross_both_ways_and_a_half_close_passes_through_spliced() {
+    crosses_both_ways(Transfer::Splice).await;
+    let kept = PIPES.with(|p| p.borrow().free.len());
+    assert!(
+        kept >= 1,
+        "the bytes went through a pooled pipe (splice), kept for reuse"
+    );
+}
+
+async fn crosses_both_ways(transfer: Transfer) {
     // client <-> (proxy_client | proxy_backend) <-> backend, all on this thread.
     let (mut client, proxy_client) = pair().await;
     let (proxy_backend, mut backend) = pair().await;
     let (to_backend, to_client) = (Counter::default(), Counter::default());
     let (tb, tc) = (to_backend.clone(), to_client.clone());
-    let proxy = tokio::spawn(async move { both_ways(&proxy_client, &proxy_backend, LONG, &tb, &tc).await });
+    let proxy =
+        tokio::spawn(async move { both_ways(&proxy_client, &proxy_backend, LONG, transfer, &tb, &tc).await });
 
     // More than a pipe's and a buffer's worth, so several chunks cross.
     let big: Vec<u8> = (0..5 * CHUNK + 17)
@@ -73,11 +94,6 @@ async fn bytes_cross_both_ways_and_a_half_close_passes_through() {
         "bytes counted as they went"
     );
     assert_eq!(in_use(), (0, 0), "the splice gave back every pipe and buffer");
-    let kept = PIPES.with(|p| p.borrow().free.len());
-    assert!(
-        kept >= 1,
-        "the bytes went through a pooled pipe (splice), kept for reuse"
-    );
 }
 
 #[tokio::test]
@@ -86,7 +102,7 @@ async fn a_reset_side_ends_the_splice() {
     let (proxy_backend, _backend) = pair().await;
     let proxy = tokio::spawn(async move {
         let c = Counter::default();
-        both_ways(&proxy_client, &proxy_backend, LONG, &c, &c).await
+        both_ways(&proxy_client, &proxy_backend, LONG, Transfer::Copy, &c, &c).await
     });
     // RST instead of FIN: SO_LINGER 0 (dropping a socket with linger 0 does not block).
     socket2::SockRef::from(&client)
@@ -111,7 +127,7 @@ async fn a_connection_silent_both_ways_ends_after_the_idle_timeout_and_traffic_k
     let started = Instant::now();
     let proxy = tokio::spawn(async move {
         let c = Counter::default();
-        both_ways(&proxy_client, &proxy_backend, timeouts, &c, &c).await
+        both_ways(&proxy_client, &proxy_backend, timeouts, Transfer::Copy, &c, &c).await
     });
     // A ping every 150 ms (like HTTP/2 PINGs on a watch) for a second: longer than the idle
     // timeout in all, never idle that long.
@@ -135,7 +151,16 @@ async fn a_connection_silent_both_ways_ends_after_the_idle_timeout_and_traffic_k
 }
 
 #[tokio::test]
+async fn a_peer_that_takes_nothing_is_cut_after_the_stall_timeout_and_pins_no_buffer_after() {
+    cut_after_the_stall_timeout(Transfer::Copy).await;
+}
+
+#[tokio::test]
 async fn a_peer_that_takes_nothing_is_cut_after_the_stall_timeout_and_pins_no_pipe_after() {
+    cut_after_the_stall_timeout(Transfer::Splice).await;
+}
+
+async fn cut_after_the_stall_timeout(transfer: Transfer) {
     let (client, proxy_client) = pair().await;
     let (proxy_backend, mut backend) = pair().await;
     let timeouts = Timeouts {
@@ -144,7 +169,7 @@ async fn a_peer_that_takes_nothing_is_cut_after_the_stall_timeout_and_pins_no_pi
     };
     let proxy = tokio::spawn(async move {
         let c = Counter::default();
-        both_ways(&proxy_client, &proxy_backend, timeouts, &c, &c).await
+        both_ways(&proxy_client, &proxy_backend, timeouts, transfer, &c, &c).await
     });
     // The backend sends far more than the sockets' buffers hold; the client never reads.
     let sender = tokio::spawn(async move {
@@ -163,7 +188,7 @@ async fn a_peer_that_takes_nothing_is_cut_after_the_stall_timeout_and_pins_no_pi
     assert_eq!(
         in_use(),
         (0, 0),
-        "the pipe holding undelivered bytes is closed, not kept"
+        "the pipe or buffer holding undelivered bytes is given up"
     );
     drop(client);
     sender.abort();

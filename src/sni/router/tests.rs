@@ -666,7 +666,8 @@ async fn a_connections_task_stays_small() {
         listener.accept().await.unwrap().0,
     );
     let bytes = prometheus_client::metrics::counter::Counter::<u64>::default();
-    let splice = pump::both_ways(&one, &two, Limits::default().timeouts, &bytes, &bytes);
+    let limits = Limits::default();
+    let splice = pump::both_ways(&one, &two, limits.timeouts, limits.transfer, &bytes, &bytes);
     let (handle, splice) = (std::mem::size_of_val(&handle), std::mem::size_of_val(&splice));
     assert!(splice <= 1024, "the splice's state is {splice} bytes");
     assert!(handle <= 1536, "a connection's task state is {handle} bytes");
