@@ -61,10 +61,9 @@ pub struct Timeouts {
 }
 
 /// How a spliced connection's bytes are moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transfer {
-    /// read(2) into a pooled buffer, write(2) out of it.
-    #[default]
+    /// read(2) into a pooled buffer, write(2) out of it (the default: `Limits::default`).
     Copy,
     /// splice(2) through a pooled pipe (a buffer where no pipe is to be had).
     Splice,
