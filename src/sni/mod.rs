@@ -11,7 +11,8 @@
 //!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: admit (admission.rs: caps,
 //!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► pending queue), read within the bounds,
 //!    (on each of --threads threads: its own           choose, connect, replay, splice (pump.rs)
-//!     SO_REUSEPORT sockets and event loop)
+//!     SO_REUSEPORT sockets, first, then the
+//!     others', and its own event loop)
 //!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs (plain HTTP: keep it on loopback)
 //!  --metrics-listen ADDR ► /metrics over HTTPS, TokenReview + SubjectAccessReview (crate::admin)
 //!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
@@ -262,7 +263,9 @@ pub struct ServeArgs {
 
     /// Threads that accept and splice connections, each with its own listening socket
     /// (`SO_REUSEPORT`: the kernel spreads new connections over them) and its own event loop,
-    /// like nginx's worker processes; 0: one per CPU the process may use.
+    /// like nginx's worker processes; a thread also accepts from the others' sockets, so a
+    /// connection the kernel gave a busy thread is taken by an idle one; 0: one per CPU the
+    /// process may use.
     #[arg(long, env = "BATON_SNI_THREADS", default_value_t = 0, value_name = "N")]
     pub threads: usize,
 
@@ -868,7 +871,11 @@ async fn kube_client(
 }
 
 /// The listening sockets of each of `threads` threads: every address once per thread, with
-/// `SO_REUSEPORT` (the first socket of an address fixes its port, for `:0`).
+/// `SO_REUSEPORT` (the first socket of an address fixes its port, for `:0`). Each thread also
+/// accepts from the other threads' sockets (a descriptor of each): the kernel spreads new
+/// connections by a hash of their addresses, blind to how busy each thread is, and a connection
+/// hashed to a busy thread is taken by an idle one instead of waiting its turn. A new connection
+/// wakes every thread; those that find it taken get EAGAIN.
 fn bind_all(
     listen: &[SocketAddr],
     proxy_listen: &[SocketAddr],
@@ -879,12 +886,23 @@ fn bind_all(
     for (addrs, kind) in [(listen, Kind::Sni), (proxy_listen, Kind::Proxy)] {
         for addr in addrs {
             let mut bound = *addr;
-            for own in &mut per_thread {
+            let mut sockets = Vec::with_capacity(per_thread.len());
+            for _ in 0..per_thread.len() {
                 let l = bind_shared(bound).map_err(|source| SniError::Bind { addr: *addr, source })?;
                 bound = l
                     .local_addr()
                     .map_err(|source| SniError::Bind { addr: *addr, source })?;
-                own.push((l, kind));
+                sockets.push(l);
+            }
+            // Every thread accepts from every socket of the address, its own first.
+            let n = sockets.len();
+            for (i, own) in per_thread.iter_mut().enumerate() {
+                for k in 0..n {
+                    let l = sockets[(i + k) % n]
+                        .try_clone()
+                        .map_err(|source| SniError::Bind { addr: *addr, source })?;
+                    own.push((l, kind));
+                }
             }
         }
     }

@@ -91,9 +91,43 @@ fn dns_names_are_the_routed_hosts_inside_the_zone() {
 }
 
 #[tokio::test]
+async fn a_thread_that_does_not_accept_leaves_its_connections_to_the_others() {
+    // Two threads; the first never accepts (as if busy). Every connection, whichever socket the
+    // kernel hashed it to, is still accepted by the second thread.
+    let mut per_thread = bind_all(&["127.0.0.1:0".parse().unwrap()], &[], 2).unwrap();
+    let busy = per_thread.remove(0);
+    assert_eq!(busy.len(), 2, "a thread holds every socket of the address");
+    let idle: Vec<TcpListener> = per_thread
+        .remove(0)
+        .into_iter()
+        .map(|(l, _)| TcpListener::from_std(l).unwrap())
+        .collect();
+    let addr = idle[0].local_addr().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut accepted = 0;
+    while accepted < clients.len() {
+        let next = futures::future::select_all(idle.iter().map(|l| Box::pin(l.accept())));
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .unwrap_or_else(|_| panic!("{accepted} of {} accepted", clients.len()))
+            .0
+            .unwrap();
+        accepted += 1;
+    }
+    drop(busy);
+}
+
+#[tokio::test]
 async fn every_thread_listens_on_the_same_port_and_connections_come_without_nagle() {
     let per_thread = bind_all(&["127.0.0.1:0".parse().unwrap()], &[], 3).unwrap();
     assert_eq!(per_thread.len(), 3);
+    assert!(
+        per_thread.iter().all(|own| own.len() == 3),
+        "each thread holds every socket"
+    );
     let ports: Vec<u16> = per_thread
         .iter()
         .map(|own| own[0].0.local_addr().unwrap().port())
