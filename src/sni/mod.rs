@@ -11,8 +11,8 @@
 //!  --listen ADDR ──────► Router::serve(Kind::Sni)   ─┐   router.rs: admit (admission.rs: caps,
 //!  --proxy-listen ADDR ► Router::serve(Kind::Proxy) ─┴─► pending queue), read within the bounds,
 //!    (on each of --threads threads: its own           choose, connect, replay, splice (pump.rs)
-//!     SO_REUSEPORT sockets, first, then the
-//!     others', and its own event loop)
+//!     SO_REUSEPORT sockets, then the next
+//!     thread's, and its own event loop)
 //!  --admin-listen ADDR ► /metrics /health /ready         metrics.rs (plain HTTP: keep it on loopback)
 //!  --metrics-listen ADDR ► /metrics over HTTPS, TokenReview + SubjectAccessReview (crate::admin)
 //!  shutdown: crate::signal::shutdown ─► stop accepting ─► wait ≤ --drain-s for open splices
@@ -263,9 +263,9 @@ pub struct ServeArgs {
 
     /// Threads that accept and splice connections, each with its own listening socket
     /// (`SO_REUSEPORT`: the kernel spreads new connections over them) and its own event loop,
-    /// like nginx's worker processes; a thread also accepts from the others' sockets, so a
-    /// connection the kernel gave a busy thread is taken by an idle one; 0: one per CPU the
-    /// process may use.
+    /// like nginx's worker processes; a thread also accepts from the next thread's socket, so a
+    /// connection the kernel gave a busy thread can be taken by its neighbour; 0: one per CPU
+    /// the process may use.
     #[arg(long, env = "BATON_SNI_THREADS", default_value_t = 0, value_name = "N")]
     pub threads: usize,
 
@@ -872,10 +872,11 @@ async fn kube_client(
 
 /// The listening sockets of each of `threads` threads: every address once per thread, with
 /// `SO_REUSEPORT` (the first socket of an address fixes its port, for `:0`). Each thread also
-/// accepts from the other threads' sockets (a descriptor of each): the kernel spreads new
+/// accepts from the next thread's socket (the last from the first's): the kernel spreads new
 /// connections by a hash of their addresses, blind to how busy each thread is, and a connection
-/// hashed to a busy thread is taken by an idle one instead of waiting its turn. A new connection
-/// wakes every thread; those that find it taken get EAGAIN.
+/// hashed to a busy thread is taken by its neighbour instead of waiting its turn. A new
+/// connection wakes two threads whatever their number (with two threads, both: each accepts
+/// from both sockets); the one that finds it taken gets EAGAIN.
 fn bind_all(
     listen: &[SocketAddr],
     proxy_listen: &[SocketAddr],
@@ -894,15 +895,18 @@ fn bind_all(
                     .map_err(|source| SniError::Bind { addr: *addr, source })?;
                 sockets.push(l);
             }
-            // Every thread accepts from every socket of the address, its own first.
+            // Each thread also accepts from the next thread's socket (a descriptor of it).
             let n = sockets.len();
-            for (i, own) in per_thread.iter_mut().enumerate() {
-                for k in 0..n {
-                    let l = sockets[(i + k) % n]
-                        .try_clone()
-                        .map_err(|source| SniError::Bind { addr: *addr, source })?;
-                    own.push((l, kind));
-                }
+            let next = (1..n)
+                .chain((n > 1).then_some(0))
+                .map(|i| sockets[i].try_clone())
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|source| SniError::Bind { addr: *addr, source })?;
+            for (own, l) in per_thread.iter_mut().zip(sockets) {
+                own.push((l, kind));
+            }
+            for (own, l) in per_thread.iter_mut().zip(next) {
+                own.push((l, kind));
             }
         }
     }
