@@ -166,7 +166,7 @@ pub struct ServeArgs {
 
     /// The most connections open at once (not yet routed and spliced); beyond it no connection
     /// is accepted until one ends. 0: as many as the open-files limit allows (two descriptors
-    /// per connection, after the pipes'), at most 100000.
+    /// per connection, after the listening sockets' and the pipes'), at most 100000.
     #[arg(
         long,
         env = "BATON_SNI_MAX_CONNECTIONS",
@@ -511,7 +511,10 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         &backend_cidr,
     )?;
     let threads = thread_count(threads);
-    let limits = fit_to_open_files(limits, threads);
+    // Bound first, so the connections' share of the open files leaves out what the listening
+    // sockets hold (two per thread and address); connections wait in the backlog meanwhile.
+    let listeners = bind_all(&listen, &proxy_listen, threads)?;
+    let limits = fit_to_open_files(limits, threads, listeners.iter().map(Vec::len).sum());
     let file = routes_file.as_ref().map(|p| load_file(&flags, p)).transpose()?;
     // The metrics server's reviews need the API server too.
     let kube = kube_client(
@@ -533,7 +536,6 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
     });
     sources.set_file(file.unwrap_or_default());
 
-    let listeners = bind_all(&listen, &proxy_listen, threads)?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let dns = match dns_zone {
@@ -809,13 +811,15 @@ fn parse_tlv_type(v: &str) -> Result<u8, String> {
 
 /// The most connections by default, whatever the open-files limit allows.
 const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
-/// Descriptors kept for everything but connections and pipes (listeners, admin, DNS, logs).
+/// Descriptors kept for everything but connections, pipes and listening sockets (admin, DNS,
+/// the API server's connections, logs).
 const RESERVED_FDS: u64 = 256;
 
 /// Raises the soft limit on open files to the hard one, and fits `--max-connections` to it: two
-/// descriptors per connection, after every thread's pipes with `--splice` (0: as many as fit, at most
-/// [`DEFAULT_MAX_CONNECTIONS`]; more than fit: lowered, with a warning).
-fn fit_to_open_files(mut limits: Limits, threads: usize) -> Limits {
+/// descriptors per connection, after the `listening` descriptors of the listening sockets and
+/// every thread's pipes with `--splice` (0: as many as fit, at most [`DEFAULT_MAX_CONNECTIONS`];
+/// more than fit: lowered, with a warning).
+fn fit_to_open_files(mut limits: Limits, threads: usize, listening: usize) -> Limits {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let open_files = match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) => {
@@ -831,7 +835,10 @@ fn fit_to_open_files(mut limits: Limits, threads: usize) -> Limits {
         Transfer::Splice => u64::try_from(threads * pump::PIPES_PER_THREAD * 2).unwrap_or(u64::MAX),
         Transfer::Copy => 0,
     };
-    let fit = usize::try_from(open_files.saturating_sub(RESERVED_FDS + pipes) / 2)
+    let kept = RESERVED_FDS
+        .saturating_add(pipes)
+        .saturating_add(u64::try_from(listening).unwrap_or(u64::MAX));
+    let fit = usize::try_from(open_files.saturating_sub(kept) / 2)
         .unwrap_or(usize::MAX)
         .max(1);
     let wanted = limits.caps.max_connections;
