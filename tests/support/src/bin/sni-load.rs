@@ -173,17 +173,11 @@ async fn hold(args: &Args, slow: bool) -> anyhow::Result<String> {
             // Spread the opening over the first second.
             tokio::time::sleep(Duration::from_micros(1_000_000 * i as u64 / count.max(1) as u64)).await;
             while tokio::time::Instant::now() < deadline {
-                let mut s = match connect(src, target).await {
-                    Ok(s) => s,
+                let stream = match connect(src, target).await {
+                    Ok(s) => Some(s),
                     // Accepted and reset at once (a per-source cap): closed by the target like
-                    // any other, and reopened a second later, not counted as a connect failure
-                    // retried at a tenth of that.
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                        opened.fetch_add(1, Ordering::Relaxed);
-                        closed.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(REOPEN).await;
-                        continue;
-                    }
+                    // any other, not a connect failure.
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
                     Err(_) => {
                         failed.fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -192,6 +186,9 @@ async fn hold(args: &Args, slow: bool) -> anyhow::Result<String> {
                 };
                 opened.fetch_add(1, Ordering::Relaxed);
                 let alive = async {
+                    let Some(mut s) = stream else {
+                        return Ok(());
+                    };
                     if slow {
                         for b in payload.iter() {
                             s.write_all(&[*b]).await?;
