@@ -293,6 +293,80 @@ fn health_fails_naming_a_loop_held_in_a_cloud_call_and_recovers_when_it_returns(
     });
 }
 
+/// A replica started while its API server does not answer, and then refuses it (its RBAC not
+/// there yet: in a fresh cluster the handoff's bindings reach each API server's cache a moment
+/// later), waits for both instead of exiting: it serves `/health` meanwhile, and leads once the
+/// binding exists.
+#[test]
+fn a_replica_started_before_its_api_server_answers_and_allows_it_waits_for_both() {
+    lab::run(|| async {
+        let bed = bed(1).await;
+        let admin_client = bed.cp.client(0).unwrap();
+        let sa: ServiceAccount = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "baton", "namespace": "kube-system"}
+        }))
+        .unwrap();
+        Api::<ServiceAccount>::namespaced(admin_client.clone(), "kube-system")
+            .create(&kube::api::PostParams::default(), &sa)
+            .await
+            .unwrap();
+        let token = sa_token(&admin_client, "kube-system", "baton").await;
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("a.log");
+
+        let frozen = Frozen::apiserver(&bed.cp, 0);
+        let mut c = controller_as(&bed, &token, &log, &[], &[]);
+        common::wait_for(
+            "/health while the API server hangs",
+            Duration::from_secs(10),
+            || async {
+                admin("/health")
+                    .await
+                    .is_some_and(|(s, t)| s == 200 && t.starts_with("ok\n"))
+            },
+        )
+        .await;
+        // Past the client's connect and request limits (1 s, 3 s): the first reads failed.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "the controller exited while its API server hung"
+        );
+        assert_ne!(status("/ready").await, Some(200));
+
+        drop(frozen);
+        common::wait_for("/ready to name the refusal", Duration::from_secs(30), || async {
+            admin("/ready")
+                .await
+                .is_some_and(|(s, t)| s == 503 && t.contains("the last answer was HTTP 403"))
+        })
+        .await;
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "the controller exited on HTTP 403"
+        );
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("cannot read the cluster id yet") && text.contains("forbidden"),
+            "no warning naming the refusal:\n{text}"
+        );
+
+        common::apply_shipped_manifests(&admin_client, &["rbac.yaml"]).await;
+        common::wait_for("/ready once allowed", Duration::from_secs(30), || async {
+            status("/ready").await == Some(200)
+        })
+        .await;
+        common::wait_for("the replica leads", Duration::from_secs(20), || async {
+            lease(&admin_client)
+                .await
+                .is_some_and(|(holder, _)| holder == "replica-a")
+        })
+        .await;
+        assert!(c.try_wait().unwrap().is_none(), "the controller exited");
+        drop(logs);
+    });
+}
+
 #[test]
 fn health_fails_naming_a_controller_task_that_died() {
     lab::run(|| async {

@@ -216,8 +216,42 @@ pub enum ContextError {
     NoUid,
 }
 
+/// Retries of the cluster id read at start: 200 ms, doubling, at most 5 s, jittered.
+const CLUSTER_ID_RETRY: super::kit::Backoff = super::kit::Backoff {
+    base: Duration::from_millis(200),
+    cap: Duration::from_secs(5),
+    jitter: true,
+};
+
+/// The cluster's id, the UID of namespace `kube-system`. Every failure to read it is retried
+/// (a warning each time, naming the error): a replica that starts while its API server is slow,
+/// or before that server's RBAC cache has the binding the handoff just created, waits for it
+/// instead of exiting and then waiting out the kubelet's crash back-off. Persistent refusals
+/// stay visible, as the watches' do: the warnings, and `/ready` failing.
+async fn read_cluster_id(client: &kube::Client) -> Result<String, ContextError> {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let mut failures = 0u32;
+    loop {
+        match namespaces.get("kube-system").await {
+            Ok(ns) => return ns.metadata.uid.ok_or(ContextError::NoUid),
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let retry = CLUSTER_ID_RETRY.delay(failures);
+                tracing::warn!(
+                    error = %ContextError::ClusterId(e),
+                    failures,
+                    retry_in = ?retry,
+                    "cannot read the cluster id yet"
+                );
+                tokio::time::sleep(retry).await;
+            }
+        }
+    }
+}
+
 impl Context {
-    /// Builds the context; reads the cluster id from `kube-system`.
+    /// Builds the context; reads the cluster id from `kube-system`, retrying until it is read
+    /// ([`read_cluster_id`]: cancel the future to give up).
     pub async fn new(
         client: kube::Client,
         cloud: Arc<dyn Cloud>,
@@ -226,11 +260,7 @@ impl Context {
         metrics: Arc<Metrics>,
         reporter_instance: Option<String>,
     ) -> Result<Self, ContextError> {
-        let ns = Api::<Namespace>::all(client.clone())
-            .get("kube-system")
-            .await
-            .map_err(ContextError::ClusterId)?;
-        let cluster_id = ns.metadata.uid.ok_or(ContextError::NoUid)?;
+        let cluster_id = read_cluster_id(&client).await?;
         let reporter = Reporter {
             controller: "baton".into(),
             instance: reporter_instance,

@@ -181,6 +181,17 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     let (client, cloud, urgent_cloud) = fenced_clients(&clients, &leader, &cherry);
     // The self-signed metrics certificate's name (a DNS name: the pod name is one).
     let cert_name = identity.clone();
+    // Served before the cluster id is read: while the API server does not answer, the kubelet
+    // sees the pod alive and not ready, as it would later.
+    let endpoints = AdminEndpoints {
+        metrics: Arc::clone(&metrics),
+        leader: leader.clone(),
+        reach: reach.clone(),
+        client: client.clone(),
+        heartbeats: heartbeats.clone(),
+        leaderless: spawn_leaderless(&sup, (!args.no_leader_election).then_some(&leader), &shutdown),
+    };
+    spawn_admin_endpoints(&sup, &args, (admin, metrics_at), cert_name, endpoints, &shutdown).await?;
     let ctx = Context::new(
         client,
         cloud,
@@ -188,37 +199,16 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         leader,
         Arc::clone(&metrics),
         Some(identity),
-    )
-    .await?
-    .with_heartbeats(heartbeats.clone());
-
-    let endpoints = AdminEndpoints {
-        metrics: Arc::clone(&metrics),
-        leader: ctx.leader.clone(),
-        reach: reach.clone(),
-        client: ctx.client.clone(),
-        heartbeats,
-        leaderless: spawn_leaderless(&sup, (!args.no_leader_election).then_some(&ctx.leader), &shutdown),
+    );
+    let ctx = tokio::select! {
+        () = shutdown.cancelled() => {
+            sup.join(lease::RELEASE_WAIT + Duration::from_secs(5)).await;
+            return Ok(());
+        }
+        ctx = ctx => ctx?.with_heartbeats(heartbeats),
     };
-    spawn_admin_endpoints(&sup, &args, (admin, metrics_at), cert_name, endpoints, &shutdown).await?;
 
-    let hc = &config.health_check;
-    let opts = EndpointOptions {
-        probe: ProbeSettings {
-            path: hc.path.clone(),
-            server_name: args.cluster.health_check_server_name.clone(),
-            ca_der,
-            interval: hc.interval,
-            timeout: hc.timeout,
-            thresholds: Thresholds {
-                rise: hc.rise,
-                fall: hc.fall,
-            },
-        },
-        urgent_cloud,
-        tick: Duration::from_millis(250),
-        servers_refresh: Duration::from_secs(600),
-    };
+    let opts = endpoint_options(&args, &config, ca_der, urgent_cloud);
     if !args.no_leader_election {
         sup.spawn(
             "leader-events",
@@ -243,6 +233,33 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
     // the writes on their way are answered (at most `lease::RELEASE_WAIT`).
     sup.join(lease::RELEASE_WAIT + Duration::from_secs(5)).await;
     result.map_err(Into::into)
+}
+
+/// The endpoint loop's settings: the probe from the configuration's `healthCheck`, a pass every
+/// 250 ms when nothing changes, the project's servers re-read from the cloud every 10 minutes.
+fn endpoint_options(
+    args: &ControllerArgs,
+    config: &Config,
+    ca_der: Vec<Vec<u8>>,
+    urgent_cloud: Arc<dyn Cloud>,
+) -> EndpointOptions {
+    let hc = &config.health_check;
+    EndpointOptions {
+        probe: ProbeSettings {
+            path: hc.path.clone(),
+            server_name: args.cluster.health_check_server_name.clone(),
+            ca_der,
+            interval: hc.interval,
+            timeout: hc.timeout,
+            thresholds: Thresholds {
+                rise: hc.rise,
+                fall: hc.fall,
+            },
+        },
+        urgent_cloud,
+        tick: Duration::from_millis(250),
+        servers_refresh: Duration::from_secs(600),
+    }
 }
 
 /// The controllers' clients, every write fenced by `leader`'s term and deadline, checked right

@@ -180,9 +180,10 @@ impl ApiReachability {
         self.last_success().unwrap_or(self.0.created).elapsed()
     }
 
-    /// Whether an API server answered within `window`.
+    /// Whether an API server answered within `window` (never, before the first answer: a
+    /// replica that has not reached the API yet is not ready).
     pub fn answered_within(&self, window: Duration) -> bool {
-        self.silent_for() <= window
+        self.last_success().is_some_and(|t| t.elapsed() <= window)
     }
 
     /// Records an answer.
@@ -838,7 +839,9 @@ mod tests {
         let count = Arc::new(Count(AtomicU64::new(0)));
         r.set_observer(Arc::clone(&count) as _);
         let window = Duration::from_millis(200);
-        assert!(r.answered_within(window), "grace from creation");
+        assert!(!r.answered_within(window), "no grace before the first answer");
+        r.record_success();
+        assert!(r.answered_within(window));
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(!r.answered_within(window));
         r.record_failure("timeout");
