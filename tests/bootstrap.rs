@@ -625,7 +625,20 @@ async fn assert_pods_did_the_work(cp: &ControlPlane, client: &kube::Client) {
                     .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"controller"))
             })
             .collect();
-        assert_eq!(procs.len(), 1, "one baton controller process on {node}");
+        if procs.len() != 1 {
+            let statuses: Vec<_> = pods
+                .iter()
+                .map(|p| (&p.metadata.name, p.status.as_ref().map(|s| &s.container_statuses)))
+                .collect();
+            let logs: Vec<_> = common::pod_logs(cp)
+                .into_iter()
+                .filter(|(p, _)| p.parent().and_then(|d| d.file_name()) == Some("baton".as_ref()))
+                .collect();
+            panic!(
+                "{} baton controller processes on {node}, expected one\ncontainers: {statuses:#?}\nlogs: {logs:#?}",
+                procs.len()
+            );
+        }
         let status = std::fs::read_to_string(format!("/proc/{}/status", procs[0])).unwrap();
         let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
         assert_eq!(
