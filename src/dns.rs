@@ -189,8 +189,9 @@ async fn run_serve(args: ServeArgs) -> Result<(), DnsError> {
     config.ttl = records.ttl;
     config.udp_workers = udp_workers;
     config.ns_name = ns_name;
+    let signal = crate::signal::shutdown();
     let shutdown = async {
-        crate::signal::shutdown().await;
+        signal.await;
         info!("signal received; stopping the DNS server");
     };
     DnsServer::serve(config, RecordStore::with_snapshot(snapshot), shutdown).await

@@ -226,8 +226,9 @@ fn parse_route_latency(text: &str) -> Result<(String, Latency), String> {
 
 /// Runs `baton sim` until SIGINT or SIGTERM.
 pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    let signal = crate::signal::shutdown();
     let shutdown = async {
-        crate::signal::shutdown().await;
+        signal.await;
         info!("signal received; stopping the simulator");
     };
     baton_sim::serve(args.into_options(), shutdown).await

@@ -192,8 +192,9 @@ impl Settings {
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
+    let signal = crate::signal::shutdown();
     tokio::spawn(async move {
-        crate::signal::shutdown().await;
+        signal.await;
         on_signal.cancel();
     });
     run_until(&args, shutdown).await

@@ -56,10 +56,11 @@ pub use crate::exit::bootstrap as exit;
 /// SIGTERM/SIGINT. Prints the summary; returns the error that decides the exit code.
 pub async fn run(args: BootstrapArgs, env: &dyn Env) -> Result<(), BootstrapError> {
     let token = CancellationToken::new();
+    let signal = crate::signal::shutdown();
     let signals = tokio::spawn({
         let token = token.clone();
         async move {
-            crate::signal::shutdown().await;
+            signal.await;
             info!("signal received; stopping");
             token.cancel();
         }

@@ -124,8 +124,9 @@ fn cluster_ca(args: &ControllerArgs, kube: &kube::Config) -> Result<Vec<Vec<u8>>
 pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
+    let signal = crate::signal::shutdown();
     tokio::spawn(async move {
-        crate::signal::shutdown().await;
+        signal.await;
         tracing::info!("signal received; stopping");
         on_signal.cancel();
     });

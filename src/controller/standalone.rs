@@ -54,8 +54,9 @@ pub async fn run(args: StandaloneArgs) -> Result<(), Error> {
     info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
     let shutdown = tokio_util::sync::CancellationToken::new();
     let on_signal = shutdown.clone();
+    let signal = crate::signal::shutdown();
     tokio::spawn(async move {
-        crate::signal::shutdown().await;
+        signal.await;
         info!("signal received; stopping");
         on_signal.cancel();
     });

@@ -481,6 +481,7 @@ impl Sources {
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
+    let signal = crate::signal::shutdown();
     let flags = flag_routes(&args)?;
     let limits = check_limits(&args)?;
     let admin_servers = AdminServers::of(&args);
@@ -574,7 +575,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), SniError> {
         max_connections = limits.caps.max_connections,
         "SNI router serving"
     );
-    crate::signal::shutdown().await;
+    signal.await;
     info!("signal received; no new connections, draining open ones");
     shutdown.cancel();
     workers.drain(&tracker, Duration::from_secs(drain_s)).await;
