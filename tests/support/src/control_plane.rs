@@ -972,7 +972,16 @@ impl ControlPlane {
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix={}", self.etcd_prefix),
-            format!("--bind-address={ip}"),
+            // On its own node every address of the node, as kubeadm's default (`0.0.0.0`);
+            // beside the others, in the lab's own namespace, its address alone.
+            format!(
+                "--bind-address={}",
+                if node.is_some() {
+                    "0.0.0.0".to_owned()
+                } else {
+                    ip.to_string()
+                }
+            ),
             format!("--advertise-address={ip}"),
             format!("--secure-port={APISERVER_PORT}"),
             format!("--tls-cert-file={}", p("serving.crt")),
@@ -1368,6 +1377,16 @@ impl Pki {
         .map(ToString::to_string)
         .collect();
         sans.extend(opts.servers.iter().map(ToString::to_string));
+        // And each server's private twin: on a lab node the API server listens there too, and
+        // a pod's `status.hostIP` is the Node's InternalIP once baton has initialised the Node
+        // (docs/operations.md, "Running it": what the operator configures, kubeadm's
+        // `apiServer.certSANs`).
+        sans.extend(
+            opts.servers
+                .iter()
+                .flat_map(|ip| node_addrs(*ip, &BTreeMap::new()).into_iter().skip(1))
+                .map(|ip| ip.to_string()),
+        );
         sans.extend((1..=254).map(|n| lab::fip(n).to_string()));
         sans.extend(opts.extra_sans.iter().cloned());
         let serving_key = KeyPair::generate()?;
