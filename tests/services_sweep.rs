@@ -28,15 +28,17 @@ use tokio::time::Instant;
 /// delete each: the sweep takes about 20 s).
 const ORPHANS: usize = 40;
 
-fn start(ctx: Arc<Context>) -> watch::Sender<bool> {
+/// The Service controller and its watches; they stop when `true` is sent, and the handles end
+/// once they have.
+fn start(ctx: Arc<Context>) -> (watch::Sender<bool>, [tokio::task::JoinHandle<()>; 2]) {
     let (tx, rx) = watch::channel(false);
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let mut watches = Watches::new(&ctx.client);
-    tokio::spawn(service::run_services(ctx, &mut watches, stop(rx.clone())));
-    tokio::spawn(watches.run(stop(rx)));
-    tx
+    let services = tokio::spawn(service::run_services(ctx, &mut watches, stop(rx.clone())));
+    let watching = tokio::spawn(watches.run(stop(rx)));
+    (tx, [services, watching])
 }
 
 #[test]
@@ -69,11 +71,12 @@ fn a_service_recreated_while_the_sweep_runs_keeps_its_fip() {
                 .await
                 .unwrap();
         }
-        let started = Instant::now();
-        let stop = start(ctx.clone());
+        let first = start(ctx.clone());
 
-        // web gets its FIP, then vanishes without its cleanup (as kubernetes#77988 allows):
-        // its FIP is an orphan too, the last one in the list.
+        // web gets its FIP, then vanishes without its cleanup (as kubernetes#77988 allows)
+        // while no controller runs (a running one would put its finalizer back between the
+        // strip and the delete, and clean up): its FIP is an orphan too, the last one in the
+        // list. The controllers then start again, a new term.
         api.create(&PostParams::default(), &lb_service("apps", "web", &[]))
             .await
             .unwrap();
@@ -83,6 +86,11 @@ fn a_service_recreated_while_the_sweep_runs_keeps_its_fip() {
         .await;
         let fip_id = web.annotations()[FIP_ID_ANNOTATION].clone();
         let address = ingress(&web).unwrap();
+        let (first, running) = first;
+        first.send_replace(true);
+        for task in running {
+            task.await.unwrap();
+        }
         let strip = serde_json::json!({"metadata": {"finalizers": null}});
         api.patch("web", &PatchParams::default(), &Patch::Merge(&strip))
             .await
@@ -93,6 +101,8 @@ fn a_service_recreated_while_the_sweep_runs_keeps_its_fip() {
         })
         .await;
         assert!(sim.peek_ip(&fip_id).is_some(), "no cleanup ran");
+        let started = Instant::now();
+        let (stop, _running) = start(ctx.clone());
 
         // Nothing is swept in the first minute of the term.
         tokio::time::sleep_until(started + SWEEP_QUIET - Duration::from_secs(5)).await;
