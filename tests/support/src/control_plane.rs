@@ -349,6 +349,7 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        cp.wait_for_kubernetes_endpoints().await?;
         if opts.apf {
             cp.wait_for_apf_config().await?;
         }
@@ -361,6 +362,35 @@ impl ControlPlane {
             cp.start_kube_proxies()?;
         }
         Ok(cp)
+    }
+
+    /// Waits until `default/kubernetes` lists every API server. Each adds its address by its
+    /// own reconcile, which can come seconds after `/readyz` on a loaded machine; baton's
+    /// candidates are those addresses, so a test that began earlier would start with one
+    /// server fewer than it thinks (a failover test once saw its third server 10 s late).
+    async fn wait_for_kubernetes_endpoints(&self) -> anyhow::Result<()> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client(0)?, "default");
+        let want: std::collections::BTreeSet<String> =
+            self.apiservers.iter().map(|a| a.ip.to_string()).collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let listed: std::collections::BTreeSet<String> = slices
+                .list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+                .await?
+                .items
+                .into_iter()
+                .flat_map(|s| s.endpoints)
+                .flat_map(|e| e.addresses)
+                .collect();
+            if want.is_subset(&listed) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("default/kubernetes lists {listed:?} after 60s, not every API server {want:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Waits until the API server has created its suggested APF configuration (it does so
