@@ -36,22 +36,8 @@ pub async fn run(args: StandaloneArgs) -> Result<(), Error> {
         nodes,
         no_services,
     } = args;
-    let config = Config::resolve(&config, &ProcessEnv)?;
-    let cloud = CherryClient::new(config.cloud_client_config()?).map_err(subcommand_error)?;
-    let client = kube::Client::try_default().await.map_err(subcommand_error)?;
-    let ctx = Arc::new(
-        Context::new(
-            client,
-            Arc::new(cloud),
-            Arc::new(config),
-            LeaderGate::always(),
-            Arc::default(),
-            None,
-        )
-        .await
-        .map_err(subcommand_error)?,
-    );
-    info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
+    // Before anything waits on the API (the cluster id is retried until it is read): a signal
+    // then stops the process cleanly, also during that wait.
     let shutdown = tokio_util::sync::CancellationToken::new();
     let on_signal = shutdown.clone();
     let signal = crate::signal::shutdown();
@@ -60,6 +46,22 @@ pub async fn run(args: StandaloneArgs) -> Result<(), Error> {
         info!("signal received; stopping");
         on_signal.cancel();
     });
+    let config = Config::resolve(&config, &ProcessEnv)?;
+    let cloud = CherryClient::new(config.cloud_client_config()?).map_err(subcommand_error)?;
+    let client = kube::Client::try_default().await.map_err(subcommand_error)?;
+    let ctx = Context::new(
+        client,
+        Arc::new(cloud),
+        Arc::new(config),
+        LeaderGate::always(),
+        Arc::default(),
+        None,
+    );
+    let ctx = tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        ctx = ctx => Arc::new(ctx.map_err(subcommand_error)?),
+    };
+    info!(version = env!("CARGO_PKG_VERSION"), cluster = %ctx.cluster_id, services = !no_services, nodes, "cloud controllers starting");
     let mut watches = Watches::new(&ctx.client);
     let services = (!no_services)
         .then(|| service::run_services(ctx.clone(), &mut watches, shutdown.clone().cancelled_owned()));

@@ -1409,7 +1409,7 @@ impl Pki {
         sans.extend(opts.servers.iter().map(ToString::to_string));
         // And each server's private twin: on a lab node the API server listens there too, and
         // a pod's `status.hostIP` is the Node's InternalIP once baton has initialised the Node
-        // (docs/operations.md, "Running it": what the operator configures, kubeadm's
+        // (docs/operations.md, "Which address that is": what the operator configures, kubeadm's
         // `apiServer.certSANs`).
         sans.extend(
             opts.servers
