@@ -1004,6 +1004,26 @@ fn bad_flags_exit_2_naming_the_flag_and_the_value() {
             "--route \"api.t1.example.com=nowhere\": \"nowhere\" is not IP:PORT",
         ),
         (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--route",
+                "api.t1.example.com:0=127.0.0.1:1",
+            ],
+            "--route \"api.t1.example.com:0=127.0.0.1:1\": \"0\" is not a port (1-65535)",
+        ),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--route",
+                "a.example:8132=127.0.0.1:1",
+                "--route",
+                "a.example:8132=127.0.0.1:2",
+            ],
+            "--route \"a.example:8132=127.0.0.1:2\": host a.example is routed twice on port 8132",
+        ),
+        (
             vec!["--listen", "127.0.0.1:0", "--proxy-route", "10.0.0.1"],
             "--proxy-route \"10.0.0.1\": expected DSTADDR=HOST",
         ),

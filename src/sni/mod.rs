@@ -74,12 +74,13 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_SNI_LISTEN", value_name = "ADDR", value_delimiter = ',')]
     pub listen: Vec<SocketAddr>,
 
-    /// A tenant: its host names and its API servers, `HOST[,HOST…]=ADDR[,ADDR…]`. Repeatable;
-    /// `;`-separated in the environment variable.
+    /// A tenant: its host names and its API servers, `HOST[,HOST…]=ADDR[,ADDR…]`; with
+    /// `HOST[,HOST…]:PORT=…` its backends for connections to local port PORT only (a second
+    /// `--listen`, konnectivity's say). Repeatable; `;`-separated in the environment variable.
     #[arg(
         long,
         env = "BATON_SNI_ROUTE",
-        value_name = "HOST=ADDR[,ADDR…]",
+        value_name = "HOST[:PORT]=ADDR[,ADDR…]",
         value_delimiter = ';'
     )]
     pub route: Vec<String>,
@@ -108,8 +109,9 @@ pub struct ServeArgs {
     )]
     pub proxy_route: Vec<String>,
 
-    /// More routes, re-read while running: lines `HOST[,HOST…]=ADDR[,ADDR…]`, `default=ADDR[,…]`
-    /// and `proxy DSTADDR=HOST`; `#` comments. A host in both the file and a flag is an error.
+    /// More routes, re-read while running: lines `HOST[,HOST…][:PORT]=ADDR[,ADDR…]`,
+    /// `default=ADDR[,…]` and `proxy DSTADDR=HOST`; `#` comments. A host in both the file and a
+    /// flag (on the same port, or both for every port) is an error.
     #[arg(long, env = "BATON_SNI_ROUTES_FILE", value_name = "FILE")]
     pub routes_file: Option<PathBuf>,
 

@@ -307,14 +307,19 @@ impl RouteTable {
         seen.into_values().collect()
     }
 
-    /// Every host name routed.
+    /// Every host name routed (on every port or on one).
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
-        self.hosts.keys().map(String::as_str)
+        self.hosts.keys().map(String::as_str).chain(
+            self.ports
+                .keys()
+                .filter(|h| !self.hosts.contains_key(*h))
+                .map(String::as_str),
+        )
     }
 
     /// Number of host names routed.
     pub fn host_count(&self) -> usize {
-        self.hosts.len()
+        self.hosts().count()
     }
 }
 
@@ -338,12 +343,26 @@ pub enum Destination {
 }
 
 impl RouteSpec {
-    /// Adds a `HOST[,HOST…]=ADDR[,ADDR…]` route (`--route`).
+    /// Adds a `HOST[,HOST…][:PORT]=ADDR[,ADDR…]` route (`--route`): without PORT the tenant's
+    /// backends on every port, with it its backends for connections to that local port (a
+    /// second listener, konnectivity's 8132 say).
     pub fn add_route(&mut self, spec: &str) -> Result<(), RouteError> {
         let bad = |why: &str| RouteError::new("--route", spec, why);
         let (hosts, addrs) = spec
             .split_once('=')
-            .ok_or_else(|| bad("expected HOST[,HOST…]=ADDR[,ADDR…]"))?;
+            .ok_or_else(|| bad("expected HOST[,HOST…][:PORT]=ADDR[,ADDR…]"))?;
+        let (hosts, port) = match hosts.rsplit_once(':') {
+            Some((hosts, port)) => {
+                let port = port
+                    .trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| bad(&format!("{port:?} is not a port (1-65535)")))?;
+                (hosts, Some(port))
+            }
+            None => (hosts, None),
+        };
         let hosts = hosts
             .split(',')
             .map(|h| {
@@ -352,12 +371,32 @@ impl RouteSpec {
             .collect::<Result<Vec<_>, _>>()?;
         let addrs = parse_addrs("--route", spec, addrs)?;
         for h in &hosts {
-            if self.tenants.iter().any(|(hs, _)| hs.contains(h)) {
-                return Err(bad(&format!("host {h} is routed twice")));
+            if let Some(clash) = self.routes_of(h, port) {
+                return Err(bad(&clash));
             }
         }
-        self.tenants.push((hosts, addrs));
+        match port {
+            None => self.tenants.push((hosts, addrs)),
+            Some(port) => self.ports.push((hosts, port, addrs)),
+        }
         Ok(())
+    }
+
+    /// Whether `host` already has a route on `port` (`None`: its route for every port): the
+    /// error to give.
+    fn routes_of(&self, host: &str, port: Option<u16>) -> Option<String> {
+        match port {
+            None => self
+                .tenants
+                .iter()
+                .any(|(hs, _)| hs.iter().any(|h| h == host))
+                .then(|| format!("host {host} is routed twice")),
+            Some(port) => self
+                .ports
+                .iter()
+                .any(|(hs, p, _)| *p == port && hs.iter().any(|h| h == host))
+                .then(|| format!("host {host} is routed twice on port {port}")),
+        }
     }
 
     /// Sets the default backends (`--default ADDR[,ADDR…]`).
@@ -387,7 +426,7 @@ impl RouteSpec {
         Ok(())
     }
 
-    /// Parses a routes file: one `HOST[,HOST…]=ADDR[,ADDR…]` per line, `default=ADDR[,…]`,
+    /// Parses a routes file: one `HOST[,HOST…][:PORT]=ADDR[,ADDR…]` per line, `default=ADDR[,…]`,
     /// `proxy DST=HOST`; `#` starts a comment.
     pub fn parse_file(text: &str) -> Result<Self, RouteError> {
         let mut spec = Self::default();
@@ -407,15 +446,24 @@ impl RouteSpec {
         Ok(spec)
     }
 
-    /// Adds every route of `other` (a host routed in both is an error).
+    /// Adds every route of `other` (a host routed in both, on the same port or on every port,
+    /// is an error).
     pub fn merge(&mut self, other: &Self) -> Result<(), RouteError> {
         for (hosts, addrs) in &other.tenants {
             for h in hosts {
-                if self.tenants.iter().any(|(hs, _)| hs.contains(h)) {
-                    return Err(RouteError::new("routes", h, "host is routed twice"));
+                if let Some(clash) = self.routes_of(h, None) {
+                    return Err(RouteError::new("routes", h, clash));
                 }
             }
             self.tenants.push((hosts.clone(), addrs.clone()));
+        }
+        for (hosts, port, addrs) in &other.ports {
+            for h in hosts {
+                if let Some(clash) = self.routes_of(h, Some(*port)) {
+                    return Err(RouteError::new("routes", h, clash));
+                }
+            }
+            self.ports.push((hosts.clone(), *port, addrs.clone()));
         }
         if !other.default.is_empty() {
             self.default.clone_from(&other.default);
@@ -424,11 +472,18 @@ impl RouteSpec {
         Ok(())
     }
 
-    /// Adds the tenants of `other` whose hosts are not routed yet (a tenant keeps the hosts
-    /// that are free, with their port routes); returns the hosts left out.
+    /// Adds the tenants of `other` whose hosts are not routed yet, on any port (a tenant keeps
+    /// the hosts that are free, with their port routes); returns the hosts left out.
     pub fn merge_missing(&mut self, other: &Self) -> Vec<String> {
         let mut skipped = Vec::new();
-        let routed: Vec<String> = self.tenants.iter().flat_map(|(hs, _)| hs.clone()).collect();
+        let routed: Vec<String> = self
+            .tenants
+            .iter()
+            .map(|(hs, _)| hs)
+            .chain(self.ports.iter().map(|(hs, _, _)| hs))
+            .flatten()
+            .cloned()
+            .collect();
         let free = |h: &String| !routed.contains(h);
         for (hosts, addrs) in &other.tenants {
             let (free, taken): (Vec<String>, Vec<String>) = hosts.iter().cloned().partition(free);

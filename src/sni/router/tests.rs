@@ -542,10 +542,11 @@ async fn the_proxy_listener_routes_by_the_tenant_tlv_first() {
 async fn a_second_port_goes_to_the_tenants_backends_for_that_port() {
     let (api, konn) = (backend("ap").await, backend("kn").await);
     let r = start(&RouteSpec::default(), Limits::default()).await;
-    let mut routes = spec(&[format!("one.example={api}")]);
-    routes
-        .ports
-        .push((vec!["one.example".into()], r.sni2.port(), vec![konn]));
+    // The `--route HOST:PORT=ADDR` form (Services make the same table).
+    let routes = spec(&[
+        format!("one.example={api}"),
+        format!("one.example:{}={konn}", r.sni2.port()),
+    ]);
     r.routes.send_replace(Arc::new(routes.build(&r.health)));
     let hello = records(&client_hello(Some("one.example")), 16_384);
     assert_eq!(exchange(r.sni, &hello, &hello).await.0, "ap");

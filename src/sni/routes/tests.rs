@@ -39,7 +39,7 @@ fn bad_routes_name_the_flag_and_the_value() {
     let e = spec.add_route("api.t1.example.com").unwrap_err();
     assert_eq!(
         e.to_string(),
-        "--route \"api.t1.example.com\": expected HOST[,HOST…]=ADDR[,ADDR…]"
+        "--route \"api.t1.example.com\": expected HOST[,HOST…][:PORT]=ADDR[,ADDR…]"
     );
     let e = spec.add_route("api t1=127.0.0.1:1").unwrap_err();
     assert!(e.to_string().contains("\"api t1\" is not a host name"), "{e}");
@@ -200,4 +200,86 @@ fn a_port_route_serves_its_port_and_the_default_route_the_others() {
     assert!(table.for_host_port(Some("other.example"), 8132).is_none());
     assert!(table.is_routed("api.t1.example"));
     assert_eq!(table.sets().len(), 3);
+}
+
+#[test]
+fn a_route_with_a_port_serves_that_port_and_clashes_only_there() {
+    let mut spec = RouteSpec::default();
+    spec.add_route("api.t1.example=10.0.0.1:6443").unwrap();
+    spec.add_route("api.t1.example, Konn.t1.example:8132=10.0.0.1:8132,10.0.0.2:8132")
+        .unwrap();
+    let table = spec.build(&Health::default());
+    let on = |host: &str, port: u16| {
+        table
+            .for_host_port(Some(host), port)
+            .map(|s| s.backends.iter().map(|b| b.addr).collect::<Vec<_>>())
+    };
+    assert_eq!(on("api.t1.example", 443), Some(vec![a("10.0.0.1:6443")]));
+    assert_eq!(
+        on("api.t1.example", 8132),
+        Some(vec![a("10.0.0.1:8132"), a("10.0.0.2:8132")])
+    );
+    assert_eq!(
+        on("konn.t1.example", 8132),
+        Some(vec![a("10.0.0.1:8132"), a("10.0.0.2:8132")])
+    );
+    // A host with a route for one port only has none on the others (no default here).
+    assert_eq!(on("konn.t1.example", 443), None);
+    // Both names are published (DNS, logs), each once.
+    let mut hosts: Vec<&str> = table.hosts().collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["api.t1.example", "konn.t1.example"]);
+    assert_eq!(table.host_count(), 2);
+
+    let e = spec.add_route("konn.t1.example:8132=127.0.0.1:1").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("host konn.t1.example is routed twice on port 8132"),
+        "{e}"
+    );
+    // Another port, or every port, is free for it.
+    spec.add_route("konn.t1.example:8133=127.0.0.1:1").unwrap();
+    spec.add_route("konn.t1.example=127.0.0.1:2").unwrap();
+    for bad in [
+        "a.b:0=127.0.0.1:1",
+        "a.b:x=127.0.0.1:1",
+        "a.b:70000=127.0.0.1:1",
+        "a.b:=127.0.0.1:1",
+    ] {
+        let e = spec.add_route(bad).unwrap_err();
+        assert_eq!(e.field, "--route");
+        assert!(e.why.contains("is not a port (1-65535)"), "{bad}: {e}");
+    }
+
+    // The routes file has the same form, and a clash with the flags is on the same port only.
+    let file = RouteSpec::parse_file("api.t2.example:8132=10.0.0.3:8132\n").unwrap();
+    assert_eq!(file.ports.len(), 1);
+    spec.merge(&file).unwrap();
+    let clash = RouteSpec::parse_file("api.t1.example:8132=10.0.0.9:8132\n").unwrap();
+    let e = spec.merge(&clash).unwrap_err();
+    assert!(e.why.contains("routed twice on port 8132"), "{e}");
+}
+
+#[test]
+fn a_host_a_flag_routes_on_one_port_is_not_taken_by_a_service() {
+    let mut flags = RouteSpec::default();
+    flags.add_route("api.t1.example:8132=127.0.0.1:9").unwrap();
+    let mut services = RouteSpec::default();
+    services
+        .tenants
+        .push((vec!["api.t1.example".into()], vec![a("10.0.0.1:6443")]));
+    services
+        .ports
+        .push((vec!["api.t1.example".into()], 8132, vec![a("10.0.0.1:8132")]));
+    assert_eq!(flags.merge_missing(&services), ["api.t1.example"]);
+    let table = flags.build(&Health::default());
+    assert_eq!(
+        table
+            .for_host_port(Some("api.t1.example"), 8132)
+            .unwrap()
+            .backends[0]
+            .addr,
+        a("127.0.0.1:9")
+    );
+    assert!(table.for_host_port(Some("api.t1.example"), 443).is_none());
 }
