@@ -223,12 +223,7 @@ impl std::fmt::Debug for ServingCert {
 /// `extra`.
 fn node_addrs(ip: IpAddr, extra: &BTreeMap<IpAddr, Vec<IpAddr>>) -> Vec<IpAddr> {
     let mut out = vec![ip];
-    if let IpAddr::V4(v4) = ip {
-        let [a, b, c, d] = v4.octets();
-        if [a, b, c] == [198, 51, 100] {
-            out.push(lab::private_ip(d));
-        }
-    }
+    out.extend(lab::private_twin(ip));
     for a in extra.get(&ip).into_iter().flatten() {
         if !out.contains(a) {
             out.push(*a);
@@ -1414,7 +1409,7 @@ impl Pki {
         sans.extend(
             opts.servers
                 .iter()
-                .flat_map(|ip| node_addrs(*ip, &BTreeMap::new()).into_iter().skip(1))
+                .filter_map(|ip| lab::private_twin(*ip))
                 .map(|ip| ip.to_string()),
         );
         sans.extend((1..=254).map(|n| lab::fip(n).to_string()));

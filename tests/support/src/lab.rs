@@ -45,6 +45,15 @@ pub fn private_ip(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(192, 0, 2, n))
 }
 
+/// The private twin of a lab public address (`198.51.100.<n>` → `192.0.2.<n>`, as the
+/// simulator's topology pairs a server's two addresses); `None` for any other address.
+pub fn private_twin(ip: IpAddr) -> Option<IpAddr> {
+    match ip {
+        IpAddr::V4(v4) if v4.octets()[..3] == [198, 51, 100] => Some(private_ip(v4.octets()[3])),
+        _ => None,
+    }
+}
+
 /// `203.0.113.<n>`: a Floating IP address in the lab.
 pub fn fip(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(203, 0, 113, n))
