@@ -371,7 +371,7 @@ impl RouteSpec {
             .collect::<Result<Vec<_>, _>>()?;
         let addrs = parse_addrs("--route", spec, addrs)?;
         for h in &hosts {
-            if let Some(clash) = self.routes_of(h, port) {
+            if let Some(clash) = self.clash(h, port) {
                 return Err(bad(&clash));
             }
         }
@@ -382,9 +382,9 @@ impl RouteSpec {
         Ok(())
     }
 
-    /// Whether `host` already has a route on `port` (`None`: its route for every port): the
-    /// error to give.
-    fn routes_of(&self, host: &str, port: Option<u16>) -> Option<String> {
+    /// The error to give when `host` already has a route on `port` (`None`: its route for
+    /// every port).
+    fn clash(&self, host: &str, port: Option<u16>) -> Option<String> {
         match port {
             None => self
                 .tenants
@@ -451,7 +451,7 @@ impl RouteSpec {
     pub fn merge(&mut self, other: &Self) -> Result<(), RouteError> {
         for (hosts, addrs) in &other.tenants {
             for h in hosts {
-                if let Some(clash) = self.routes_of(h, None) {
+                if let Some(clash) = self.clash(h, None) {
                     return Err(RouteError::new("routes", h, clash));
                 }
             }
@@ -459,7 +459,7 @@ impl RouteSpec {
         }
         for (hosts, port, addrs) in &other.ports {
             for h in hosts {
-                if let Some(clash) = self.routes_of(h, Some(*port)) {
+                if let Some(clash) = self.clash(h, Some(*port)) {
                     return Err(RouteError::new("routes", h, clash));
                 }
             }

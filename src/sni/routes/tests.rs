@@ -4,6 +4,13 @@ fn a(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
+/// The backends a connection for `host` on local port `port` is sent to.
+fn backends_on(table: &RouteTable, host: &str, port: u16) -> Option<Vec<SocketAddr>> {
+    table
+        .for_host_port(Some(host), port)
+        .map(|s| s.backends.iter().map(|b| b.addr).collect())
+}
+
 #[test]
 fn routes_parse_and_route_by_host_then_default() {
     let mut spec = RouteSpec::default();
@@ -189,14 +196,14 @@ fn a_port_route_serves_its_port_and_the_default_route_the_others() {
     let skipped = flags.merge_missing(&services);
     assert_eq!(skipped, ["alt.t1.example"]);
     let table = flags.build(&Health::default());
-    let on = |host: &str, port: u16| table.for_host_port(Some(host), port).unwrap().backends[0].addr;
-    assert_eq!(on("api.t1.example", 443), a("10.0.0.1:6443"));
-    assert_eq!(on("api.t1.example", 8132), a("10.0.0.1:8132"));
+    let on = |host: &str, port: u16| backends_on(&table, host, port);
+    assert_eq!(on("api.t1.example", 443), Some(vec![a("10.0.0.1:6443")]));
+    assert_eq!(on("api.t1.example", 8132), Some(vec![a("10.0.0.1:8132")]));
     assert_eq!(
         table.for_host_port(Some("api.t1.example"), 8132).unwrap().name,
         "api.t1.example:8132"
     );
-    assert_eq!(on("alt.t1.example", 8132), a("127.0.0.1:9"));
+    assert_eq!(on("alt.t1.example", 8132), Some(vec![a("127.0.0.1:9")]));
     assert!(table.for_host_port(Some("other.example"), 8132).is_none());
     assert!(table.is_routed("api.t1.example"));
     assert_eq!(table.sets().len(), 3);
@@ -209,11 +216,7 @@ fn a_route_with_a_port_serves_that_port_and_clashes_only_there() {
     spec.add_route("api.t1.example, Konn.t1.example:8132=10.0.0.1:8132,10.0.0.2:8132")
         .unwrap();
     let table = spec.build(&Health::default());
-    let on = |host: &str, port: u16| {
-        table
-            .for_host_port(Some(host), port)
-            .map(|s| s.backends.iter().map(|b| b.addr).collect::<Vec<_>>())
-    };
+    let on = |host: &str, port: u16| backends_on(&table, host, port);
     assert_eq!(on("api.t1.example", 443), Some(vec![a("10.0.0.1:6443")]));
     assert_eq!(
         on("api.t1.example", 8132),
@@ -265,21 +268,13 @@ fn a_host_a_flag_routes_on_one_port_is_not_taken_by_a_service() {
     let mut flags = RouteSpec::default();
     flags.add_route("api.t1.example:8132=127.0.0.1:9").unwrap();
     let mut services = RouteSpec::default();
-    services
-        .tenants
-        .push((vec!["api.t1.example".into()], vec![a("10.0.0.1:6443")]));
-    services
-        .ports
-        .push((vec!["api.t1.example".into()], 8132, vec![a("10.0.0.1:8132")]));
+    services.add_route("api.t1.example=10.0.0.1:6443").unwrap();
+    services.add_route("api.t1.example:8132=10.0.0.1:8132").unwrap();
     assert_eq!(flags.merge_missing(&services), ["api.t1.example"]);
     let table = flags.build(&Health::default());
     assert_eq!(
-        table
-            .for_host_port(Some("api.t1.example"), 8132)
-            .unwrap()
-            .backends[0]
-            .addr,
-        a("127.0.0.1:9")
+        backends_on(&table, "api.t1.example", 8132),
+        Some(vec![a("127.0.0.1:9")])
     );
-    assert!(table.for_host_port(Some("api.t1.example"), 443).is_none());
+    assert_eq!(backends_on(&table, "api.t1.example", 443), None);
 }
