@@ -277,6 +277,16 @@ impl Context {
         })
     }
 
+    /// The context of a process that runs its controllers alone, with no election (always the
+    /// leader), its own metrics and no reporter instance: `baton controller-services`.
+    pub async fn unelected(
+        client: kube::Client,
+        cloud: Arc<dyn Cloud>,
+        config: Arc<Config>,
+    ) -> Result<Self, ContextError> {
+        Self::new(client, cloud, config, LeaderGate::always(), Arc::default(), None).await
+    }
+
     /// The same context reporting its loops' heartbeats to `heartbeats`.
     #[must_use]
     pub fn with_heartbeats(mut self, heartbeats: super::health::Heartbeats) -> Self {

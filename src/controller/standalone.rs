@@ -12,7 +12,7 @@ use clap::Args;
 use tracing::info;
 
 use super::watches::Watches;
-use super::{Context, LeaderGate, node, service};
+use super::{Context, node, service};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::error::{Error, subcommand_error};
 
@@ -49,14 +49,7 @@ pub async fn run(args: StandaloneArgs) -> Result<(), Error> {
     let config = Config::resolve(&config, &ProcessEnv)?;
     let cloud = CherryClient::new(config.cloud_client_config()?).map_err(subcommand_error)?;
     let client = kube::Client::try_default().await.map_err(subcommand_error)?;
-    let ctx = Context::new(
-        client,
-        Arc::new(cloud),
-        Arc::new(config),
-        LeaderGate::always(),
-        Arc::default(),
-        None,
-    );
+    let ctx = Context::unelected(client, Arc::new(cloud), Arc::new(config));
     let ctx = tokio::select! {
         () = shutdown.cancelled() => return Ok(()),
         ctx = ctx => Arc::new(ctx.map_err(subcommand_error)?),

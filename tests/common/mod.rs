@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton::config::{Config, ConfigArgs};
-use baton::controller::{Context, LeaderGate};
+use baton::controller::Context;
 use baton_cloud::model::{IpAddress, IpType};
 use baton_cloud::{CherryClient, Cloud as _};
 use baton_sim::{Faults, Sim, SimHandle, Topology};
@@ -79,16 +79,9 @@ pub async fn context(client: kube::Client, env: &BTreeMap<String, String>) -> Ar
     let config = Config::resolve(&ConfigArgs::default(), env).expect("config");
     let cloud = CherryClient::new(config.cloud_client_config().unwrap()).unwrap();
     Arc::new(
-        Context::new(
-            client,
-            Arc::new(cloud),
-            Arc::new(config),
-            LeaderGate::always(),
-            Arc::default(),
-            None,
-        )
-        .await
-        .expect("context"),
+        Context::unelected(client, Arc::new(cloud), Arc::new(config))
+            .await
+            .expect("context"),
     )
 }
 
