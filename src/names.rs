@@ -45,3 +45,39 @@ pub fn with_class(existing: Option<&k8s_openapi::api::core::v1::Service>) -> boo
         svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) == Some(CONTROL_PLANE_CLASS)
     })
 }
+
+/// The ConfigMap (`kube-system`) in which `baton bootstrap` records, at the handoff, what the
+/// cluster's endpoints are: the namespaces of its API Services ([`BOOTSTRAP_NAMESPACES_KEY`]) and
+/// the Floating IPs it resolved or reserved for them ([`BOOTSTRAP_FIPS_KEY`]). The controller
+/// reads it at start: those namespaces may hold control-plane endpoints, and those FIPs are this
+/// cluster's. Only cluster administrators (the bootstrap's kubeconfig) write `kube-system`.
+pub const BOOTSTRAP_RECORD: &str = "baton-bootstrap";
+/// Key of [`BOOTSTRAP_RECORD`]: the API Services' namespaces, comma-separated.
+pub const BOOTSTRAP_NAMESPACES_KEY: &str = "endpointNamespaces";
+/// Key of [`BOOTSTRAP_RECORD`]: the endpoints' Floating IP addresses, comma-separated.
+pub const BOOTSTRAP_FIPS_KEY: &str = "fips";
+
+/// The ConfigMap, in the controller's namespace, through which the controller's leader tells the
+/// node agents which control-plane FIPs to accept and who holds each: `<prefix>-control-plane-fips`.
+/// The agents read nothing else, so no Service a tenant writes changes a node's NAT.
+pub fn fip_table_name(prefix: &str) -> String {
+    format!("{prefix}-control-plane-fips")
+}
+/// Key of the [`fip_table_name`] ConfigMap: the table as JSON ([`FipTable`]).
+pub const FIP_TABLE_KEY: &str = "fips.json";
+
+/// What the controller's leader publishes for the node agents: the control-plane FIPs it
+/// validated (this cluster's, from allowed namespaces), each with the primary address of the
+/// server the cloud routes it to, when known.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FipTable {
+    pub fips: Vec<FipEntry>,
+}
+
+/// One row of [`FipTable`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct FipEntry {
+    pub address: std::net::IpAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<std::net::IpAddr>,
+}

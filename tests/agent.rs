@@ -14,10 +14,10 @@
 //!
 //! The real binary programs the real kernel (nftables in each node's namespace); the clients
 //! and servers are real sockets, each on a thread inside its namespace. A second test runs the
-//! agent on the testbed's lab nodes, each with its own API server, and moves the holder
-//! annotations the controller writes: the holder's own connections to its FIP are delivered on
-//! the holder. Another runs the agent against a real API server with the shipped RBAC and
-//! follows Services.
+//! agent on the testbed's lab nodes, each with its own API server, and moves the holder in the
+//! FIP table the controller writes: the holder's own connections to its FIP are delivered on
+//! the holder. Another runs the agent against a real API server with the shipped RBAC: it
+//! follows the FIP table, and no Service, whatever its annotations, changes a rule.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // in tests a panic is the failure report
 
 mod common;
@@ -32,9 +32,9 @@ use std::time::Duration;
 use baton_testbed::control_plane::{Proc, ProxyMode, kubeconfig};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
@@ -570,17 +570,34 @@ fn a_routed_fip_reaches_the_node_it_is_routed_to_only_through_the_agent() {
 /// controller's leader writes it after the cloud routed the FIP there; `None` removes both
 /// annotations.
 async fn name_holder(client: &kube::Client, holder: Option<(&str, IpAddr)>) {
-    let (name, address) = holder.map_or((Value::Null, Value::Null), |(n, a)| {
-        (json!(n), json!(a.to_string()))
+    let fip = fip().to_string();
+    write_table(
+        client,
+        &[(fip.as_str(), holder.map(|(_, a)| a.to_string()).as_deref())],
+    )
+    .await;
+}
+
+/// Writes the FIP table (`kube-system/baton-control-plane-fips`) with these rows (FIP, holder),
+/// as the controller's leader does: the test plays the controller.
+async fn write_table(client: &kube::Client, rows: &[(&str, Option<&str>)]) {
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|(a, h)| match h {
+            Some(h) => json!({"address": a, "holder": h}),
+            None => json!({"address": a}),
+        })
+        .collect();
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "baton-control-plane-fips", "namespace": "kube-system"},
+        "data": {"fips.json": json!({"fips": rows}).to_string()},
     });
-    Api::<Service>::namespaced(client.clone(), "default")
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
         .patch(
-            "api",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "baton.dev/fip-holder": name,
-                "baton.dev/fip-holder-address": address,
-            }}})),
+            "baton-control-plane-fips",
+            &PatchParams::apply("baton").force(),
+            &Patch::Apply(&cm),
         )
         .await
         .unwrap();
@@ -619,14 +636,7 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
         let admin = cp.client(0).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let fip_s = fip().to_string();
-        create_service(
-            &admin,
-            "default",
-            "api",
-            json!({"annotations": {"baton.dev/control-plane-endpoint": "true"},
-                   "spec": {"loadBalancerIP": fip_s}}),
-        )
-        .await;
+        name_holder(&admin, None).await;
         let names = ["cp-0", "cp-1"];
         let ip = [cp.addresses()[0], cp.addresses()[1]];
         let netns = names.map(|n| format!("/run/netns/{}", cp.node_netns(n).unwrap()));
@@ -679,9 +689,9 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
         let held = |fip: &str, to: IpAddr| Some(BTreeMap::from([(fip.to_owned(), to.to_string())]));
         let none = Some(BTreeMap::new());
 
-        // The cloud routes the FIP to cp-0; no Service names a holder yet. The lab host reaches
+        // The cloud routes the FIP to cp-0; the FIP table names no holder yet. The lab host reaches
         // cp-0; cp-1's own connection leaves and reaches cp-0; cp-0's own comes back to it and
-        // is dropped (what every node did before the annotations).
+        // is dropped (what every node did before the holder was named).
         assert_eq!(who_answers().await.unwrap().0, "node-cp-0");
         assert_eq!(who_answers_from(&netns[1]).await.unwrap(), "node-cp-0");
         assert!(
@@ -700,7 +710,7 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
             .await
             .expect("cp-0 reaches its own FIP once named its holder");
         eprintln!(
-            "cp-0's own connection to its FIP answered {} ms after the annotation write started (the write took {} ms)",
+            "cp-0's own connection to its FIP answered {} ms after the table write started (the write took {} ms)",
             after.as_millis(),
             write_took.as_millis()
         );
@@ -742,7 +752,7 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
             answered_by_after(&netns[0], "node-cp-1".into(), t, Duration::from_secs(10)),
         );
         eprintln!(
-            "after the move, {} ms from the annotation write: cp-1's own connection to the FIP answered by cp-1; \
+            "after the move, {} ms from the table write: cp-1's own connection to the FIP answered by cp-1; \
              {} ms: cp-0's own answered by cp-1 (through the cloud's route)",
             new_holder
                 .expect("the new holder reaches its own FIP")
@@ -815,13 +825,6 @@ async fn set_ingress(client: &kube::Client, ns: &str, name: &str, ip: &str) {
         .unwrap();
 }
 
-async fn delete_service(client: &kube::Client, ns: &str, name: &str) {
-    Api::<Service>::namespaced(client.clone(), ns)
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
-}
-
 async fn table_is(want: &[&str]) {
     let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
     let mut last = None;
@@ -868,7 +871,7 @@ fn agent_with_kube(dir: &Path, kubeconfig: &Path) -> Proc {
 }
 
 #[test]
-fn the_agent_follows_control_plane_endpoint_services_with_the_shipped_rbac() {
+fn the_agent_follows_the_fip_table_and_no_service_with_the_shipped_rbac() {
     lab::run(|| async {
         let mut cp = ControlPlane::start(Options::servers(1)).await.unwrap();
         let admin = cp.client(0).unwrap();
@@ -892,53 +895,54 @@ fn the_agent_follows_control_plane_endpoint_services_with_the_shipped_rbac() {
         std::fs::write(&kc, kubeconfig(&cp.url(0), cp.ca_pem(), &token)).unwrap();
 
         let mut agent = agent_with_kube(dir.path(), &kc);
-        // Before any Service: the static FIP only.
+        // Before any table: the static FIP only.
         table_is(&["203.0.113.9"]).await;
         common::wait_for("the agent ready", Duration::from_secs(10), || async {
             status_of("ready").await == Some(200)
         })
         .await;
 
-        // An annotated Service appears (as baton bootstrap creates them), then the mirror's
-        // ingress, then one of baton's control-plane class; a workload Service never counts.
+        // Services a tenant (or anyone) writes, with every baton annotation, in any namespace:
+        // an annotated endpoint naming a FIP and a forged holder, the mirror's name with an
+        // ingress, one of baton's control-plane class. None reaches the node.
         create_service(
             &admin,
             "default",
             "api",
-            json!({"annotations": {"baton.dev/control-plane-endpoint": "true"},
+            json!({"annotations": {"baton.dev/control-plane-endpoint": "true",
+                                   "baton.dev/fip-holder-address": "198.51.100.11"},
                    "spec": {"loadBalancerIP": "203.0.113.20"}}),
         )
         .await;
-        create_service(
-            &admin,
-            "default",
-            "web",
-            json!({"spec": {"loadBalancerIP": "203.0.113.30"}}),
-        )
-        .await;
-        set_ingress(&admin, "default", "web", "203.0.113.30").await;
-        table_is(&["203.0.113.20", "203.0.113.9"]).await;
+        set_ingress(&admin, "default", "api", "203.0.113.20").await;
         create_service(&admin, "kube-system", "baton-kubernetes-external", json!({})).await;
         set_ingress(&admin, "kube-system", "baton-kubernetes-external", "203.0.113.21").await;
-        table_is(&["203.0.113.20", "203.0.113.21", "203.0.113.9"]).await;
         create_service(
             &admin,
             "default",
             "api-int",
-            json!({"spec": {"loadBalancerClass": "baton.dev/control-plane", "loadBalancerIP": "203.0.113.23"}}),
+            json!({"spec": {"loadBalancerClass": "baton.dev/control-plane", "loadBalancerIP": "10.96.0.1"}}),
         )
         .await;
-        table_is(&["203.0.113.20", "203.0.113.21", "203.0.113.23", "203.0.113.9"]).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        table_is(&["203.0.113.9"]).await;
 
-        // A Service's FIP changes.
-        Api::<Service>::namespaced(admin.clone(), "default")
-            .patch(
-                "api",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"loadBalancerIP": "203.0.113.22"}})),
-            )
-            .await
-            .unwrap();
+        // The controller's table: its FIPs are accepted; a change of it is followed.
+        write_table(
+            &admin,
+            &[("203.0.113.20", None), ("203.0.113.21", Some("198.51.100.11"))],
+        )
+        .await;
+        table_is(&["203.0.113.20", "203.0.113.21", "203.0.113.9"]).await;
+        write_table(
+            &admin,
+            &[
+                ("203.0.113.22", None),
+                ("203.0.113.21", None),
+                ("203.0.113.23", None),
+            ],
+        )
+        .await;
         table_is(&["203.0.113.21", "203.0.113.22", "203.0.113.23", "203.0.113.9"]).await;
         assert_eq!(status_of("health").await, Some(200));
 
@@ -958,13 +962,27 @@ fn the_agent_follows_control_plane_endpoint_services_with_the_shipped_rbac() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         table_is(&["203.0.113.21", "203.0.113.22", "203.0.113.23", "203.0.113.9"]).await;
 
-        // The API server is back; Services go away and their FIPs with them.
+        // The API server is back; the table loses rows and their FIPs go with them. A garbled
+        // write drops nothing.
         cp.start_apiserver(0).await.unwrap();
         let admin = cp.client(0).unwrap();
-        delete_service(&admin, "default", "api").await;
+        write_table(&admin, &[("203.0.113.21", None), ("203.0.113.23", None)]).await;
         table_is(&["203.0.113.21", "203.0.113.23", "203.0.113.9"]).await;
-        delete_service(&admin, "kube-system", "baton-kubernetes-external").await;
-        delete_service(&admin, "default", "api-int").await;
+        Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
+            .patch(
+                "baton-control-plane-fips",
+                &PatchParams::apply("baton").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "baton-control-plane-fips", "namespace": "kube-system"},
+                    "data": {"fips.json": "not json"},
+                })),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        table_is(&["203.0.113.21", "203.0.113.23", "203.0.113.9"]).await;
+        write_table(&admin, &[]).await;
         table_is(&["203.0.113.9"]).await;
         common::wait_for("the agent ready again", Duration::from_secs(30), || async {
             status_of("ready").await == Some(200)
@@ -976,7 +994,9 @@ fn the_agent_follows_control_plane_endpoint_services_with_the_shipped_rbac() {
         // second run from its listing on.
         let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
         let second_run = &log[first_run.len()..];
-        let listed = second_run.find("Services listed").expect("the second run listed");
+        let listed = second_run
+            .find("FIP table listed")
+            .expect("the second run listed");
         no_denials(&second_run[listed..]);
         assert!(second_run.contains("FIP acceptance updated"), "{second_run}");
     });
@@ -1010,14 +1030,7 @@ fn the_shipped_daemonset_accepts_the_fip_on_every_control_plane_node() {
         .expect("control plane with lab nodes");
         let admin = cp.client(0).unwrap();
         common::apply_shipped_manifests(&admin, &["agent.yaml"]).await;
-        create_service(
-            &admin,
-            "default",
-            "api",
-            json!({"annotations": {"baton.dev/control-plane-endpoint": "true"},
-                   "spec": {"loadBalancerIP": "203.0.113.40"}}),
-        )
-        .await;
+        write_table(&admin, &[("203.0.113.40", None)]).await;
         let nodes: Vec<String> = cp
             .node_names()
             .iter()
@@ -1061,14 +1074,7 @@ fn the_shipped_daemonset_accepts_the_fip_on_every_control_plane_node() {
         )
         .await;
 
-        Api::<Service>::namespaced(admin.clone(), "default")
-            .patch(
-                "api",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"loadBalancerIP": "203.0.113.41"}})),
-            )
-            .await
-            .unwrap();
+        write_table(&admin, &[("203.0.113.41", None)]).await;
         common::wait_for(
             "the new FIP on every node",
             Duration::from_secs(30),

@@ -2,15 +2,14 @@
 //! control-plane Floating IP. Cherry Servers delivers a FIP's packets with the FIP as their
 //! destination; the agent keeps one nftables rule per FIP in the prerouting hook, `daddr FIP
 //! redirect`, which rewrites the destination to the address the packet arrived on (ports kept),
-//! where the API server listens. On the FIP's holder (the Services' annotation
-//! `baton.dev/fip-holder-address` is one of this node's addresses) it also keeps `daddr FIP dnat
-//! to <that address>` in the output hook: the node's own packets for its FIP would come back
+//! where the API server listens. On the FIP's holder (the FIP table names one of this node's
+//! addresses as its holder) it also keeps `daddr FIP dnat to <that address>` in the output hook: the node's own packets for its FIP would come back
 //! from the cloud's router with the node's own source address, and be dropped.
 //! docs/agent.md says why this way and not another.
 //!
 //! ```text
 //!  --fip (static) ───────────────────────────────────────┐
-//!  Services (watch.rs; services.rs, pure) ─► FIPs+holders ┼─► plan.rs: wanted(), plan() ─► InSync
+//!  FIP table (watch.rs; table.rs, pure) ─► FIPs+holders ──┼─► plan.rs: wanted(), plan() ─► InSync
 //!  kernel state at start (kept until listed) ─────────────┤        ▲                  └─► Replace
 //!  this node's addresses (getifaddrs, every pass) ────────┘        │ read back                │
 //!  netlink.rs (NETLINK_NETFILTER socket) ◄── nft.rs (pure encoder/decoder) ◄──────────────────┘
@@ -20,13 +19,17 @@
 //!  admin.rs: /health /ready /metrics on --health-listen
 //! ```
 //!
+//! The FIP table is the ConfigMap `<prefix>-control-plane-fips` that only the controller's leader
+//! writes, with the FIPs it validated (this cluster's, from allowed namespaces): the agent reads
+//! no Service, so nothing a tenant writes changes this node's NAT.
+//!
 //! On exit the rules stay (a restart must not drop traffic); `--cleanup` removes the tables.
 
 pub mod admin;
 pub mod netlink;
 pub mod nft;
 pub mod plan;
-pub mod services;
+pub mod table;
 pub mod watch;
 
 use std::collections::BTreeSet;
@@ -42,18 +45,18 @@ use tracing::{Instrument as _, error, info, warn};
 use self::admin::{Health, Metrics};
 use self::netlink::KernelError;
 use self::plan::{Pairs, Plan, Source, Wanted};
-use self::services::FipSet;
+use self::table::FipSet;
 
 /// Flags of `baton agent`.
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// A Floating IP to accept whatever the Services say, e.g. for an installer that needs it
-    /// before any Service exists. Repeatable; comma-separated in the environment variable.
+    /// A Floating IP to accept whatever the FIP table says, e.g. for an installer that needs it
+    /// before the controller runs. Repeatable; comma-separated in the environment variable.
     #[arg(long, env = "BATON_AGENT_FIP", value_name = "IP", value_delimiter = ',')]
     pub fip: Vec<IpAddr>,
 
-    /// Do not watch Services: accept only the `--fip` addresses (a node without a cluster yet,
-    /// or a systemd unit).
+    /// Do not watch the FIP table: accept only the `--fip` addresses (a node without a cluster
+    /// yet, or a systemd unit).
     #[arg(long, env = "BATON_AGENT_NO_KUBE")]
     pub no_kube: bool,
 
@@ -66,10 +69,19 @@ pub struct AgentArgs {
     #[arg(long, env = "BATON_AGENT_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Name prefix of baton's objects, as for `baton controller`: the mirror Service
-    /// `kube-system/<prefix>-kubernetes-external` is a control-plane endpoint.
+    /// Name prefix of baton's objects, as for `baton controller`: the FIP table is the ConfigMap
+    /// `<prefix>-control-plane-fips`.
     #[arg(long, env = "BATON_PREFIX", default_value = "baton", value_name = "PREFIX")]
     pub prefix: String,
+
+    /// The controller's namespace (its Lease's), where the FIP table is.
+    #[arg(
+        long,
+        env = "BATON_LEASE_NAMESPACE",
+        default_value = "kube-system",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
 
     /// Listen address of `/health`, `/ready` and `/metrics`; `off` disables it.
     #[arg(
@@ -104,6 +116,8 @@ pub enum AgentError {
     KubeConfig(String),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(transparent)]
+    TooOld(#[from] crate::kube::version::TooOld),
     #[error("health server on {addr}: {source}")]
     Health {
         addr: SocketAddr,
@@ -122,8 +136,8 @@ impl AgentError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub fips: BTreeSet<IpAddr>,
-    /// `None`: `--no-kube`.
-    pub mirror: Option<String>,
+    /// The FIP table, `(namespace, name)`; `None`: `--no-kube`.
+    pub table: Option<(String, String)>,
     pub cleanup: bool,
     pub kubeconfig: Option<PathBuf>,
     pub health_listen: Option<SocketAddr>,
@@ -139,7 +153,7 @@ impl Settings {
         let bad = |field, value: String, why: String| AgentError::Config { field, value, why };
         let mut fips = BTreeSet::new();
         for ip in &args.fip {
-            services::usable(*ip).map_err(|why| {
+            table::usable(*ip).map_err(|why| {
                 bad(
                     "--fip",
                     ip.to_string(),
@@ -152,7 +166,7 @@ impl Settings {
             return Err(bad(
                 "--no-kube",
                 "true".into(),
-                "without Services the agent needs at least one --fip".into(),
+                "without the FIP table the agent needs at least one --fip".into(),
             ));
         }
         let prefix = &args.prefix;
@@ -161,6 +175,13 @@ impl Settings {
                 "--prefix",
                 prefix.clone(),
                 "must be a lowercase DNS label of at most 43 characters".into(),
+            ));
+        }
+        if !baton_core::names::is_dns1123_label(&args.namespace) {
+            return Err(bad(
+                "--namespace",
+                args.namespace.clone(),
+                "must be a namespace name (a lowercase DNS label)".into(),
             ));
         }
         let health_listen = match args.health_listen.as_str() {
@@ -179,7 +200,7 @@ impl Settings {
         }
         Ok(Self {
             fips,
-            mirror: (!args.no_kube).then(|| services::mirror_name(prefix)),
+            table: (!args.no_kube).then(|| (args.namespace.clone(), crate::names::fip_table_name(prefix))),
             cleanup: args.cleanup,
             kubeconfig: args.kubeconfig.clone(),
             health_listen,
@@ -209,18 +230,25 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         info!(tables = %tables.join(", "), "baton's nftables tables removed");
         return Ok(());
     }
-    let client = match &settings.mirror {
+    let client = match &settings.table {
         Some(_) => Some(kube_client(settings.kubeconfig.as_deref()).await?),
         None => None,
     };
-    // Whatever the kernel accepts now stays until the Services are listed.
+    // The version floor: below Kubernetes 1.30 the agent refuses to run (crate::kube::version).
+    if let Some(client) = &client {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            v = crate::kube::version::read_and_check(client) => v?,
+        }
+    }
+    // Whatever the kernel accepts now stays until the FIP table is listed.
     let at_start = plan::accepted(&netlink::run(netlink::Socket::read).await?);
     info!(
         version = env!("CARGO_PKG_VERSION"),
         fips = %list(&settings.fips),
         kept = %list(&at_start.fips),
         held_here = %Pairs(&at_start.held),
-        services = client.is_some(),
+        table = client.is_some(),
         "baton agent starting"
     );
     let status = client.as_ref().map(|_| Arc::new(watch::WatchStatus::default()));
@@ -242,16 +270,16 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
     }
     let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(FipSet::default));
     // With --no-kube nobody sends; the sender lives as long as the loop.
-    let _no_watch = match (client, settings.mirror.clone(), status) {
-        (Some(client), Some(mirror), Some(status)) => {
+    let _no_watch = match (client, settings.table.clone(), status) {
+        (Some(client), Some((namespace, name)), Some(status)) => {
             let h = Arc::clone(&health);
             let stop = shutdown.clone();
             tokio::spawn(
                 async move {
-                    watch::watch_services(client, mirror, tx, status, stop).await;
+                    watch::watch_table(client, namespace, name, tx, status, stop).await;
                     h.watch_ended();
                 }
-                .instrument(tracing::info_span!("services")),
+                .instrument(tracing::info_span!("fip_table")),
             );
             None
         }
@@ -266,7 +294,7 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
     Ok(())
 }
 
-/// The client for the Service watch.
+/// The client for the FIP table watch.
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, AgentError> {
     let config = crate::kube::config::load(kubeconfig)
         .await
@@ -274,10 +302,10 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
     kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))
 }
 
-/// What the wanted set is made of, besides the Services and this node's addresses.
+/// What the wanted set is made of, besides the FIP table and this node's addresses.
 struct Inputs {
     fixed: BTreeSet<IpAddr>,
-    /// What the kernel held when the agent started (kept until the Services are listed).
+    /// What the kernel held when the agent started (kept until the FIP table is listed).
     at_start: Wanted,
 }
 
@@ -297,8 +325,8 @@ async fn reconcile(
     let mut applied: Option<Wanted> = None;
     let mut open = true;
     loop {
-        let services = rx.borrow_and_update().clone();
-        let pause = if once(&inputs, services.as_ref(), &mut applied, health, metrics).await {
+        let table = rx.borrow_and_update().clone();
+        let pause = if once(&inputs, table.as_ref(), &mut applied, health, metrics).await {
             retry = first_retry;
             recheck
         } else {
@@ -320,7 +348,7 @@ async fn reconcile(
 /// True when the kernel holds what is wanted.
 async fn once(
     inputs: &Inputs,
-    services: Option<&FipSet>,
+    table: Option<&FipSet>,
     applied: &mut Option<Wanted>,
     health: &Health,
     metrics: &Metrics,
@@ -333,7 +361,7 @@ async fn once(
             return false;
         }
     };
-    let source = services.map_or(Source::HeldAtStart(&inputs.at_start), Source::Services);
+    let source = table.map_or(Source::HeldAtStart(&inputs.at_start), Source::Table);
     let want = &plan::wanted(&inputs.fixed, &source, &local);
     let Plan::Replace {
         families,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  --fip (static) ───────────────┐
-//!  Services (once listed) ───────┼─► wanted() ─► Wanted { fips, held } ─┐
+//!  FIP table (once listed) ──────┼─► wanted() ─► Wanted { fips, held } ─┐
 //!  held at start (until listed) ─┘     ▲ held_here(): the FIPs whose     ├─► plan() ─► InSync
 //!  this node's addresses ──────────────┘ holder address is one of them   │            └► Replace { families, … }
 //!  kernel, read back (netlink) ─► Observed ──────────────────────────────┘
@@ -21,7 +21,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::nft::{Family, Hook};
-use super::services::FipSet;
+use super::table::FipSet;
 
 /// One of baton's chains in one family's table, as read back.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -96,9 +96,9 @@ pub enum Plan {
     },
 }
 
-/// What the Services say, or (before they were listed) what the kernel held at the start.
+/// What the FIP table says, or (before it was listed) what the kernel held at the start.
 pub enum Source<'a> {
-    Services(&'a FipSet),
+    Table(&'a FipSet),
     HeldAtStart(&'a Wanted),
 }
 
@@ -108,7 +108,7 @@ pub enum Source<'a> {
 /// is one of `local`, this node's addresses.
 pub fn wanted(static_fips: &BTreeSet<IpAddr>, source: &Source<'_>, local: &BTreeSet<IpAddr>) -> Wanted {
     let (fips, holders) = match source {
-        Source::Services(set) => (&set.fips, set.holders.clone()),
+        Source::Table(set) => (&set.fips, set.holders.clone()),
         Source::HeldAtStart(held) => (
             &held.fips,
             held.held

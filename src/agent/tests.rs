@@ -21,7 +21,10 @@ fn settings(args: &[&str]) -> Result<Settings, AgentError> {
 fn defaults() {
     let s = settings(&[]).unwrap();
     assert!(s.fips.is_empty());
-    assert_eq!(s.mirror.as_deref(), Some("baton-kubernetes-external"));
+    assert_eq!(
+        s.table,
+        Some(("kube-system".to_owned(), "baton-control-plane-fips".to_owned()))
+    );
     assert_eq!(s.health_listen, Some("127.0.0.1:9594".parse().unwrap()));
     assert_eq!(s.recheck, Duration::from_secs(10));
     assert!(!s.cleanup);
@@ -46,15 +49,15 @@ fn static_fips_repeat_and_list() {
         .map(|s| s.parse().unwrap())
         .collect();
     assert_eq!(s.fips, want);
-    assert_eq!(s.mirror, None, "--no-kube: no Services");
+    assert_eq!(s.table, None, "--no-kube: no FIP table");
     assert_eq!(s.health_listen, None);
-    assert!(settings(&["--prefix", "edge"]).unwrap().mirror.as_deref() == Some("edge-kubernetes-external"));
+    assert!(settings(&["--prefix", "edge"]).unwrap().table.unwrap().1 == "edge-control-plane-fips");
 }
 
 #[rstest]
 #[case::loopback_fip(&["--fip", "127.0.0.1"], "--fip 127.0.0.1: cannot be a Floating IP (loopback)")]
 #[case::unspecified_fip(&["--fip", "0.0.0.0"], "--fip 0.0.0.0: cannot be a Floating IP (unspecified)")]
-#[case::no_kube_no_fip(&["--no-kube"], "--no-kube true: without Services the agent needs at least one --fip")]
+#[case::no_kube_no_fip(&["--no-kube"], "--no-kube true: without the FIP table the agent needs at least one --fip")]
 #[case::bad_prefix(&["--prefix", "Not_A_Label"], "--prefix Not_A_Label: must be a lowercase DNS label of at most 43 characters")]
 #[case::bad_listen(&["--health-listen", "localhost"], "--health-listen localhost: expected IP:port or off")]
 #[case::recheck_too_short(&["--recheck-interval-ms", "0"], "--recheck-interval-ms 0: must be at least 100")]

@@ -1,37 +1,36 @@
-//! The Service watch: every Service of the cluster, through the node's own API server (the
-//! manifest points `KUBERNETES_SERVICE_HOST` at the node's address, never at the FIP), reduced to
-//! the control-plane FIPs and their holders.
+//! The FIP table watch: one ConfigMap, `<prefix>-control-plane-fips` in the controller's
+//! namespace, through the node's own API server (the manifest points `KUBERNETES_SERVICE_HOST`
+//! at the node's address, never at the FIP), reduced to the control-plane FIPs and their holders.
 //!
 //! ```text
-//!  watch Services (kube-runtime watcher, all namespaces, its default backoff)
-//!     │ Init / InitApply / InitDone: a (re)list builds a new index, swapped in at InitDone
-//!     │ Apply / Delete: one entry updated
+//!  watch ConfigMaps (kube-runtime watcher, one namespace, fieldSelector metadata.name=<table>:
+//!     │   RBAC grants the agent that one object and nothing else)
+//!     │ Init / InitApply / InitDone: a (re)list; no table listed = no FIP
+//!     │ Apply: the table changed (the leader wrote it); one that cannot be read at all is
+//!     │         kept as it was, with a warning (no FIP's rules dropped for a garbled write)
+//!     │ Delete: kept as it was (a warning): the leader writes it again, and dropping every
+//!     │         rule meanwhile would cut the FIPs' traffic
 //!     ▼
-//!  index: namespace/name ─► services::control_plane_fips(that Service)   (only endpoints kept)
-//!     │ union (FIPs, holder addresses), after every change once listed
-//!     ▼
-//!  watch::Sender<Option<FipSet>>  (None until the first full list)  ─► the reconcile loop
-//!  WatchStatus: listed? last watch error?                          ─► /ready
+//!  table::fip_set ─► watch::Sender<Option<FipSet>>  (None until the first full list) ─► reconcile
+//!  WatchStatus: listed? last watch error?                                            ─► /ready
 //! ```
 //!
-//! Only the control-plane endpoints' addresses are kept, not the Services themselves, so the
-//! agent's memory does not grow with the cluster's workload Services. The controller's leader
-//! rewrites an endpoint's holder annotations after a failover: that update reaches the agent as
-//! one more Apply, and the reconcile loop acts on it at once.
+//! After a failover the controller's leader rewrites the holder of the moved FIP: that write
+//! reaches the agent as one Apply, and the reconcile loop acts on it at once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Service;
-use kube::ResourceExt as _;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event, watcher};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::services::{FipSet, Problem, control_plane_fips};
+use super::table::{FipSet, Problem, fip_set};
+use crate::names::FIP_TABLE_KEY;
 
 /// How the watch is doing, for `/ready`.
 #[derive(Debug, Default)]
@@ -46,12 +45,12 @@ struct StatusInner {
 }
 
 impl WatchStatus {
-    /// `None` when the Services were listed and the last watch request succeeded; else why not.
+    /// `None` when the table was listed and the last watch request succeeded; else why not.
     pub fn not_ready(&self) -> Option<String> {
         let s = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match (&s.error, s.listed) {
-            (Some(e), _) => Some(format!("watching Services: {e}")),
-            (None, false) => Some("Services not listed yet".to_owned()),
+            (Some(e), _) => Some(format!("watching the FIP table: {e}")),
+            (None, false) => Some("the FIP table not listed yet".to_owned()),
             (None, true) => None,
         }
     }
@@ -61,42 +60,46 @@ impl WatchStatus {
     }
 }
 
-/// The control-plane FIPs of the cluster's Services, by Service.
+/// The table as the watch last showed it.
 #[derive(Debug, Default)]
 struct Index {
-    current: BTreeMap<String, FipSet>,
-    /// A relist in progress (between Init and InitDone).
-    next: Option<BTreeMap<String, FipSet>>,
+    current: FipSet,
+    /// A relist in progress (between Init and InitDone): the table it found, if any.
+    next: Option<FipSet>,
 }
 
 impl Index {
-    fn key(svc: &Service) -> String {
-        format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
-    }
-
-    fn entry(svc: &Service, mirror: &str) -> FipSet {
-        control_plane_fips(&[Arc::new(svc.clone())], mirror)
-    }
-
-    fn put(map: &mut BTreeMap<String, FipSet>, svc: &Service, mirror: &str) {
-        let set = Self::entry(svc, mirror);
-        if set == FipSet::default() {
-            map.remove(&Self::key(svc));
-        } else {
-            map.insert(Self::key(svc), set);
+    /// The set `cm` gives, on top of `before`: a table that cannot be read at all (no key, not
+    /// JSON) keeps `before`'s FIPs and holders, with the problem, as a deleted one does.
+    fn of(cm: &ConfigMap, before: &FipSet) -> FipSet {
+        let set = fip_set(
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get(FIP_TABLE_KEY))
+                .map(String::as_str),
+        );
+        if set
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::NoTable | Problem::NotATable(_)))
+        {
+            return FipSet {
+                problems: set.problems,
+                ..before.clone()
+            };
         }
+        set
     }
 
     /// Applies one event; true when the published set may have changed.
-    fn apply(&mut self, ev: Event<Service>, mirror: &str) -> bool {
+    fn apply(&mut self, ev: Event<ConfigMap>) -> bool {
         match ev {
             Event::Init => {
-                self.next = Some(BTreeMap::new());
+                self.next = Some(FipSet::default());
                 false
             }
-            Event::InitApply(svc) => {
-                let next = self.next.get_or_insert_with(BTreeMap::new);
-                Self::put(next, &svc, mirror);
+            Event::InitApply(cm) => {
+                self.next = Some(Self::of(&cm, &self.current));
                 false
             }
             Event::InitDone => {
@@ -105,46 +108,45 @@ impl Index {
                 }
                 true
             }
-            Event::Apply(svc) => {
-                Self::put(&mut self.current, &svc, mirror);
+            Event::Apply(cm) => {
+                self.current = Self::of(&cm, &self.current);
                 true
             }
-            Event::Delete(svc) => {
-                self.current.remove(&Self::key(&svc));
-                true
+            Event::Delete(_) => {
+                warn!(
+                    "the FIP table was deleted; the FIPs it named stay accepted until the controller writes it again"
+                );
+                false
             }
         }
     }
 
-    /// The FIPs and holders of every control-plane endpoint (without the problems).
+    /// The FIPs and holders (without the problems).
     fn fips(&self) -> FipSet {
-        let mut all = FipSet::default();
-        for set in self.current.values() {
-            all.merge(set);
+        FipSet {
+            problems: Vec::new(),
+            ..self.current.clone()
         }
-        all.problems.clear();
-        all
     }
 
     fn problems(&self) -> BTreeSet<String> {
-        self.current
-            .values()
-            .flat_map(|s| s.problems.iter().map(Problem::to_string))
-            .collect()
+        self.current.problems.iter().map(Problem::to_string).collect()
     }
 }
 
-/// Watches Services until `shutdown`, publishing the control-plane FIPs and their holders on
+/// Watches the FIP table `namespace/name` until `shutdown`, publishing its FIPs and holders on
 /// `tx` after the first full list and after every change.
-pub async fn watch_services(
+pub async fn watch_table(
     client: kube::Client,
-    mirror: String,
+    namespace: String,
+    name: String,
     tx: watch::Sender<Option<FipSet>>,
     status: Arc<WatchStatus>,
     shutdown: CancellationToken,
 ) {
-    let api: kube::Api<Service> = kube::Api::all(client);
-    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
     let mut index = Index::default();
     let mut listed = false;
     let mut reported = BTreeSet::new();
@@ -154,7 +156,7 @@ pub async fn watch_services(
             ev = events.next() => ev,
         };
         let Some(ev) = ev else {
-            warn!("the Service watch ended");
+            warn!("the FIP table watch ended");
             return;
         };
         let ev = match ev {
@@ -163,26 +165,26 @@ pub async fn watch_services(
                 ev
             }
             Err(error) => {
-                warn!(%error, "watching Services failed; retrying");
+                warn!(%error, table = %format!("{namespace}/{name}"), "watching the FIP table failed; retrying");
                 status.set(|s| s.error = Some(error.to_string()));
                 continue;
             }
         };
         let done = matches!(ev, Event::InitDone);
-        if !index.apply(ev, &mirror) {
+        if !index.apply(ev) {
             continue;
         }
         if done && !listed {
             listed = true;
             status.set(|s| s.listed = true);
-            info!("Services listed");
+            info!(table = %format!("{namespace}/{name}"), "FIP table listed");
         }
         if !listed {
             continue;
         }
         let problems = index.problems();
         for p in problems.difference(&reported) {
-            warn!(problem = %p, "control-plane endpoint Service address skipped");
+            warn!(problem = %p, "FIP table row skipped");
         }
         reported = problems;
         let fips = index.fips();

@@ -8,13 +8,13 @@
 //!   creates a second object; readiness is a pure function of what the API returns
 //!   ([`service_readiness`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
 use baton_cloud::Cloud;
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpType, Tags};
-use k8s_openapi::api::core::v1::{Namespace, Service, ServicePort as K8sServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServicePort as K8sServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -28,8 +28,9 @@ use super::config::{BootstrapConfig, Endpoint, FipSource, ManifestObject, reserv
 use super::error::BootstrapError;
 use super::state::FipRecord;
 use crate::names::{
-    CONTROL_PLANE_CLASS, CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION,
-    SERVICE_NAME_LABEL, with_class,
+    BOOTSTRAP_FIPS_KEY, BOOTSTRAP_NAMESPACES_KEY, BOOTSTRAP_RECORD, CONTROL_PLANE_CLASS,
+    CONTROL_PLANE_ENDPOINT_ANNOTATION, FIELD_MANAGER, METALLB_DISABLE_ANNOTATION, SERVICE_NAME_LABEL,
+    with_class,
 };
 
 /// Label on the API Services naming their endpoint.
@@ -290,6 +291,16 @@ pub async fn apply_services(
     client: &kube::Client,
     eps: &[(Endpoint, FipRecord)],
 ) -> Result<(), BootstrapError> {
+    // The record first: a controller the manifests start reads it at its start, to accept these
+    // Services' namespaces and FIPs as the cluster's.
+    ensure_namespace(client, "kube-system").await?;
+    let record = bootstrap_record(eps);
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .patch(BOOTSTRAP_RECORD, &pp(), &Patch::Apply(&record))
+        .await
+        .map_err(kube_err(format!(
+            "applying ConfigMap kube-system/{BOOTSTRAP_RECORD}"
+        )))?;
     for (ep, fip) in eps {
         ensure_namespace(client, &ep.service.namespace).await?;
         let api: Api<Service> = Api::namespaced(client.clone(), &ep.service.namespace);
@@ -304,6 +315,31 @@ pub async fn apply_services(
         debug!(service = %ep.service, fip = %fip.address, "API Service applied");
     }
     Ok(())
+}
+
+/// The record of the cluster's endpoints the in-cluster controller trusts
+/// ([`BOOTSTRAP_RECORD`]): the API Services' namespaces and their FIPs, the ones this run
+/// found by tag or address or reserved. Only cluster administrators write `kube-system`.
+pub fn bootstrap_record(eps: &[(Endpoint, FipRecord)]) -> ConfigMap {
+    let join = |items: BTreeSet<String>| items.into_iter().collect::<Vec<_>>().join(",");
+    let namespaces = join(eps.iter().map(|(ep, _)| ep.service.namespace.clone()).collect());
+    let fips = join(eps.iter().map(|(_, f)| f.address.to_string()).collect());
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(BOOTSTRAP_RECORD.to_owned()),
+            namespace: Some("kube-system".to_owned()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                "baton".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            (BOOTSTRAP_NAMESPACES_KEY.to_owned(), namespaces),
+            (BOOTSTRAP_FIPS_KEY.to_owned(), fips),
+        ])),
+        ..ConfigMap::default()
+    }
 }
 
 /// Applies the handoff manifests, in order, by server-side apply. A namespaced object without

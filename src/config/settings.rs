@@ -19,7 +19,7 @@ use clap::Args;
 use serde::Serialize;
 use url::Url;
 
-use self::display::{duration, duration_or_zero, optional, redacted, text, zero_if_none};
+use self::display::{duration, duration_or_zero, list, optional, redacted, text, zero_if_none};
 
 /// The official Cherry Servers API.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -207,6 +207,15 @@ settings! {
         flag: "fip-tag", env: "CHERRY_FIP_TAG", file: "fipTag", default: None, secret: false,
         doc: "Tag (key=value) of the control-plane Floating IP; unset = no control-plane FIP management",
         parse: |v| v.parse::<FipTag>().map(Some).map_err(|e| format!("{e}")), show: optional },
+    ControlPlaneNamespaces control_plane_namespaces => control_plane_namespaces {
+        flag: "control-plane-namespaces", env: "BATON_CONTROL_PLANE_NAMESPACES", file: "controlPlaneNamespaces",
+        default: Some("kube-system"), secret: false,
+        doc: "Namespaces whose Services may be control-plane endpoints (annotation baton.dev/control-plane-endpoint), comma-separated; the namespaces `baton bootstrap` recorded (ConfigMap kube-system/baton-bootstrap) are allowed too; an endpoint Service elsewhere gets a Warning Event and nothing else",
+        parse: parse_namespaces, show: list },
+    AdoptFips adopt_fips => adopt_fips {
+        flag: "adopt-fips", env: "BATON_ADOPT_FIPS", file: "adoptFips", default: None, secret: false,
+        doc: "Floating IP addresses that are this cluster's although untagged, comma-separated: control-plane endpoints may route them (the explicit step to adopt a FIP; without it baton routes, unassigns or deletes only FIPs with this cluster's tags)",
+        parse: parse_addresses, show: list },
     ApiServerPort api_server_port => api_server_port {
         flag: "api-server-port", env: "CHERRY_API_SERVER_PORT", file: "apiServerPort", default: Some("0"), secret: false,
         doc: "API server port on the Floating IP; 0 = the kube-apiserver's own port",
@@ -456,6 +465,10 @@ pub struct Config {
     #[serde(serialize_with = "display_opt")]
     pub fip_tag: Option<FipTag>,
     pub api_server_port: u16,
+    /// Namespaces allowed to hold control-plane endpoint Services (besides the bootstrap's).
+    pub control_plane_namespaces: std::collections::BTreeSet<String>,
+    /// FIPs adopted by the operator: this cluster's although untagged.
+    pub adopt_fips: std::collections::BTreeSet<std::net::IpAddr>,
     #[serde(serialize_with = "display_opt")]
     pub bgp_node_selector: Option<LabelSelector>,
     /// Most Service prefixes announced per BGP session; `None` = no limit.
@@ -500,6 +513,8 @@ impl Config {
             annotations: Annotations::default(),
             fip_tag: None,
             api_server_port: 0,
+            control_plane_namespaces: std::collections::BTreeSet::new(),
+            adopt_fips: std::collections::BTreeSet::new(),
             bgp_node_selector: None,
             bgp_prefix_limit: None,
             api_rate_limit: None,
@@ -547,6 +562,32 @@ fn count(v: &str) -> Result<u32, String> {
     }
 }
 
+/// A comma-separated list of items (blanks around commas ignored, empty items dropped).
+fn items(v: &str) -> impl Iterator<Item = &str> {
+    v.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn parse_namespaces(v: &str) -> Result<std::collections::BTreeSet<String>, String> {
+    items(v)
+        .map(|ns| {
+            if is_dns1123_label(ns) {
+                Ok(ns.to_owned())
+            } else {
+                Err(format!("{ns:?} is not a namespace name (a lowercase DNS label)"))
+            }
+        })
+        .collect()
+}
+
+fn parse_addresses(v: &str) -> Result<std::collections::BTreeSet<std::net::IpAddr>, String> {
+    items(v)
+        .map(|a| {
+            a.parse::<std::net::IpAddr>()
+                .map_err(|_| format!("{a:?} is not an IP address"))
+        })
+        .collect()
+}
+
 fn peer_annotation(v: &str) -> Result<String, String> {
     if !v.contains("{{n}}") {
         return Err("must contain {{n}} (the peer index)".to_owned());
@@ -588,6 +629,11 @@ mod display {
 
     pub(super) fn duration_or_zero(v: &Option<Duration>) -> Option<String> {
         Some(v.map_or_else(|| "0".to_owned(), format_duration))
+    }
+
+    /// A list setting, comma-separated; an empty one is unset.
+    pub(super) fn list<T: fmt::Display>(v: &std::collections::BTreeSet<T>) -> Option<String> {
+        (!v.is_empty()).then(|| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
     }
 
     pub(super) fn duration(v: &Duration) -> Option<String> {

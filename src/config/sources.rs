@@ -307,7 +307,15 @@ fn object_values(path: &Path, map: serde_json::Map<String, serde_json::Value>) -
                 serde_json::Value::String(s) => Ok(s),
                 serde_json::Value::Number(n) => Ok(n.to_string()),
                 serde_json::Value::Bool(b) => Ok(b.to_string()),
-                _ => Err("must be a string, number or boolean".to_owned()),
+                // A list setting (`controlPlaneNamespaces`, `adoptFips`) as a JSON array of
+                // strings: the same as its comma-separated form.
+                serde_json::Value::Array(items) => items
+                    .iter()
+                    .map(|i| i.as_str().map(str::to_owned).ok_or(()))
+                    .collect::<Result<Vec<_>, ()>>()
+                    .map(|v| v.join(","))
+                    .map_err(|()| "must be a string, number, boolean or list of strings".to_owned()),
+                _ => Err("must be a string, number, boolean or list of strings".to_owned()),
             };
             (k.to_ascii_lowercase(), (path.to_owned(), k, text))
         })

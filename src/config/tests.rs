@@ -70,6 +70,11 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
         Id::AnnotationFipRegion => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
         Id::FipTag => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
         Id::ApiServerPort => (["6443", "443", "8443"], Some("70000")),
+        Id::ControlPlaneNamespaces => (["apps", "kube-system,tenants", "infra"], Some("Bad_NS")),
+        Id::AdoptFips => (
+            ["203.0.113.1", "203.0.113.2,203.0.113.3", "2001:db8::1"],
+            Some("203.0.113"),
+        ),
         Id::SniRouterPort => (["443", "8443", "9443"], Some("70000")),
         Id::BgpNodeSelector => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
         Id::BgpPrefixLimit => (["10", "1", "250"], Some("-3")),

@@ -1,10 +1,11 @@
 //! What every reconciler of `baton controller` shares.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::events::{Event, EventType, Recorder, Reporter};
 use baton_cloud::{Cloud, InFlight, Lead};
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference};
 use kube::{Api, Resource};
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::metrics::Metrics;
+use super::trust::EndpointPolicy;
 use crate::config::Config;
+use crate::names::BOOTSTRAP_RECORD;
 
 /// After the previous holder's fence (`Handover::holder_stopped`), a request it sent just before
 /// may still be on its way: a list read this long after it shows the holder's last writes.
@@ -196,6 +199,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The heartbeats of the long-running loops (`/health`).
     pub heartbeats: super::health::Heartbeats,
+    /// Which control-plane endpoint Services are acted on: allowed namespaces, this cluster's
+    /// FIPs ([`super::trust`]).
+    pub endpoints: Arc<EndpointPolicy>,
 }
 
 impl std::fmt::Debug for Context {
@@ -214,6 +220,26 @@ pub enum ContextError {
     ClusterId(#[source] kube::Error),
     #[error("namespace kube-system has no uid")]
     NoUid,
+}
+
+/// What `baton bootstrap` recorded at the handoff ([`BOOTSTRAP_RECORD`]'s data): the
+/// namespaces of the cluster's API Services and their FIPs. Empty when there is no record (a
+/// cluster that was not bootstrapped by baton). Every other failure to read it is retried, as
+/// the cluster id's: without it the bootstrap's own endpoints would be refused.
+async fn read_bootstrap_record(client: &kube::Client) -> BTreeMap<String, String> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    let mut failures = 0u32;
+    loop {
+        match api.get_opt(BOOTSTRAP_RECORD).await {
+            Ok(cm) => return cm.and_then(|cm| cm.data).unwrap_or_default(),
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                let retry = CLUSTER_ID_RETRY.delay(failures);
+                tracing::warn!(%error, failures, retry_in = ?retry, "cannot read the bootstrap's record kube-system/{BOOTSTRAP_RECORD} yet");
+                tokio::time::sleep(retry).await;
+            }
+        }
+    }
 }
 
 /// Retries of the cluster id read at start: 200 ms, doubling, at most 5 s, jittered.
@@ -261,6 +287,13 @@ impl Context {
         reporter_instance: Option<String>,
     ) -> Result<Self, ContextError> {
         let cluster_id = read_cluster_id(&client).await?;
+        let record = read_bootstrap_record(&client).await;
+        let endpoints = Arc::new(EndpointPolicy::new(&config, &cluster_id, &record));
+        tracing::info!(
+            namespaces = ?endpoints.namespaces,
+            adopted = ?endpoints.adopted,
+            "control-plane endpoints: accepted from these namespaces, with this cluster's FIPs"
+        );
         let reporter = Reporter {
             controller: "baton".into(),
             instance: reporter_instance,
@@ -274,6 +307,7 @@ impl Context {
             leader,
             metrics,
             heartbeats: super::health::Heartbeats::default(),
+            endpoints,
         })
     }
 

@@ -47,10 +47,12 @@ use tokio_util::sync::CancellationToken;
 use super::context::{TAKEOVER_MARGIN, object_ref};
 use super::health::Heartbeat;
 use super::mirror::{self, CONTROL_PLANE_ENDPOINT_ANNOTATION, MirrorSpec};
+use super::trust::{EndpointPolicy, Refusal};
 use super::watches::{Cache, Subset, Watches};
 use super::{Context, LeaderGate, metrics::Metrics};
 use crate::names::{
     CCM_MIRROR_SERVICE, FIP_HOLDER_ADDRESS_ANNOTATION, FIP_HOLDER_ANNOTATION, FIP_LAST_MOVE_ANNOTATION,
+    FIP_TABLE_KEY, FipEntry, FipTable,
 };
 use crate::probe::{ProbeError, ProbeSettings, Prober};
 
@@ -60,6 +62,9 @@ pub struct EndpointOptions {
     pub probe: ProbeSettings,
     /// The cloud client with urgent priority: a failover's calls go ahead of queued work.
     pub urgent_cloud: Arc<dyn Cloud>,
+    /// The namespace of the FIP table the node agents read ([`crate::names::fip_table_name`]):
+    /// the controller's own (its Lease's).
+    pub fip_table_namespace: String,
     /// How often the decision loop runs when nothing changes.
     pub tick: Duration,
     /// How often the server list is refreshed from the cloud.
@@ -417,7 +422,13 @@ pub fn run(
         service_changes: watches.service_changes(),
         heartbeat: ctx.heartbeats.start_loop("endpoints"),
     };
-    run_on(ctx, inputs, opts, shutdown)
+    async move {
+        // The version floor: below Kubernetes 1.30 no control-plane endpoint is managed.
+        if !above_floor(&ctx, &opts, &inputs.heartbeat, &shutdown).await {
+            return Ok(());
+        }
+        run_on(ctx, inputs, opts, shutdown).await
+    }
 }
 
 /// What the endpoint loop reads from the shared watches.
@@ -481,6 +492,7 @@ async fn run_on(
     let mut leader = ctx.leader.clone();
     let mut finalizer = Finalizer::default();
     let mut unknown_fips = UnknownFips::default();
+    let (mut refusals, mut fip_table) = (Refusals::default(), FipTablePublisher::default());
 
     let mut again = false;
     loop {
@@ -526,7 +538,7 @@ async fn run_on(
         // An endpoint Service naming a FIP the cached list does not show yet (reserved a moment
         // ago): read the list again now, then after 5 s, doubling up to 10 minutes while it stays
         // unknown (an address that is no FIP of the project must not cost a list every second).
-        if leading && unknown_fips.due(&unknown_endpoint_ips(&services, &ips)) {
+        if leading && unknown_fips.due(&unknown_endpoint_ips(&ctx.endpoints, &services, &ips)) {
             ctx.cloud.invalidate_ips();
             again = true;
             continue;
@@ -534,10 +546,11 @@ async fn run_on(
         if leading {
             finalizer.start(&ctx, &services, &ips, &mirror_name);
         }
-        let endpoints = discover(&ctx, &services, &ips, &api_servers);
+        let (endpoints, refused) = discover(&ctx, &services, &ips, &api_servers);
         if leading {
             count_owned(&ctx, &metrics, endpoints.len(), &ips, &mut counted);
         }
+        refusals.report(&ctx, &refused);
         // Candidates are the API servers default/kubernetes lists, plus every FIP holder: a
         // holder missing from that list (not yet added, or just removed) is probed directly
         // rather than presumed gone.
@@ -547,6 +560,7 @@ async fn run_on(
 
         let node_list = nodes.state();
         let candidates = candidates(&probe_addrs, servers, &node_list, &prober, &routers);
+        fip_table.publish(&ctx, &opts, fip_table_of(&endpoints, servers, &node_list));
 
         let step = Step {
             ctx: &ctx,
@@ -561,6 +575,215 @@ async fn run_on(
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
             .await?;
+    }
+}
+
+/// The Warning Events of refused control-plane endpoint Services ([`Refusal`]): one per
+/// Service and refusal text, published by the leader beside the loop (never in its way).
+#[derive(Default)]
+struct Refusals {
+    /// `namespace/name` → the refusal reported for it.
+    reported: BTreeMap<String, String>,
+}
+
+impl Refusals {
+    /// Reports each new refusal (leader only; a follower forgets: the next leader reports
+    /// afresh).
+    fn report(&mut self, ctx: &Context, refused: &[(Arc<Service>, Refusal)]) {
+        if !ctx.leader.is_leader() {
+            self.reported.clear();
+            return;
+        }
+        let now: BTreeMap<String, String> = refused
+            .iter()
+            .map(|(svc, r)| (key_of(svc), r.to_string()))
+            .collect();
+        for (svc, refusal) in refused {
+            let key = key_of(svc);
+            let text = refusal.to_string();
+            if self.reported.get(&key) == Some(&text) {
+                continue;
+            }
+            tracing::warn!(service = %key, reason = refusal.reason(), "{text}");
+            let (ctx, svc, reason) = (ctx.clone(), Arc::clone(svc), refusal.reason());
+            tokio::spawn(async move {
+                ctx.event(
+                    &*svc,
+                    EventType::Warning,
+                    reason,
+                    "AdmitControlPlaneEndpoint",
+                    text,
+                )
+                .await;
+            });
+        }
+        self.reported = now;
+    }
+}
+
+fn key_of(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
+}
+
+/// The table the node agents read: every admitted endpoint's FIP, with the primary address of
+/// the server the cloud routes it to (when that server is known).
+fn fip_table_of(endpoints: &[EndpointRef], servers: &[Server], nodes: &[Arc<Node>]) -> FipTable {
+    let rows: BTreeSet<FipEntry> = endpoints
+        .iter()
+        .map(|ep| FipEntry {
+            address: ep.fip.address,
+            holder: Holder::of(&ep.fip, servers, nodes).map(|h| h.address),
+        })
+        .collect();
+    FipTable {
+        fips: rows.into_iter().collect(),
+    }
+}
+
+/// Writes the FIP table ConfigMap ([`crate::names::fip_table_name`]) when it changes, on a new
+/// term, after a failed write (5 s later) and every [`Self::REPAIR`] (an edit is undone).
+/// Leader only; the write runs beside the decision loop, one at a time.
+#[derive(Default)]
+struct FipTablePublisher {
+    /// The table last written, and when.
+    written: Option<(FipTable, Instant)>,
+    running: Option<(FipTable, tokio::task::JoinHandle<bool>)>,
+    retry_at: Option<Instant>,
+}
+
+impl FipTablePublisher {
+    const REPAIR: Duration = Duration::from_secs(60);
+
+    fn publish(&mut self, ctx: &Context, opts: &EndpointOptions, table: FipTable) {
+        if let Some((_, task)) = &self.running {
+            if !task.is_finished() {
+                return;
+            }
+            if let Some((sent, task)) = self.running.take() {
+                if task.now_or_never().and_then(Result::ok).unwrap_or(false) {
+                    self.written = Some((sent, Instant::now()));
+                } else {
+                    self.retry_at = Some(Instant::now() + Duration::from_secs(5));
+                }
+            }
+        }
+        if !ctx.leader.is_leader() {
+            // The next term writes afresh: another leader may have written since.
+            self.written = None;
+            return;
+        }
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let current = self
+            .written
+            .as_ref()
+            .is_some_and(|(t, at)| *t == table && at.elapsed() < Self::REPAIR);
+        if current {
+            return;
+        }
+        self.retry_at = None;
+        let name = crate::names::fip_table_name(&ctx.config.prefix);
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(ctx.client.clone(), &opts.fip_table_namespace);
+        let text = match serde_json::to_string(&table) {
+            Ok(t) => t,
+            Err(error) => {
+                tracing::error!(%error, "encoding the FIP table failed");
+                return;
+            }
+        };
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": opts.fip_table_namespace,
+                "labels": {"app.kubernetes.io/managed-by": "baton"},
+            },
+            "data": {FIP_TABLE_KEY: text},
+        });
+        let fips = table.fips.len();
+        let task = tokio::spawn(async move {
+            let pp = kube::api::PatchParams::apply(super::FIELD_MANAGER).force();
+            match super::kit::timed(
+                format!("writing the FIP table ConfigMap {name}"),
+                api.patch(&name, &pp, &kube::api::Patch::Apply(&body)),
+            )
+            .await
+            {
+                Ok(_) => {
+                    tracing::debug!(fips, "FIP table written");
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "writing the FIP table for the node agents failed; again in 5 s");
+                    false
+                }
+            }
+        });
+        self.running = Some((table, task));
+    }
+}
+
+/// Whether the API server is at or above the version floor ([`crate::kube::version`]); below
+/// it, says why and waits for shutdown ([`refuse_endpoints`]); false also on shutdown.
+async fn above_floor(
+    ctx: &Context,
+    opts: &EndpointOptions,
+    heartbeat: &Heartbeat,
+    shutdown: &CancellationToken,
+) -> bool {
+    let version = tokio::select! {
+        () = shutdown.cancelled() => return false,
+        v = heartbeat.idle(crate::kube::version::read_and_check(&ctx.client)) => v,
+    };
+    match version {
+        Ok(()) => true,
+        Err(too_old) => {
+            refuse_endpoints(ctx, opts, &too_old, heartbeat, shutdown).await;
+            false
+        }
+    }
+}
+
+/// Below the version floor: says why (an error log, `/ready`, and a Warning Event on the
+/// leader Lease from the leader), then waits for shutdown, managing no endpoint.
+async fn refuse_endpoints(
+    ctx: &Context,
+    opts: &EndpointOptions,
+    too_old: &crate::kube::version::TooOld,
+    heartbeat: &Heartbeat,
+    shutdown: &CancellationToken,
+) {
+    let why = too_old.to_string();
+    tracing::error!("{why}");
+    ctx.heartbeats.refuse(why.clone());
+    let lease = super::context::object_ref(
+        "coordination.k8s.io/v1",
+        "Lease",
+        Some(&opts.fip_table_namespace),
+        &format!("{}-controller", ctx.config.prefix),
+    );
+    let mut leader = ctx.leader.clone();
+    let mut told = false;
+    loop {
+        if !told && ctx.leader.is_leader() {
+            told = true;
+            ctx.event_on(
+                &lease,
+                None,
+                EventType::Warning,
+                "KubernetesTooOld",
+                "Refuse",
+                why.clone(),
+            )
+            .await;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = heartbeat.idle(leader.changed()) => {}
+        }
     }
 }
 
@@ -821,7 +1044,7 @@ impl CloudView {
         };
         if self.should_report() && ctx.leader.is_leader() {
             self.reported = true;
-            for ep in discover(ctx, services, &ips, api_servers) {
+            for ep in discover(ctx, services, &ips, api_servers).0 {
                 if let Some(svc) = service_of(services, &ep.service) {
                     ctx.event(
                         &*svc,
@@ -1491,11 +1714,16 @@ fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
 }
 
 /// The `loadBalancerIP`s of live annotated endpoint Services that are no FIP in `ips`.
-fn unknown_endpoint_ips<B: Borrow<IpAddress>>(services: &[Arc<Service>], ips: &[B]) -> BTreeSet<IpAddr> {
+fn unknown_endpoint_ips<B: Borrow<IpAddress>>(
+    policy: &EndpointPolicy,
+    services: &[Arc<Service>],
+    ips: &[B],
+) -> BTreeSet<IpAddr> {
     services
         .iter()
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
+                && policy.allows_namespace(s.metadata.namespace.as_deref().unwrap_or_default())
                 && s.annotations()
                     .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
                     .is_some_and(|v| v == "true")
@@ -1591,7 +1819,7 @@ fn lb_ip(svc: &Service) -> Option<IpAddr> {
 fn finalizer_plan<B: Borrow<IpAddress>>(
     services: &[Arc<Service>],
     ips: &[B],
-    fip_tag: Option<&baton_core::FipTag>,
+    policy: &EndpointPolicy,
     mirror_name: &str,
 ) -> Vec<FinalizerStep> {
     let is_mirror =
@@ -1601,7 +1829,13 @@ fn finalizer_plan<B: Borrow<IpAddress>>(
             .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
             .is_some_and(|v| v == "true")
     };
-    let fip_of = |ip: IpAddr| each_ip(ips).find(|f| f.address == ip && f.ip_type == IpType::FloatingIp);
+    // Only an endpoint the policy admits (an allowed namespace, this cluster's FIP) gets the
+    // finalizer, and only such a one's FIP is unassigned when it goes: a refused Service never
+    // causes a cloud call, also when it carries the finalizer from an earlier version.
+    let admitted = |s: &Service| {
+        let ns = s.metadata.namespace.as_deref().unwrap_or_default();
+        lb_ip(s).and_then(|ip| policy.admit(ns, ip, each_ip(ips)).ok())
+    };
     let mut out = Vec::new();
     for svc in services {
         let has = svc.finalizers().iter().any(|f| f == ENDPOINT_FINALIZER);
@@ -1613,7 +1847,7 @@ fn finalizer_plan<B: Borrow<IpAddress>>(
             continue;
         }
         if !deleting {
-            if !has && lb_ip(svc).and_then(fip_of).is_some() {
+            if !has && admitted(svc).is_some() {
                 out.push(FinalizerStep::Add {
                     namespace,
                     name,
@@ -1625,9 +1859,11 @@ fn finalizer_plan<B: Borrow<IpAddress>>(
         if !has {
             continue;
         }
-        let unassign = lb_ip(svc).and_then(fip_of).filter(|fip| {
-            let tagged =
-                fip_tag.is_some_and(|t| t.matches(fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
+        let unassign = admitted(svc).filter(|fip| {
+            let tagged = policy
+                .fip_tag
+                .as_ref()
+                .is_some_and(|t| t.matches(fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
             let shared = services.iter().any(|o| {
                 !Arc::ptr_eq(o, svc)
                     && o.metadata.deletion_timestamp.is_none()
@@ -1680,7 +1916,7 @@ async fn finalize(
     mirror_name: &str,
     done: &mut BTreeMap<String, String>,
 ) {
-    let plan = finalizer_plan(services, ips, ctx.config.fip_tag.as_ref(), mirror_name);
+    let plan = finalizer_plan(services, ips, &ctx.endpoints, mirror_name);
     done.retain(|key, _| {
         plan.iter().any(|step| match step {
             FinalizerStep::Add { namespace, name, .. } | FinalizerStep::Release { namespace, name, .. } => {
@@ -1824,9 +2060,10 @@ fn discover<B: Borrow<IpAddress>>(
     services: &[Arc<Service>],
     ips: &[B],
     api_servers: &[SocketAddr],
-) -> Vec<EndpointRef> {
+) -> (Vec<EndpointRef>, Vec<(Arc<Service>, Refusal)>) {
     let api_port = api_servers.first().map_or(6443, SocketAddr::port);
     let mut out = Vec::new();
+    let mut refused = Vec::new();
     if let Some(tag) = &ctx.config.fip_tag {
         if let Some(fip) = each_ip(ips).find(|ip| {
             ip.ip_type == IpType::FloatingIp
@@ -1872,10 +2109,12 @@ fn discover<B: Borrow<IpAddress>>(
             tracing::debug!(service = %svc.name_any(), "control-plane endpoint without a loadBalancerIP");
             continue;
         };
-        let Some(fip) = each_ip(ips).find(|ip| ip.address == lb_ip && ip.ip_type == IpType::FloatingIp)
-        else {
-            tracing::debug!(service = %svc.name_any(), %lb_ip, "loadBalancerIP is not a FIP of the project");
-            continue;
+        let fip = match ctx.endpoints.admit(&ns, lb_ip, each_ip(ips)) {
+            Ok(fip) => fip,
+            Err(refusal) => {
+                refused.push((Arc::clone(svc), refusal));
+                continue;
+            }
         };
         let fip_port = spec
             .ports
@@ -1889,7 +2128,7 @@ fn discover<B: Borrow<IpAddress>>(
             service: MirrorSpec::existing(&ns, &svc.name_any(), fip.address),
         });
     }
-    out
+    (out, refused)
 }
 
 #[cfg(test)]
@@ -2037,6 +2276,19 @@ mod tests {
         assert!(u.due(&one), "known again, then unknown: at once");
     }
 
+    /// This cluster's id in the tests' `cluster` tags.
+    const CLUSTER: &str = "uid-1";
+
+    /// Endpoints allowed in `kube-system` and `default`; FIPs tagged `cluster=uid-1` are ours.
+    fn policy(fip_tag: Option<&str>) -> EndpointPolicy {
+        EndpointPolicy {
+            namespaces: ["kube-system".to_owned(), "default".to_owned()].into(),
+            cluster_id: CLUSTER.to_owned(),
+            fip_tag: fip_tag.map(|t| t.parse().unwrap()),
+            adopted: BTreeSet::new(),
+        }
+    }
+
     #[test]
     fn unknown_endpoint_ips_are_live_annotated_services_addresses_missing_from_the_list() {
         let ips = vec![fip_at("203.0.113.1", Some(1), &[])];
@@ -2045,21 +2297,26 @@ mod tests {
             endpoint_svc("default", "new", "203.0.113.2", false, false, true),
             endpoint_svc("default", "going", "203.0.113.3", true, true, true),
             endpoint_svc("default", "plain", "203.0.113.4", false, false, false),
+            // A namespace that may not hold endpoints costs no list read.
+            endpoint_svc("tenant", "probe", "203.0.113.5", false, false, true),
         ];
         assert_eq!(
-            unknown_endpoint_ips(&services, &ips),
+            unknown_endpoint_ips(&policy(None), &services, &ips),
             BTreeSet::from(["203.0.113.2".parse().unwrap()])
         );
     }
 
     #[test]
     fn a_deleted_control_plane_endpoint_unassigns_its_fip_and_never_anothers() {
-        let tag: baton_core::FipTag = "cluster=my-cp".parse().unwrap();
+        let ours = [("cluster", CLUSTER)];
         let ips = vec![
-            fip_at("203.0.113.1", Some(1), &[]),
-            fip_at("203.0.113.2", Some(1), &[]),
+            fip_at("203.0.113.1", Some(1), &ours),
+            fip_at("203.0.113.2", Some(1), &ours),
             fip_at("203.0.113.3", Some(1), &[("cluster", "my-cp")]),
-            fip_at("203.0.113.4", None, &[]),
+            fip_at("203.0.113.4", None, &ours),
+            // Another cluster's, and an untagged one: never this cluster's to unassign.
+            fip_at("203.0.113.5", Some(9), &[("cluster", "uid-other")]),
+            fip_at("203.0.113.6", Some(9), &[]),
         ];
         let services = vec![
             // Live, no finalizer yet, its IP a FIP of the project: gets one.
@@ -2085,8 +2342,22 @@ mod tests {
             ),
             // Deleted without baton's finalizer: nothing to do.
             endpoint_svc("default", "foreign", "203.0.113.2", false, true, true),
+            // Live, naming another cluster's FIP, an untagged one, or in a namespace that may not
+            // hold endpoints: no finalizer.
+            endpoint_svc("default", "theirs", "203.0.113.5", false, false, true),
+            endpoint_svc("default", "untagged", "203.0.113.6", false, false, true),
+            endpoint_svc("tenant", "api", "203.0.113.1", false, false, true),
+            // Deleted with the finalizer (given by an earlier version), naming another cluster's
+            // FIP or in a tenant's namespace: the finalizer goes, the FIP is not unassigned.
+            endpoint_svc("default", "theirs-gone", "203.0.113.5", true, true, true),
+            endpoint_svc("tenant", "gone", "203.0.113.2", true, true, true),
         ];
-        let plan = finalizer_plan(&services, &ips, Some(&tag), "baton-kubernetes-external");
+        let plan = finalizer_plan(
+            &services,
+            &ips,
+            &policy(Some("cluster=my-cp")),
+            "baton-kubernetes-external",
+        );
         assert_eq!(
             plan.iter()
                 .filter(|s| matches!(s, FinalizerStep::Add { .. }))
@@ -2105,14 +2376,13 @@ mod tests {
                 ("api-int".into(), None),
                 ("tagged".into(), None),
                 ("idle".into(), None),
+                ("theirs-gone".into(), None),
+                ("gone".into(), None),
             ]
         );
-        // Without the fipTag, the tagged FIP is an ordinary endpoint's.
-        let plan = finalizer_plan(&services, &ips, None, "baton-kubernetes-external");
-        assert!(
-            unassigned(&plan).contains(&("tagged".into(), None)),
-            "the mirror still uses it"
-        );
+        // Without the fipTag, the tagged FIP is no FIP of this cluster's: not unassigned.
+        let plan = finalizer_plan(&services, &ips, &policy(None), "baton-kubernetes-external");
+        assert!(unassigned(&plan).contains(&("tagged".into(), None)));
     }
 
     fn ip(id: &str, target: Option<u64>) -> IpAddress {

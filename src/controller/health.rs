@@ -177,6 +177,8 @@ struct Beats {
     limit: Duration,
     loops: Mutex<BTreeMap<&'static str, BTreeMap<u64, Instant>>>,
     next: AtomicU64,
+    /// Why a duty is refused (the Kubernetes version floor): `/ready` fails naming it.
+    refused: Mutex<Option<String>>,
 }
 
 /// The slot of a loop's own unit of work (concurrent work takes the others).
@@ -241,7 +243,22 @@ impl Heartbeats {
             limit,
             loops: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(OWN + 1),
+            refused: Mutex::new(None),
         }))
+    }
+
+    /// Marks a duty as refused for `why`: `/ready` fails with it from now on.
+    pub fn refuse(&self, why: String) {
+        *self.0.refused.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+    }
+
+    /// Why a duty is refused, if one is.
+    pub fn refused(&self) -> Option<String> {
+        self.0
+            .refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The stall limit.

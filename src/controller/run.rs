@@ -258,6 +258,7 @@ fn endpoint_options(
             },
         },
         urgent_cloud,
+        fip_table_namespace: args.cluster.lease_namespace.clone(),
         tick: Duration::from_millis(250),
         servers_refresh: Duration::from_secs(600),
     }
@@ -517,6 +518,7 @@ fn admin_router(e: &AdminEndpoints, sup: Supervisor) -> axum::Router {
     let leader = e.leader.clone();
     let reach = e.reach.clone();
     let heartbeats = e.heartbeats.clone();
+    let refusals = e.heartbeats.clone();
     metrics_router(e)
         .route(
             "/health",
@@ -534,8 +536,11 @@ fn admin_router(e: &AdminEndpoints, sup: Supervisor) -> axum::Router {
             "/ready",
             get(move || {
                 let reach = reach.clone();
+                let refused = refusals.refused();
                 async move {
-                    if reach.answered_within(READY_WINDOW) {
+                    if let Some(why) = refused {
+                        (StatusCode::SERVICE_UNAVAILABLE, why)
+                    } else if reach.answered_within(READY_WINDOW) {
                         (StatusCode::OK, "ok".to_owned())
                     } else {
                         let refused = reach

@@ -11,3 +11,4 @@ pub mod args;
 pub mod client;
 pub mod config;
 pub mod tls;
+pub mod version;

@@ -28,7 +28,7 @@ use baton_cloud::model::{IpAddress, IpType, Server};
 use baton_core::health::Thresholds;
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt as _};
@@ -37,13 +37,14 @@ use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
 use crate::controller::service::{control_plane_addresses, facts_of, ip_annotation, is_pending};
+use crate::controller::trust::{EndpointPolicy, Refusal};
 use crate::kube::args::ClusterArgs;
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
 use crate::probe::{ProbeSettings, probe_once};
 
 use self::report::{
     BgpStatus, CandidateStatus, ControllerStatus, EndpointStatus, LeaderStatus, MoveStatus, PendingService,
-    Report, ServerRef, SourceStatus,
+    Report, ServerRef, SourceStatus, Verdict,
 };
 
 /// Time limit of each read (Kubernetes, cloud, admin endpoints).
@@ -133,7 +134,16 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
         Ok(k) => {
             report.kubernetes.reachable = true;
             report.leader = k.leader.clone();
+            if let Some(too_old) = &k.too_old {
+                report.problem(Verdict::Down, too_old.to_string());
+            }
             report.endpoints = endpoints(&k, &config, &cloud_ips, &servers, &probe).await;
+            for (service, refusal) in refused_endpoints(&k, &config, &cloud_ips) {
+                report.problem(
+                    Verdict::Degraded,
+                    format!("control-plane endpoint Service {service} is refused: {refusal}"),
+                );
+            }
             report.pending_services = pending_services(&k, &config, &cloud_ips);
             report.bgp = bgp(&k, &config);
             report.uninitialized_nodes = uninitialized(&k.nodes);
@@ -188,6 +198,10 @@ struct KubeFacts {
     api_servers: Vec<SocketAddr>,
     /// Warning Events and `FloatingIPMoved` Events of Services, newest last.
     events: Vec<Event>,
+    /// Which control-plane endpoint Services the controller acts on.
+    policy: EndpointPolicy,
+    /// The server is below the version floor.
+    too_old: Option<crate::kube::version::TooOld>,
 }
 
 async fn timed<T, E: std::fmt::Display>(
@@ -236,7 +250,28 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
     events
         .retain(|e| e.type_.as_deref() == Some("Warning") || e.reason.as_deref() == Some("FloatingIPMoved"));
     events.sort_by_key(event_time);
+    // Which endpoint Services the controller acts on: the same policy, from the same sources.
+    let cluster_id = timed(
+        "reading namespace kube-system",
+        Api::<Namespace>::all(client.clone()).get_opt("kube-system"),
+    )
+    .await?
+    .and_then(|ns| ns.metadata.uid)
+    .unwrap_or_default();
+    let record = timed(
+        "reading the bootstrap's record",
+        Api::<ConfigMap>::namespaced(client.clone(), "kube-system").get_opt(crate::names::BOOTSTRAP_RECORD),
+    )
+    .await?
+    .and_then(|cm| cm.data)
+    .unwrap_or_default();
+    let version = timed("reading the Kubernetes version", client.apiserver_version())
+        .await
+        .ok()
+        .and_then(|v| crate::kube::version::check(&v.major, &v.minor, &v.git_version).err());
     Ok(KubeFacts {
+        policy: EndpointPolicy::new(config, &cluster_id, &record),
+        too_old: version,
         leader: Some(leader_status(
             lease_ns,
             &lease_name,
@@ -333,6 +368,49 @@ fn events_of<'a>(k: &'a KubeFacts, ns: &str, name: &str) -> impl Iterator<Item =
     })
 }
 
+/// The policy's answer for an annotated Service with a `loadBalancerIP` (`None`: it names no
+/// address, so the controller has nothing to refuse or admit).
+fn admitted<'a>(
+    k: &KubeFacts,
+    ips: &'a [IpAddress],
+    svc: &Service,
+) -> Option<Result<&'a IpAddress, Refusal>> {
+    let ip = svc
+        .spec
+        .as_ref()?
+        .load_balancer_ip
+        .as_deref()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(
+        k.policy
+            .admit(&svc.namespace().unwrap_or_default(), ip, ips.iter()),
+    )
+}
+
+/// The annotated endpoint Services in allowed namespaces that the controller refuses (another
+/// cluster's FIP, an untagged one, no FIP at all), with why. Those of other namespaces are a
+/// tenant's business, not an incident: not listed.
+fn refused_endpoints(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<(String, Refusal)> {
+    let mirror = service_name(&config.prefix);
+    k.services
+        .iter()
+        .filter(|s| {
+            is_endpoint(s, &mirror)
+                && !(s.namespace().as_deref() == Some("kube-system") && s.name_any() == mirror)
+        })
+        .filter(|s| k.policy.allows_namespace(&s.namespace().unwrap_or_default()))
+        .filter_map(|s| match admitted(k, ips, s)? {
+            Ok(_) => None,
+            Err(r) => Some((
+                format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()),
+                r,
+            )),
+        })
+        .collect()
+}
+
 fn is_endpoint(svc: &Service, mirror: &str) -> bool {
     svc.annotations()
         .get(CONTROL_PLANE_ENDPOINT_ANNOTATION)
@@ -359,6 +437,10 @@ async fn endpoints(
     let mut out: Vec<EndpointStatus> = Vec::new();
     for svc in k.services.iter().filter(|s| is_endpoint(s, &mirror)) {
         let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        // A Service the controller refuses is no endpoint ([`refused_endpoints`] names it).
+        if !(ns == "kube-system" && name == mirror) && admitted(k, ips, svc).is_some_and(|r| r.is_err()) {
+            continue;
+        }
         let spec = svc.spec.as_ref();
         let address = spec
             .and_then(|s| s.load_balancer_ip.clone())

@@ -244,6 +244,12 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         nodes: Vec::new(),
         api_servers: Vec::new(),
         events: Vec::new(),
+        policy: crate::controller::trust::EndpointPolicy::new(
+            &config,
+            "uid-1",
+            &std::collections::BTreeMap::new(),
+        ),
+        too_old: None,
     };
     let ips: Vec<baton_cloud::model::IpAddress> = vec![
         serde_json::from_value(serde_json::json!({

@@ -57,7 +57,7 @@ fn kernel(list: &str) -> Observed {
     kernel_with(list, "")
 }
 
-/// Services naming FIPs and holders (`fip>holder`).
+/// A FIP table naming FIPs and holders (`fip>holder`).
 fn services(fips: &str, holders: &str) -> FipSet {
     let mut set = FipSet {
         fips: ips(fips),
@@ -92,7 +92,7 @@ fn wanted_fips(#[case] fixed: &str, #[case] listed: Option<&str>, #[case] held: 
     let at_start = want(held, "");
     let source = listed
         .as_ref()
-        .map_or(Source::HeldAtStart(&at_start), Source::Services);
+        .map_or(Source::HeldAtStart(&at_start), Source::Table);
     assert_eq!(wanted(&ips(fixed), &source, &ips(HERE)), want(expect, ""));
 }
 
@@ -119,11 +119,14 @@ fn which_fips_are_held_here(#[case] fips: &str, #[case] holders: &str, #[case] e
 }
 
 #[test]
-fn two_services_that_disagree_about_the_holder_deliver_locally_if_either_names_this_node() {
-    // While the leader rewrites two Services of one FIP, one may name the new holder and one
-    // the old: both nodes deliver their own packets locally for that moment.
+fn two_holders_of_one_fip_deliver_locally_if_either_names_this_node() {
+    // A FIP with two holders (two rows of the table for one FIP): both nodes deliver their own
+    // packets locally.
     let mut set = services("203.0.113.5", "203.0.113.5>198.51.100.12");
-    set.merge(&services("203.0.113.5", "203.0.113.5>198.51.100.11"));
+    set.holders
+        .entry("203.0.113.5".parse().unwrap())
+        .or_default()
+        .insert("198.51.100.11".parse().unwrap());
     assert_eq!(
         held_here(&set.fips, &set.holders, &ips(HERE)),
         pairs("203.0.113.5>198.51.100.11")
@@ -134,11 +137,11 @@ fn two_services_that_disagree_about_the_holder_deliver_locally_if_either_names_t
 fn a_static_fip_is_held_only_when_a_service_of_it_names_this_node() {
     // --fip alone: nobody says who holds it.
     let none = services("", "");
-    let w = wanted(&ips("203.0.113.1"), &Source::Services(&none), &ips(HERE));
+    let w = wanted(&ips("203.0.113.1"), &Source::Table(&none), &ips(HERE));
     assert_eq!(w, want("203.0.113.1", ""));
     // A Service of the same FIP names this node.
     let named = services("203.0.113.1", "203.0.113.1>198.51.100.11");
-    let w = wanted(&ips("203.0.113.1"), &Source::Services(&named), &ips(HERE));
+    let w = wanted(&ips("203.0.113.1"), &Source::Table(&named), &ips(HERE));
     assert_eq!(w, want("203.0.113.1", "203.0.113.1>198.51.100.11"));
 }
 
@@ -156,7 +159,7 @@ fn once_listed_the_services_say_who_holds_it_not_the_kernel() {
     let at_start = want("203.0.113.5", "203.0.113.5>198.51.100.11");
     let moved = services("203.0.113.5", "203.0.113.5>198.51.100.12");
     assert_eq!(
-        wanted(&BTreeSet::new(), &Source::Services(&moved), &ips(HERE)),
+        wanted(&BTreeSet::new(), &Source::Table(&moved), &ips(HERE)),
         want("203.0.113.5", "")
     );
     assert_eq!(
