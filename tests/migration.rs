@@ -824,23 +824,30 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         );
 
         // Deleting a control-plane endpoint Service unassigns its FIP and keeps the reservation.
-        let api_fip = cloud.create_ip(user_fip("installer")).await.unwrap();
+        // The endpoint is in an allowed namespace (kube-system, the default), and its FIP is this
+        // cluster's (tagged with the cluster's id, as the installer reserved it for this cluster).
+        let mut installer_fip = user_fip("installer");
+        installer_fip.tags.insert("cluster".to_owned(), cluster.clone());
+        let api_fip = cloud.create_ip(installer_fip).await.unwrap();
         cloud.retarget_ip(&api_fip.id, ServerId(CP[1])).await.unwrap();
-        let default_ns: Api<Service> = Api::namespaced(admin.clone(), "default");
-        let mut api_svc =
-            common::lb_service("default", "api", &[("baton.dev/control-plane-endpoint", "true")]);
+        let system_ns: Api<Service> = Api::namespaced(admin.clone(), "kube-system");
+        let mut api_svc = common::lb_service(
+            "kube-system",
+            "api",
+            &[("baton.dev/control-plane-endpoint", "true")],
+        );
         {
             let spec = api_svc.spec.as_mut().unwrap();
             spec.load_balancer_ip = Some(api_fip.address.to_string());
             spec.ports.as_mut().unwrap()[0].port = 6443;
             spec.ports.as_mut().unwrap()[0].target_port = None;
         }
-        default_ns.create(&PostParams::default(), &api_svc).await.unwrap();
+        system_ns.create(&PostParams::default(), &api_svc).await.unwrap();
         eventually(
             WAIT,
-            "the endpoint finalizer and ingress on default/api",
+            "the endpoint finalizer and ingress on kube-system/api",
             || async {
-                default_ns.get_opt("api").await.unwrap().filter(|s| {
+                system_ns.get_opt("api").await.unwrap().filter(|s| {
                     s.finalizers().iter().any(|f| f == "baton.dev/control-plane-fip")
                         && ingress(s).as_deref() == Some(api_fip.address.to_string().as_str())
                 })
@@ -848,14 +855,14 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         )
         .await;
         assert!(common::readyz(cp.ca_der(), SocketAddr::new(api_fip.address, 6443)).await);
-        default_ns.delete("api", &DeleteParams::default()).await.unwrap();
-        eventually(WAIT, "default/api gone", || async {
-            default_ns.get_opt("api").await.unwrap().is_none().then_some(())
+        system_ns.delete("api", &DeleteParams::default()).await.unwrap();
+        eventually(WAIT, "kube-system/api gone", || async {
+            system_ns.get_opt("api").await.unwrap().is_none().then_some(())
         })
         .await;
         let kept = cloud.ip(&api_fip.id).await.unwrap();
         assert!(kept.target().is_none(), "its FIP is unassigned: {kept:?}");
-        wait_event(&admin, "default", "Service", "api", "FloatingIPUnassigned").await;
+        wait_event(&admin, "kube-system", "Service", "api", "FloatingIPUnassigned").await;
         assert_eq!(sim.stats().route("DELETE /v1/ips/{id}"), 0, "and never deleted");
         assert_eq!(
             holder_now.target(),

@@ -234,13 +234,6 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         Some(_) => Some(kube_client(settings.kubeconfig.as_deref()).await?),
         None => None,
     };
-    // The version floor: below Kubernetes 1.30 the agent refuses to run (crate::kube::version).
-    if let Some(client) = &client {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            v = crate::kube::version::read_and_check(client) => v?,
-        }
-    }
     // Whatever the kernel accepts now stays until the FIP table is listed.
     let at_start = plan::accepted(&netlink::run(netlink::Socket::read).await?);
     info!(
@@ -270,12 +263,27 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
     }
     let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(FipSet::default));
     // With --no-kube nobody sends; the sender lives as long as the loop.
+    // The version floor (crate::kube::version): read beside the loop, which keeps what the
+    // kernel holds meanwhile (an API server that does not answer yet costs no rule); below 1.30
+    // the agent stops with the reason before it watches the table.
+    let stop = shutdown.child_token();
+    let (refused_tx, mut refused_rx) = tokio::sync::oneshot::channel();
     let _no_watch = match (client, settings.table.clone(), status) {
         (Some(client), Some((namespace, name)), Some(status)) => {
             let h = Arc::clone(&health);
-            let stop = shutdown.clone();
+            let stop = stop.clone();
             tokio::spawn(
                 async move {
+                    let version = tokio::select! {
+                        () = stop.cancelled() => return,
+                        v = crate::kube::version::read_and_check(&client) => v,
+                    };
+                    if let Err(too_old) = version {
+                        error!("{too_old}");
+                        let _ = refused_tx.send(too_old);
+                        stop.cancel();
+                        return;
+                    }
                     watch::watch_table(client, namespace, name, tx, status, stop).await;
                     h.watch_ended();
                 }
@@ -289,7 +297,10 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         fixed: settings.fips,
         at_start,
     };
-    reconcile(inputs, rx, &health, &metrics, settings.recheck, &shutdown).await;
+    reconcile(inputs, rx, &health, &metrics, settings.recheck, &stop).await;
+    if let Ok(too_old) = refused_rx.try_recv() {
+        return Err(too_old.into());
+    }
     info!("stopping; the FIP rules stay in place");
     Ok(())
 }

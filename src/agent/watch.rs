@@ -5,13 +5,15 @@
 //! ```text
 //!  watch ConfigMaps (kube-runtime watcher, one namespace, fieldSelector metadata.name=<table>:
 //!     │   RBAC grants the agent that one object and nothing else)
-//!     │ Init / InitApply / InitDone: a (re)list; no table listed = no FIP
+//!     │ Init / InitApply / InitDone: a (re)list; until a table is seen, what the kernel
+//!     │   held at the agent's start stays (an upgrade drops no rule before the controller
+//!     │   writes its first table)
 //!     │ Apply: the table changed (the leader wrote it); one that cannot be read at all is
 //!     │         kept as it was, with a warning (no FIP's rules dropped for a garbled write)
 //!     │ Delete: kept as it was (a warning): the leader writes it again, and dropping every
 //!     │         rule meanwhile would cut the FIPs' traffic
 //!     ▼
-//!  table::fip_set ─► watch::Sender<Option<FipSet>>  (None until the first full list) ─► reconcile
+//!  table::fip_set ─► watch::Sender<Option<FipSet>>  (None until a table is seen)   ─► reconcile
 //!  WatchStatus: listed? last watch error?                                            ─► /ready
 //! ```
 //!
@@ -60,18 +62,20 @@ impl WatchStatus {
     }
 }
 
-/// The table as the watch last showed it.
+/// The table as the watch last showed it. `None` until a table was seen: the controller has not
+/// written one yet (a new cluster, or an upgrade from a version whose agent read Services), and
+/// the agent keeps what the kernel held at its start rather than drop every FIP's rules.
 #[derive(Debug, Default)]
 struct Index {
-    current: FipSet,
-    /// A relist in progress (between Init and InitDone): the table it found, if any.
+    current: Option<FipSet>,
+    /// The table the relist in progress (between Init and InitDone) found, if any.
     next: Option<FipSet>,
 }
 
 impl Index {
     /// The set `cm` gives, on top of `before`: a table that cannot be read at all (no key, not
     /// JSON) keeps `before`'s FIPs and holders, with the problem, as a deleted one does.
-    fn of(cm: &ConfigMap, before: &FipSet) -> FipSet {
+    fn of(cm: &ConfigMap, before: Option<&FipSet>) -> FipSet {
         let set = fip_set(
             cm.data
                 .as_ref()
@@ -85,7 +89,7 @@ impl Index {
         {
             return FipSet {
                 problems: set.problems,
-                ..before.clone()
+                ..before.cloned().unwrap_or_default()
             };
         }
         set
@@ -95,21 +99,23 @@ impl Index {
     fn apply(&mut self, ev: Event<ConfigMap>) -> bool {
         match ev {
             Event::Init => {
-                self.next = Some(FipSet::default());
+                self.next = None;
                 false
             }
             Event::InitApply(cm) => {
-                self.next = Some(Self::of(&cm, &self.current));
+                self.next = Some(Self::of(&cm, self.current.as_ref()));
                 false
             }
             Event::InitDone => {
+                // A relist without the table (deleted while the watch was down) keeps it, as a
+                // deletion does.
                 if let Some(next) = self.next.take() {
-                    self.current = next;
+                    self.current = Some(next);
                 }
                 true
             }
             Event::Apply(cm) => {
-                self.current = Self::of(&cm, &self.current);
+                self.current = Some(Self::of(&cm, self.current.as_ref()));
                 true
             }
             Event::Delete(_) => {
@@ -121,16 +127,19 @@ impl Index {
         }
     }
 
-    /// The FIPs and holders (without the problems).
-    fn fips(&self) -> FipSet {
-        FipSet {
+    /// The FIPs and holders (without the problems); `None` until a table was seen.
+    fn fips(&self) -> Option<FipSet> {
+        self.current.as_ref().map(|c| FipSet {
             problems: Vec::new(),
-            ..self.current.clone()
-        }
+            ..c.clone()
+        })
     }
 
     fn problems(&self) -> BTreeSet<String> {
-        self.current.problems.iter().map(Problem::to_string).collect()
+        self.current
+            .iter()
+            .flat_map(|c| c.problems.iter().map(Problem::to_string))
+            .collect()
     }
 }
 
@@ -187,11 +196,12 @@ pub async fn watch_table(
             warn!(problem = %p, "FIP table row skipped");
         }
         reported = problems;
+        // No table yet: the kernel's state at the start stays (`None`), the agent is ready.
         let fips = index.fips();
         tx.send_if_modified(|cur| {
-            let changed = cur.as_ref() != Some(&fips);
+            let changed = *cur != fips;
             if changed {
-                *cur = Some(fips);
+                *cur = fips;
             }
             changed
         });

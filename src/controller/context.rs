@@ -200,8 +200,8 @@ pub struct Context {
     /// The heartbeats of the long-running loops (`/health`).
     pub heartbeats: super::health::Heartbeats,
     /// Which control-plane endpoint Services are acted on: allowed namespaces, this cluster's
-    /// FIPs ([`super::trust`]).
-    pub endpoints: Arc<EndpointPolicy>,
+    /// FIPs ([`super::trust`]); kept current as the bootstrap's record changes.
+    pub endpoints: Policy,
 }
 
 impl std::fmt::Debug for Context {
@@ -220,6 +220,66 @@ pub enum ContextError {
     ClusterId(#[source] kube::Error),
     #[error("namespace kube-system has no uid")]
     NoUid,
+}
+
+/// The endpoint policy ([`EndpointPolicy`]) as it is now: the settings, and the bootstrap's
+/// record as last read (a controller may start before the bootstrap's handoff writes it).
+#[derive(Clone, Debug)]
+pub struct Policy(watch::Receiver<Arc<EndpointPolicy>>);
+
+impl Policy {
+    /// The policy now.
+    pub fn current(&self) -> Arc<EndpointPolicy> {
+        Arc::clone(&self.0.borrow())
+    }
+}
+
+fn log_policy(p: &EndpointPolicy) {
+    tracing::info!(
+        namespaces = ?p.namespaces,
+        adopted = ?p.adopted,
+        "control-plane endpoints: accepted from these namespaces, with this cluster's FIPs"
+    );
+}
+
+/// Follows the bootstrap's record (a watch on its name) into the policy, until every reader is
+/// gone. A deleted record changes nothing: what it named stays this cluster's.
+async fn follow_bootstrap_record(
+    client: kube::Client,
+    config: Arc<Config>,
+    cluster_id: String,
+    tx: watch::Sender<Arc<EndpointPolicy>>,
+) {
+    use futures::StreamExt as _;
+    use kube::runtime::WatchStreamExt as _;
+    use kube::runtime::watcher::{self, Event};
+    let api = Api::<ConfigMap>::namespaced(client, "kube-system");
+    let config_w = watcher::Config::default().fields(&format!("metadata.name={BOOTSTRAP_RECORD}"));
+    let mut events = watcher::watcher(api, config_w).default_backoff().boxed();
+    loop {
+        let ev = tokio::select! {
+            () = tx.closed() => return,
+            ev = events.next() => ev,
+        };
+        let cm = match ev {
+            None => return,
+            Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => cm,
+            Some(Ok(_)) => continue,
+            Some(Err(error)) => {
+                tracing::debug!(%error, "watching the bootstrap's record failed; retrying");
+                continue;
+            }
+        };
+        let policy = EndpointPolicy::new(&config, &cluster_id, &cm.data.unwrap_or_default());
+        tx.send_if_modified(|cur| {
+            let changed = **cur != policy;
+            if changed {
+                log_policy(&policy);
+                *cur = Arc::new(policy);
+            }
+            changed
+        });
+    }
 }
 
 /// What `baton bootstrap` recorded at the handoff ([`BOOTSTRAP_RECORD`]'s data): the
@@ -288,12 +348,16 @@ impl Context {
     ) -> Result<Self, ContextError> {
         let cluster_id = read_cluster_id(&client).await?;
         let record = read_bootstrap_record(&client).await;
-        let endpoints = Arc::new(EndpointPolicy::new(&config, &cluster_id, &record));
-        tracing::info!(
-            namespaces = ?endpoints.namespaces,
-            adopted = ?endpoints.adopted,
-            "control-plane endpoints: accepted from these namespaces, with this cluster's FIPs"
-        );
+        let policy = EndpointPolicy::new(&config, &cluster_id, &record);
+        log_policy(&policy);
+        let (tx, rx) = watch::channel(Arc::new(policy));
+        tokio::spawn(follow_bootstrap_record(
+            client.clone(),
+            Arc::clone(&config),
+            cluster_id.clone(),
+            tx,
+        ));
+        let endpoints = Policy(rx);
         let reporter = Reporter {
             controller: "baton".into(),
             instance: reporter_instance,

@@ -538,7 +538,7 @@ async fn run_on(
         // An endpoint Service naming a FIP the cached list does not show yet (reserved a moment
         // ago): read the list again now, then after 5 s, doubling up to 10 minutes while it stays
         // unknown (an address that is no FIP of the project must not cost a list every second).
-        if leading && unknown_fips.due(&unknown_endpoint_ips(&ctx.endpoints, &services, &ips)) {
+        if leading && unknown_fips.due(&unknown_endpoint_ips(&ctx.endpoints.current(), &services, &ips)) {
             ctx.cloud.invalidate_ips();
             again = true;
             continue;
@@ -1916,7 +1916,7 @@ async fn finalize(
     mirror_name: &str,
     done: &mut BTreeMap<String, String>,
 ) {
-    let plan = finalizer_plan(services, ips, &ctx.endpoints, mirror_name);
+    let plan = finalizer_plan(services, ips, &ctx.endpoints.current(), mirror_name);
     done.retain(|key, _| {
         plan.iter().any(|step| match step {
             FinalizerStep::Add { namespace, name, .. } | FinalizerStep::Release { namespace, name, .. } => {
@@ -2062,6 +2062,7 @@ fn discover<B: Borrow<IpAddress>>(
     api_servers: &[SocketAddr],
 ) -> (Vec<EndpointRef>, Vec<(Arc<Service>, Refusal)>) {
     let api_port = api_servers.first().map_or(6443, SocketAddr::port);
+    let policy = ctx.endpoints.current();
     let mut out = Vec::new();
     let mut refused = Vec::new();
     if let Some(tag) = &ctx.config.fip_tag {
@@ -2109,7 +2110,7 @@ fn discover<B: Borrow<IpAddress>>(
             tracing::debug!(service = %svc.name_any(), "control-plane endpoint without a loadBalancerIP");
             continue;
         };
-        let fip = match ctx.endpoints.admit(&ns, lb_ip, each_ip(ips)) {
+        let fip = match policy.admit(&ns, lb_ip, each_ip(ips)) {
             Ok(fip) => fip,
             Err(refusal) => {
                 refused.push((Arc::clone(svc), refusal));

@@ -126,3 +126,31 @@ fn readiness_needs_ingress_a_ready_endpoint_and_a_serving_fip() {
     // An unknown ready condition counts as ready (the API's documented reading).
     assert_eq!(service_readiness(Some(&svc), &[slice(None)], ip, true), Ready);
 }
+
+#[test]
+fn the_record_names_every_endpoints_namespace_and_fip_once() {
+    let record = |address: &str| FipRecord {
+        id: format!("id-{address}"),
+        address: address.parse().unwrap(),
+        reserved_by_baton: false,
+    };
+    let mut api_int = endpoint();
+    api_int.name = "api-int".into();
+    api_int.service.name = "api-int".into();
+    let mut other = endpoint();
+    other.service.namespace = "kube-system".into();
+    let eps = vec![
+        (endpoint(), record("203.0.113.1")),
+        (api_int, record("203.0.113.2")),
+        (other, record("203.0.113.1")),
+    ];
+    let cm = bootstrap_record(&eps);
+    assert_eq!(cm.metadata.name.as_deref(), Some(BOOTSTRAP_RECORD));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("kube-system"));
+    let data = cm.data.unwrap();
+    assert_eq!(
+        data[BOOTSTRAP_NAMESPACES_KEY],
+        "kube-system,openshift-kube-apiserver"
+    );
+    assert_eq!(data[BOOTSTRAP_FIPS_KEY], "203.0.113.1,203.0.113.2");
+}
