@@ -114,6 +114,21 @@ async fn holder_annotations(client: &kube::Client) -> Option<(String, String)> {
     ))
 }
 
+/// The holder address the FIP table (what the agents read) names for `fip`.
+async fn table_holder(client: &kube::Client, fip: std::net::IpAddr) -> Option<String> {
+    let cm = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get_opt("baton-control-plane-fips")
+        .await
+        .ok()??;
+    let table: serde_json::Value = serde_json::from_str(cm.data?.get("fips.json")?).ok()?;
+    table["fips"]
+        .as_array()?
+        .iter()
+        .find(|r| r["address"] == fip.to_string())?["holder"]
+        .as_str()
+        .map(str::to_owned)
+}
+
 fn holder(sim: &SimHandle, fip: &baton_cloud::model::IpAddress) -> Option<usize> {
     let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
     CP.iter().position(|&c| c == id)
@@ -121,8 +136,9 @@ fn holder(sim: &SimHandle, fip: &baton_cloud::model::IpAddress) -> Option<usize>
 
 /// The window in which the new holder's own packets for the FIP are not delivered yet
 /// (docs/agent.md, "The holder's own traffic"): when, after `t0`, the cloud routed the FIP away
-/// from `victim`, and when the annotation named the new holder (its agent then needs a few ms
-/// more: tests/agent.rs). Polled every 5 ms, through an API server that is not the victim's.
+/// from `victim`, and when the FIP table the agents read named the new holder (its agent then
+/// needs a few ms more: tests/agent.rs). Polled every 5 ms, through an API server that is not
+/// the victim's.
 async fn move_then_naming(
     cp: &ControlPlane,
     sim: &SimHandle,
@@ -138,7 +154,7 @@ async fn move_then_naming(
             moved = Some(t0.elapsed());
         }
         if let Some(h) = now
-            && holder_annotations(&survivor).await == Some((format!("cp-{h}"), cp.addresses()[h].to_string()))
+            && table_holder(&survivor, fip.address).await == Some(cp.addresses()[h].to_string())
         {
             return (moved.unwrap_or_default(), t0.elapsed());
         }
@@ -193,6 +209,10 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
                 == Some((format!("cp-{holder_now}"), cp.addresses()[holder_now].to_string()))
         })
         .await;
+        common::wait_for("the FIP table's holder", Duration::from_secs(10), || async {
+            table_holder(&client, fip.address).await == Some(cp.addresses()[holder_now].to_string())
+        })
+        .await;
         // From every node too: a node's own packets to the FIP leave it and come back routed;
         // the holder's own are delivered on the holder.
         for name in cp.node_names() {
@@ -211,7 +231,7 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         let (moved, named) = move_then_naming(&cp, &sim, &fip, victim, t0).await;
         eprintln!(
             "{mode:?}: the cloud routed the FIP away {} ms after cp-{victim}'s API server died; \
-             the annotation named the new holder {} ms after that",
+             the FIP table named the new holder {} ms after that",
             moved.as_millis(),
             named.saturating_sub(moved).as_millis()
         );
