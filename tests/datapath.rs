@@ -14,74 +14,18 @@
 
 mod common;
 
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::control_plane::ProxyMode;
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use baton_testbed::{ControlPlane, Options, lab};
 use tokio::process::Child;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-
-fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> tokio::process::Command {
-    let mut cmd = cp
-        .node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
-        .unwrap();
-    cmd.args(args)
-        .env("BATON_LOG", "info,baton=debug")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true);
-    cmd
-}
-
-/// `baton controller` on node cp-i, talking to its own API server.
-fn controller(cp: &ControlPlane, sim: &SimHandle, i: usize, logs: &Path) -> Child {
-    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-    on_node(
-        cp,
-        i,
-        &[
-            "controller",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--identity",
-            &format!("cp-{i}"),
-            "--admin-listen",
-            "off",
-        ],
-        &logs.join(format!("controller-{i}.log")),
-    )
-    .env("CHERRY_API_KEY", "sim-token")
-    .env("CHERRY_PROJECT_ID", "123456")
-    .env("CHERRY_FIP_TAG", "cluster=datapath")
-    .env("CHERRY_BASE_URL", sim.base_url().as_str())
-    .env("BATON_API_RATE_LIMIT", "0")
-    .spawn()
-    .unwrap()
-}
-
-/// `baton agent` on node cp-i (the DaemonSet's job), watching its own API server.
-fn agent(cp: &ControlPlane, i: usize, logs: &Path) -> Child {
-    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-    on_node(
-        cp,
-        i,
-        &[
-            "agent",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--health-listen",
-            "off",
-        ],
-        &logs.join(format!("agent-{i}.log")),
-    )
-    .spawn()
-    .unwrap()
-}
 
 /// `/readyz` through the FIP, from lab node `name` (curl in the node's namespaces).
 async fn readyz_from_node(cp: &ControlPlane, name: &str, fip: SocketAddr) -> bool {
@@ -178,7 +122,9 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
         let ca = cp.ca_der().to_vec();
         let logs = tempfile::tempdir().unwrap();
         let n = usize::from(nodes);
-        let _controllers: Vec<Child> = (0..n).map(|i| controller(&cp, &sim, i, logs.path())).collect();
+        let _controllers: Vec<Child> = (0..n)
+            .map(|i| common::node::controller(&cp, BATON, &sim, i, "cluster=datapath", logs.path()))
+            .collect();
         let client = cp.client(0).unwrap();
         common::wait_for("the mirror Service's ingress", Duration::from_secs(60), || {
             common::mirror_has_ingress(&client)
@@ -194,7 +140,9 @@ fn control_plane_fip_answers_on_the_routed_path(mode: ProxyMode, nodes: u8) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
 
-        let _agents: Vec<Child> = (0..n).map(|i| agent(&cp, i, logs.path())).collect();
+        let _agents: Vec<Child> = (0..n)
+            .map(|i| common::node::agent(&cp, BATON, i, &logs.path().join(format!("agent-{i}.log"))))
+            .collect();
         common::wait_for(
             "the FIP answers /readyz from the lab host",
             Duration::from_secs(60),

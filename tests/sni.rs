@@ -11,6 +11,9 @@
 
 mod common;
 
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -728,20 +731,6 @@ fn tenants_from_annotated_services_are_routed_and_reloaded_live() {
 /// The hosting cluster's control-plane servers: lab nodes cp-0..2 (198.51.100.11-13).
 const HOSTING_CP: [u64; 3] = [600_101, 600_102, 600_103];
 
-/// `program` (baton) on lab node cp-`i`, in its network and mount namespaces, as the shipped
-/// DaemonSets' host-network pods run there; its log in `log`.
-fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> Child {
-    cp.node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
-        .unwrap()
-        .args(args)
-        .env("BATON_LOG", "info,baton=debug")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
 /// The SNI router on lab node cp-`i`, listening on the node's `0.0.0.0:443` (as the shipped
 /// DaemonSet's host-network pod does) and routing `routes`; no admin server.
 fn node_router(cp: &ControlPlane, i: usize, routes: &[String], log: &Path) -> Child {
@@ -749,25 +738,7 @@ fn node_router(cp: &ControlPlane, i: usize, routes: &[String], log: &Path) -> Ch
     for r in routes {
         args.extend(["--route", r.as_str()]);
     }
-    on_node(cp, i, &args, log)
-}
-
-/// `baton agent` on lab node cp-`i` (the shipped DaemonSet's job), watching that node's API
-/// server: the node accepts the control-plane FIP's packets, on every port (docs/agent.md).
-fn node_agent(cp: &ControlPlane, i: usize, log: &Path) -> Child {
-    let kubeconfig = cp.write_kubeconfig(i, baton_testbed::ADMIN_TOKEN).unwrap();
-    on_node(
-        cp,
-        i,
-        &[
-            "agent",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--health-listen",
-            "off",
-        ],
-        log,
-    )
+    common::node::command(cp, BATON, i, &args, log).spawn().unwrap()
 }
 
 /// `baton controller` of the hosting cluster (API server `apiserver`), moving the FIP tagged
@@ -894,7 +865,7 @@ fn the_shared_fip_leaves_a_dead_holder_and_a_holder_whose_router_was_killed() {
         let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), HOSTING_CP[0]).await;
         let tenant_routes = [t1.route(), t2.route()];
         let _agents: Vec<Child> = (0..3)
-            .map(|i| node_agent(&hosting, i, &logs.join(format!("agent-{i}.log"))))
+            .map(|i| common::node::agent(&hosting, BATON, i, &logs.join(format!("agent-{i}.log"))))
             .collect();
         let mut routers: Vec<Child> = (0..3)
             .map(|i| node_router(&hosting, i, &tenant_routes, &logs.join(format!("router-{i}.log"))))

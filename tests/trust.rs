@@ -14,15 +14,16 @@
 
 mod common;
 
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::control_plane::ProxyMode;
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
+use baton_testbed::{ControlPlane, Options, lab};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -32,64 +33,6 @@ use tokio::process::Child;
 /// The simulator's control-plane servers (cp-0, cp-1) and a worker no node of this lab is.
 const CP: [u64; 2] = [600_101, 600_102];
 const FOREIGN_SERVER: u64 = 600_111;
-
-fn on_node(cp: &ControlPlane, i: usize, args: &[&str], log: &Path) -> tokio::process::Command {
-    let mut cmd = cp
-        .node_command(&format!("cp-{i}"), env!("CARGO_BIN_EXE_baton"))
-        .unwrap();
-    cmd.args(args)
-        .env("BATON_LOG", "info,baton=debug")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true);
-    cmd
-}
-
-/// `baton controller` on node cp-i, talking to its own API server; endpoints allowed in the
-/// default namespaces only (`kube-system`).
-fn controller(cp: &ControlPlane, sim: &SimHandle, i: usize, logs: &Path) -> Child {
-    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-    on_node(
-        cp,
-        i,
-        &[
-            "controller",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--identity",
-            &format!("cp-{i}"),
-            "--admin-listen",
-            "off",
-        ],
-        &logs.join(format!("controller-{i}.log")),
-    )
-    .env("CHERRY_API_KEY", "sim-token")
-    .env("CHERRY_PROJECT_ID", "123456")
-    .env("CHERRY_FIP_TAG", "cluster=trust")
-    .env("CHERRY_BASE_URL", sim.base_url().as_str())
-    .env("BATON_API_RATE_LIMIT", "0")
-    .spawn()
-    .unwrap()
-}
-
-/// `baton agent` on node cp-i (the DaemonSet's job), watching its own API server.
-fn agent(cp: &ControlPlane, i: usize, logs: &Path) -> Child {
-    let kubeconfig = cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-    on_node(
-        cp,
-        i,
-        &[
-            "agent",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--health-listen",
-            "off",
-        ],
-        &logs.join(format!("agent-{i}.log")),
-    )
-    .spawn()
-    .unwrap()
-}
 
 /// `nft list table ip baton` (and `ip6`) on node `name`, as text ("" without the tables).
 async fn nft_text(cp: &ControlPlane, name: &str) -> String {
@@ -183,8 +126,12 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
 
         let ca = cp.ca_der().to_vec();
         let logs = tempfile::tempdir().unwrap();
-        let _controllers: Vec<Child> = (0..2).map(|i| controller(&cp, &sim, i, logs.path())).collect();
-        let _agents: Vec<Child> = (0..2).map(|i| agent(&cp, i, logs.path())).collect();
+        let _controllers: Vec<Child> = (0..2)
+            .map(|i| common::node::controller(&cp, BATON, &sim, i, "cluster=trust", logs.path()))
+            .collect();
+        let _agents: Vec<Child> = (0..2)
+            .map(|i| common::node::agent(&cp, BATON, i, &logs.path().join(format!("agent-{i}.log"))))
+            .collect();
         let admin = cp.client(0).unwrap();
 
         // The cluster's own endpoint behaves as before.
@@ -252,15 +199,15 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
         // table names only the cluster's own FIP.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let ids = [theirs.id.0.clone(), untagged.id.0.clone()];
-        assert_eq!(writes_for(&sim, since, &ids), Vec::<String>::new());
-        assert_eq!(
-            sim.peek_ip(theirs.id.as_str()).unwrap().target().map(|s| s.0),
-            Some(FOREIGN_SERVER)
-        );
-        assert_eq!(
-            sim.peek_ip(untagged.id.as_str()).unwrap().target().map(|s| s.0),
-            Some(FOREIGN_SERVER)
-        );
+        // No write for them, and both still routed where they were.
+        let untouched = || {
+            assert_eq!(writes_for(&sim, since, &ids), Vec::<String>::new());
+            for id in &ids {
+                let target = sim.peek_ip(id).unwrap().target().map(|s| s.0);
+                assert_eq!(target, Some(FOREIGN_SERVER), "{id} was moved");
+            }
+        };
+        untouched();
         for name in cp.node_names() {
             let text = nft_text(&cp, &name).await;
             assert!(
@@ -337,15 +284,7 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(writes_for(&sim, since, &ids), Vec::<String>::new());
-        assert_eq!(
-            sim.peek_ip(theirs.id.as_str()).unwrap().target().map(|s| s.0),
-            Some(FOREIGN_SERVER)
-        );
-        assert_eq!(
-            sim.peek_ip(untagged.id.as_str()).unwrap().target().map(|s| s.0),
-            Some(FOREIGN_SERVER)
-        );
+        untouched();
         // And the cluster's own endpoint still serves.
         assert!(
             common::readyz(&ca, own_addr).await,

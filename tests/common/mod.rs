@@ -4,6 +4,7 @@
 
 pub mod helm;
 pub mod leases;
+pub mod node;
 pub mod pod;
 
 use std::collections::BTreeMap;
