@@ -170,34 +170,10 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
             }
         }
 
-        // Each gets a Warning Event naming the address and the rule.
-        let want = |ns: &str, name: &str| -> &'static str {
-            match (ns, name) {
-                ("tenant", _) => "ControlPlaneNamespaceNotAllowed",
-                (_, "theirs" | "untagged") => "FloatingIPNotOwned",
-                _ => "NotAFloatingIP",
-            }
-        };
-        for ns in ["tenant", "kube-system"] {
-            for (name, ip, _) in &forged {
-                let reason = want(ns, name);
-                common::wait_for(
-                    &format!("a {reason} Warning on {ns}/{name}"),
-                    Duration::from_secs(30),
-                    || async {
-                        warnings(&admin, ns, name)
-                            .await
-                            .iter()
-                            .any(|(r, note)| r == reason && note.contains(ip.as_str()))
-                    },
-                )
-                .await;
-            }
-        }
-        // Several passes of the controllers' loops later: nothing was sent to the cloud for
-        // them, no node accepts them, no Service got an ingress or a finalizer, and the agents'
-        // table names only the cluster's own FIP.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Many passes of the controllers' loops later (one every 250 ms): nothing was sent to the
+        // cloud for them, no node accepts them, no Service got an ingress or a finalizer, and the
+        // agents' table names only the cluster's own FIP.
+        tokio::time::sleep(Duration::from_secs(5)).await;
         let ids = [theirs.id.0.clone(), untagged.id.0.clone()];
         // No write for them, and both still routed where they were.
         let untouched = || {
@@ -257,6 +233,31 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
             .collect();
         assert_eq!(addresses, vec![own.address.to_string()], "the FIP table: {text}");
 
+        // Each gets a Warning Event naming the address and the rule.
+        let want = |ns: &str, name: &str| -> &'static str {
+            match (ns, name) {
+                ("tenant", _) => "ControlPlaneNamespaceNotAllowed",
+                (_, "theirs" | "untagged") => "FloatingIPNotOwned",
+                _ => "NotAFloatingIP",
+            }
+        };
+        for ns in ["tenant", "kube-system"] {
+            for (name, ip, _) in &forged {
+                let reason = want(ns, name);
+                common::wait_for(
+                    &format!("a {reason} Warning on {ns}/{name}"),
+                    Duration::from_secs(30),
+                    || async {
+                        warnings(&admin, ns, name)
+                            .await
+                            .iter()
+                            .any(|(r, note)| r == reason && note.contains(ip.as_str()))
+                    },
+                )
+                .await;
+            }
+        }
+        untouched();
         // Deleting them changes nothing in the cloud.
         for ns in ["tenant", "kube-system"] {
             for (name, _, _) in &forged {
