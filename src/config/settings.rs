@@ -562,8 +562,9 @@ fn count(v: &str) -> Result<u32, String> {
     }
 }
 
-/// A comma-separated list of items (blanks around commas ignored, empty items dropped).
-fn items(v: &str) -> impl Iterator<Item = &str> {
+/// A comma-separated list of items (blanks around commas ignored, empty items dropped): the
+/// list settings' syntax, which the bootstrap's record shares.
+pub fn items(v: &str) -> impl Iterator<Item = &str> {
     v.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 

@@ -243,34 +243,59 @@ fn log_policy(p: &EndpointPolicy) {
 }
 
 /// Follows the bootstrap's record (a watch on its name) into the policy, until every reader is
-/// gone. A deleted record changes nothing: what it named stays this cluster's.
+/// gone; `listed` fires after the first full list, so that the controller decides nothing before
+/// it knows the record (or that there is none: a cluster baton did not bootstrap). A record
+/// deleted later, or missing from a relist, changes nothing: what it named stays this
+/// cluster's. A failed request is logged and retried (the watcher's backoff), as the cluster
+/// id's read is: a refusal before the handoff's RBAC reaches the API server's cache passes.
 async fn follow_bootstrap_record(
     client: kube::Client,
     config: Arc<Config>,
     cluster_id: String,
     tx: watch::Sender<Arc<EndpointPolicy>>,
+    listed: tokio::sync::oneshot::Sender<()>,
 ) {
     use futures::StreamExt as _;
     use kube::runtime::WatchStreamExt as _;
     use kube::runtime::watcher::{self, Event};
     let api = Api::<ConfigMap>::namespaced(client, "kube-system");
-    let config_w = watcher::Config::default().fields(&format!("metadata.name={BOOTSTRAP_RECORD}"));
-    let mut events = watcher::watcher(api, config_w).default_backoff().boxed();
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={BOOTSTRAP_RECORD}"));
+    let mut events = watcher::watcher(api, by_name).default_backoff().boxed();
+    let mut listed = Some(listed);
+    // The record a (re)list found, applied at its end.
+    let mut found = None;
     loop {
         let ev = tokio::select! {
             () = tx.closed() => return,
             ev = events.next() => ev,
         };
-        let cm = match ev {
+        let record = match ev {
             None => return,
-            Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => cm,
-            Some(Ok(_)) => continue,
+            Some(Ok(Event::Init)) => {
+                found = None;
+                continue;
+            }
+            Some(Ok(Event::InitApply(cm))) => {
+                found = Some(cm.data.unwrap_or_default());
+                continue;
+            }
+            Some(Ok(Event::InitDone)) => {
+                if let Some(l) = listed.take() {
+                    let _ = l.send(());
+                }
+                match found.take() {
+                    Some(record) => record,
+                    None => continue,
+                }
+            }
+            Some(Ok(Event::Apply(cm))) => cm.data.unwrap_or_default(),
+            Some(Ok(Event::Delete(_))) => continue,
             Some(Err(error)) => {
-                tracing::debug!(%error, "watching the bootstrap's record failed; retrying");
+                tracing::warn!(%error, "cannot read the bootstrap's record kube-system/{BOOTSTRAP_RECORD} yet; retrying");
                 continue;
             }
         };
-        let policy = EndpointPolicy::new(&config, &cluster_id, &cm.data.unwrap_or_default());
+        let policy = EndpointPolicy::new(&config, &cluster_id, &record);
         tx.send_if_modified(|cur| {
             let changed = **cur != policy;
             if changed {
@@ -279,26 +304,6 @@ async fn follow_bootstrap_record(
             }
             changed
         });
-    }
-}
-
-/// What `baton bootstrap` recorded at the handoff ([`BOOTSTRAP_RECORD`]'s data): the
-/// namespaces of the cluster's API Services and their FIPs. Empty when there is no record (a
-/// cluster that was not bootstrapped by baton). Every other failure to read it is retried, as
-/// the cluster id's: without it the bootstrap's own endpoints would be refused.
-async fn read_bootstrap_record(client: &kube::Client) -> BTreeMap<String, String> {
-    let api = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
-    let mut failures = 0u32;
-    loop {
-        match api.get_opt(BOOTSTRAP_RECORD).await {
-            Ok(cm) => return cm.and_then(|cm| cm.data).unwrap_or_default(),
-            Err(error) => {
-                failures = failures.saturating_add(1);
-                let retry = CLUSTER_ID_RETRY.delay(failures);
-                tracing::warn!(%error, failures, retry_in = ?retry, "cannot read the bootstrap's record kube-system/{BOOTSTRAP_RECORD} yet");
-                tokio::time::sleep(retry).await;
-            }
-        }
     }
 }
 
@@ -347,16 +352,20 @@ impl Context {
         reporter_instance: Option<String>,
     ) -> Result<Self, ContextError> {
         let cluster_id = read_cluster_id(&client).await?;
-        let record = read_bootstrap_record(&client).await;
-        let policy = EndpointPolicy::new(&config, &cluster_id, &record);
+        // Until the record is listed: the settings alone (logged once the list shows more).
+        let policy = EndpointPolicy::new(&config, &cluster_id, &BTreeMap::new());
         log_policy(&policy);
         let (tx, rx) = watch::channel(Arc::new(policy));
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
         tokio::spawn(follow_bootstrap_record(
             client.clone(),
             Arc::clone(&config),
             cluster_id.clone(),
             tx,
+            listed_tx,
         ));
+        // Ends only by the task ending, which it does not before the list while `rx` lives.
+        let _ = listed.await;
         let endpoints = Policy(rx);
         let reporter = Reporter {
             controller: "baton".into(),

@@ -594,28 +594,24 @@ impl Refusals {
             self.reported.clear();
             return;
         }
-        let now: BTreeMap<String, String> = refused
-            .iter()
-            .map(|(svc, r)| (key_of(svc), r.to_string()))
-            .collect();
+        let mut now = BTreeMap::new();
         for (svc, refusal) in refused {
-            let key = key_of(svc);
-            let text = refusal.to_string();
-            if self.reported.get(&key) == Some(&text) {
-                continue;
+            let (key, text) = (key_of(svc), refusal.to_string());
+            if self.reported.get(&key) != Some(&text) {
+                tracing::warn!(service = %key, reason = refusal.reason(), "{text}");
+                let (ctx, svc, reason, note) = (ctx.clone(), Arc::clone(svc), refusal.reason(), text.clone());
+                tokio::spawn(async move {
+                    ctx.event(
+                        &*svc,
+                        EventType::Warning,
+                        reason,
+                        "AdmitControlPlaneEndpoint",
+                        note,
+                    )
+                    .await;
+                });
             }
-            tracing::warn!(service = %key, reason = refusal.reason(), "{text}");
-            let (ctx, svc, reason) = (ctx.clone(), Arc::clone(svc), refusal.reason());
-            tokio::spawn(async move {
-                ctx.event(
-                    &*svc,
-                    EventType::Warning,
-                    reason,
-                    "AdmitControlPlaneEndpoint",
-                    text,
-                )
-                .await;
-            });
+            now.insert(key, text);
         }
         self.reported = now;
     }

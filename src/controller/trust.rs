@@ -89,13 +89,7 @@ impl EndpointPolicy {
         let items = |key: &str| {
             record
                 .get(key)
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .collect::<Vec<_>>()
-                })
+                .map(|v| crate::config::items(v).map(str::to_owned).collect::<Vec<_>>())
                 .unwrap_or_default()
         };
         let recorded_fips = items(crate::names::BOOTSTRAP_FIPS_KEY)
