@@ -3,26 +3,52 @@
 //! In a lab with nodes: three control-plane lab nodes cp-0..2 (each its own network namespace on
 //! the lab bridge, with a real API server on one shared etcd and a real kube-proxy), the
 //! simulator with added API latency routing the FIP to its holder as the cloud does (the packets
-//! keep the FIP as their destination), and on every node what ships there: `baton agent` (the
-//! node accepts the control-plane FIPs) and one `baton controller` replica (the binary in
-//! `BATON_BIN`) talking only to its node's API server, as the shipped Deployment does
-//! (hostNetwork, `KUBERNETES_SERVICE_HOST` = its host). The clients that measure run on the lab
+//! keep the FIP as their destination), on every node `baton agent` (the node accepts the
+//! control-plane FIPs), and two `baton controller` replicas (the binary in `BATON_BIN`), as the
+//! shipped Deployment has: each on its own node, with `--node-name` that node (the downward
+//! API's `spec.nodeName`), talking only to its node's API server (hostNetwork,
+//! `KUBERNETES_SERVICE_HOST` = its host). They start on cp-0 (where the FIP starts) and cp-1;
+//! cp-2 has none until the benchmark moves one there. The clients that measure run on the lab
 //! host, which is no node. Each run fails one node in the chosen class and measures from that
 //! moment until `https://<FIP>:6443/readyz` answers from another node; then it heals the node and
 //! lets the replicas see it healthy again.
+//!
+//! **Placement.** Nothing forces the leader anywhere any more: the placement is what the
+//! replicas make of it. A leader on the FIP holder's node hands the Lease to a live follower on
+//! another node once things are quiet, and a FIP that moves prefers a node without the leader,
+//! so before each run the benchmark only waits (at most 30 s) until the Lease holder's node is
+//! not the FIP holder's. `leader-node`, `partition` and `colocated` first put the leader on the
+//! FIP holder's node (the follower moves there if no replica runs on it, as a rescheduled pod
+//! would: SIGTERM, then a new replica with a new identity `cp-<node>-<generation>`; then the
+//! leader, if elsewhere, is restarted gracefully and the replica on the holder's node takes the
+//! Lease) and let the hand-off move it off again.
 //!
 //! Classes (the node that fails is the *victim*):
 //! - `kill`: the FIP holder's API server is SIGKILLed (connections refused);
 //! - `hang`: the holder's API server is SIGSTOPped (TCP accepted by the kernel, nothing answers);
 //! - `blackhole`: every packet to and from the holder's addresses is dropped;
-//! - `dead-node`: blackhole, and the holder's baton replica is killed;
-//! - `leader-node`: the same, on the node whose replica holds the Lease (CPEM #304/#319);
+//! - `dead-node`: blackhole, and the holder's baton replica (if one runs there) is killed;
+//! - `leader-node`: the same, on a node whose replica held the Lease until the hand-off moved it
+//!   off (CPEM #304/#319: with natural placement the hand-off has happened);
 //! - `partition`: the holder's API server is unreachable for everyone (TCP to it is dropped, and
 //!   so are etcd's answers to it, so its own replica cannot use it either), its replica (the
-//!   leader) still reaches the cloud — the deposed leader must not write after its lease;
+//!   leader until the hand-off) still reaches the cloud — it must not write as a leader;
 //! - `busy`: `kill` while the simulator enforces 4 requests/s and LoadBalancer Services are
 //!   created (and deleted 40 behind) at 4/s, so the controller's Service work always has more
-//!   queued cloud calls than the limit lets through.
+//!   queued cloud calls than the limit lets through;
+//! - `leader-only`: the leader's node dies (blackhole, its replica killed) while it does not
+//!   hold the FIP. Nothing may move: for 8 s from the failure (a new leader within the lease
+//!   duration, then settling) the FIP's retargets (0 expected, each a false move), the HTTP/2
+//!   client's longest gap, and the Lease's transitions and lapse are counted; then the node is
+//!   healed and its replica restarted. No recovery to time: a `windows=` line.
+//! - `colocated`: the leader and the FIP holder start together on one node (the arrangement
+//!   above), and the hand-off is timed: `handoff_*_ms` from the colocated replica's acquisition
+//!   to the hand-off's write (the first Lease version naming the new holder),
+//!   `handoff_leaderless_max_ms` from that write to the new holder's own first write; FIP PUTs
+//!   from the arrangement until 3 s after the hand-off are false moves. A `windows=` line. The
+//!   only follower is the replica just restarted on the old leader's node, so `handoff_*_ms`
+//!   includes its becoming a live follower (its beats, every 3 s, seen to change) as well as
+//!   the quiet the leader waits for, as after a rolling update.
 //!
 //! Grey classes (`--class grey`: a dependency turns slow, nothing or one API server fails):
 //! - `etcd-stall`: etcd (shared by every API server) is stopped for each length of
@@ -34,24 +60,28 @@
 //! - `slow-cloud`: `kill` with the cloud answering at p50 300 ms / p99 2 s, each write taking
 //!   effect halfway through its latency, whether the client still waits or not.
 //! - `rolling-update`: at the failure (`kill`), the replicas are replaced one by one as a
-//!   Deployment's rolling update does (a new pod with a new name first, then the old one gets
-//!   SIGTERM), while LoadBalancer Services are created and deleted at 4/s.
+//!   Deployment's rolling update does (on each node that runs one, a new pod with a new name
+//!   first, then the old one gets SIGTERM), while LoadBalancer Services are created and deleted
+//!   at 4/s.
 //!
-//! The victim is always the node holding the FIP. For kill/hang/blackhole/dead-node/busy the
-//! leader must be elsewhere, for leader-node and partition on the victim: the benchmark restarts
-//! the leading replica gracefully (it hands the Lease over) until that holds. Every cloud write a replica sends is attributed by its User-Agent
-//! (`controller/<identity>`) and checked against the Lease history: `nonleader_writes` counts
-//! writes that arrived when their sender did not hold the Lease. A client that keeps one HTTP/2
-//! connection open through the FIP and sends a request every 100 ms reports its longest gap.
+//! The victim is the node holding the FIP, except in `leader-only` (the leader's node; natural
+//! placement makes it another) and `colocated` (nothing fails). Every cloud write a replica
+//! sends is attributed by its User-Agent (`controller/<identity>`) and checked against the Lease
+//! history: `nonleader_writes` counts writes that arrived when their sender did not hold the
+//! Lease. A client that keeps one HTTP/2 connection open through the FIP and sends a request
+//! every 100 ms reports its longest gap.
 //!
 //! Every class also reports, over its failure windows (from each failure until the node is
-//! healed and settled; for `slow-api` also the quiet 30 s):
-//! - `lease_transitions`: acquisitions of the Lease by another replica (a graceful handover to
-//!   arrange the leader is outside the windows);
+//! healed and settled; for `slow-api` also the quiet 30 s; for `leader-only` the 8 s; for
+//! `colocated` from the acquisition until 3 s after the hand-off):
+//! - `lease_transitions`: acquisitions of the Lease by another replica, a hand-off included (the
+//!   graceful restarts and hand-offs that arrange the placement are outside the windows);
 //! - `leaderless_ms`: the longest stretch in which the Lease, as written, had lapsed: from a
 //!   version's renew time plus the lease duration (or from a release) until the next version's
 //!   renew or acquire time. A renewal that is late but lands is dated by its sending, as the
-//!   replicas date it, so it is leaderless time only if it was sent after the lease lapsed;
+//!   replicas date it, so it is leaderless time only if it was sent after the lease lapsed. A
+//!   hand-off is written within the old holder's lease and dated afresh, so it is no lapse
+//!   (its own gap is `colocated`'s `handoff_leaderless_max_ms`);
 //! - `duplicate_writes`: retarget PUTs beyond one per failure (sent, whatever their answer), plus
 //!   the simulator's count of FIPs that ever carried the same tags as another (a second create
 //!   for one Service).
@@ -80,12 +110,12 @@ use baton_cloud::CherryClient;
 use baton_cloud::model::IpAddress;
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, Profile, SlowApi, lab};
-use common::leases::LeaseHistory;
+use common::leases::{LeaseHistory, LeaseVersion};
 use tokio::process::Child;
 use tokio::time::Instant;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
-const FAILURES: [&str; 7] = [
+const FAILURES: [&str; 9] = [
     "kill",
     "hang",
     "blackhole",
@@ -93,7 +123,16 @@ const FAILURES: [&str; 7] = [
     "leader-node",
     "partition",
     "busy",
+    "leader-only",
+    "colocated",
 ];
+/// The nodes that run a controller replica at the start (the shipped Deployment's 2 replicas).
+const START_REPLICAS: usize = 2;
+/// How long the replicas get to make the natural placement (or a hand-off) happen.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(30);
+/// `leader-only`: the failure lasts this long (a new leader within the lease duration, then
+/// settling) before the node is healed.
+const LEADER_ONLY_WINDOW: Duration = Duration::from_secs(8);
 const GREY: [&str; 4] = ["etcd-stall", "slow-api", "slow-cloud", "rolling-update"];
 
 /// Lease timings given to every replica (`--lease D,DEADLINE,INTERVAL` in ms), instead of the
@@ -408,7 +447,10 @@ struct Bed {
     sim: SimHandle,
     fip: IpAddress,
     fleet: Fleet,
+    /// By node: the replica running there, if any (two of the three nodes have one).
     replicas: Vec<Option<Child>>,
+    /// The last generation given to a new replica's identity (`cp-<node>-<generation>`).
+    generation: usize,
     history: LeaseHistory,
     probe: reqwest::Client,
     fresh: reqwest::Client,
@@ -469,7 +511,7 @@ impl Bed {
             urls,
         };
         let replicas: Vec<Option<Child>> = (0..3)
-            .map(|i| Some(fleet.start(&cp, &sim, i, &format!("cp-{i}"))))
+            .map(|i| (i < START_REPLICAS).then(|| fleet.start(&cp, &sim, i, &format!("cp-{i}"))))
             .collect();
 
         let ca = cp.ca_der().to_vec();
@@ -496,6 +538,7 @@ impl Bed {
             fip,
             fleet,
             replicas,
+            generation: 0,
             history,
             probe,
             fresh,
@@ -505,6 +548,19 @@ impl Bed {
             _cloud: cloud,
             _slow: slow,
         }
+    }
+
+    /// A new generation for the identities of replicas started from now on.
+    fn next_generation(&mut self) -> usize {
+        self.generation += 1;
+        self.generation
+    }
+
+    /// Starts a replica on node `i` with a new identity (a new pod, as a Deployment makes one).
+    fn start_replica(&mut self, i: usize) {
+        assert!(self.replicas[i].is_none(), "a replica runs on cp-{i} already");
+        let identity = format!("cp-{i}-{}", self.next_generation());
+        self.replicas[i] = Some(self.fleet.start(&self.cp, &self.sim, i, &identity));
     }
 
     /// Counts what the whole class did: writes by replicas that did not hold the Lease, FIPs
@@ -538,7 +594,8 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// `baton controller` replica `identity` on node cp-i, talking only to API server i.
+    /// `baton controller` replica `identity` on node cp-i (`--node-name cp-i`), talking only to
+    /// API server i.
     fn start(&self, cp: &ControlPlane, sim: &SimHandle, i: usize, identity: &str) -> Child {
         let churn = matches!(self.class.as_str(), "busy" | "rolling-update");
         let kubeconfig = match &self.urls[i] {
@@ -568,6 +625,7 @@ impl Fleet {
             .arg("controller")
             .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(["--identity", identity, "--admin-listen", "off"])
+            .args(["--node-name", &format!("cp-{i}")])
             .env("CHERRY_API_KEY", "sim-token")
             .env("CHERRY_PROJECT_ID", "123456")
             .env("CHERRY_FIP_TAG", "cluster=bench-cp")
@@ -665,12 +723,31 @@ async fn run_class(class: String, a: Args) -> Report {
             report.lease_transitions, report.leaderless_ms
         );
     }
+    let mut times = LeaseTimes::default();
     for run in 0..a.runs {
-        let holder = holder_of(&bed.sim, &bed.fip).expect("the FIP is routed");
-        if class != "rolling-update" {
-            arrange_leader(&mut bed, &class, holder).await;
+        match class.as_str() {
+            "leader-only" => {
+                leader_only(&mut bed, &mut report, &mut times, lease_ms, run).await;
+                continue;
+            }
+            "colocated" => {
+                colocated(&mut bed, &mut report, &mut times, lease_ms, run).await;
+                continue;
+            }
+            "leader-node" | "partition" => {
+                // With natural placement the hand-off has happened: the leader was on the FIP
+                // holder's node and has left it.
+                let holder = holder_of(&bed.sim, &bed.fip).expect("the FIP is routed");
+                colocate(&mut bed, holder).await;
+                natural_placement(&bed, &class).await;
+            }
+            _ => {
+                natural_placement(&bed, &class).await;
+            }
         }
-        let victim = holder;
+        let victim = holder_of(&bed.sim, &bed.fip).expect("the FIP is routed");
+        // dead-node and leader-node: whether a replica ran on the victim (restarted at the heal).
+        let mut killed = false;
         let seq0 = next_seq(&bed.sim);
         let t0 = Instant::now();
         let t0_unix = common::unix_ms();
@@ -681,6 +758,7 @@ async fn run_class(class: String, a: Args) -> Report {
             }
             "rolling-update" => {
                 bed.cp.kill_apiserver(victim).await;
+                let generation = bed.next_generation();
                 let Bed {
                     cp,
                     sim,
@@ -693,7 +771,7 @@ async fn run_class(class: String, a: Args) -> Report {
                 } = &mut bed;
                 let (total, ()) = tokio::join!(
                     recover(fresh, url, sim, fip, victim, t0),
-                    roll(cp, sim, fleet, replicas, run + 1)
+                    roll(cp, sim, fleet, replicas, generation)
                 );
                 total
             }
@@ -713,6 +791,7 @@ async fn run_class(class: String, a: Args) -> Report {
                 bed.cp.blackhole(victim).await.unwrap();
                 if let Some(mut r) = bed.replicas[victim].take() {
                     r.kill().await.unwrap();
+                    killed = true;
                 }
                 recover(&bed.fresh, &bed.url, &bed.sim, &bed.fip, victim, t0).await
             }
@@ -728,23 +807,13 @@ async fn run_class(class: String, a: Args) -> Report {
             "blackhole" | "partition" => bed.cp.heal(victim).await.unwrap(),
             "dead-node" | "leader-node" => {
                 bed.cp.heal(victim).await.unwrap();
-                bed.replicas[victim] =
-                    Some(
-                        bed.fleet
-                            .start(&bed.cp, &bed.sim, victim, &format!("cp-{victim}")),
-                    );
+                if killed {
+                    bed.start_replica(victim);
+                }
             }
             _ => unreachable!(),
         }
-        let direct = format!(
-            "https://{}/readyz",
-            SocketAddr::new(bed.cp.addresses()[victim], 6443)
-        );
-        common::wait_for("the healed node answers", Duration::from_secs(60), || {
-            answers(&bed.probe, &direct)
-        })
-        .await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        settle(&bed, victim).await;
         let moves = retargets(&bed.sim, &bed.fip, seq0);
         let sent = put_count(&bed.sim, &bed.fip, seq0);
         let first = moves.first().expect("a replica moved the FIP");
@@ -771,6 +840,7 @@ async fn run_class(class: String, a: Args) -> Report {
         report.duplicate_writes += sent.saturating_sub(1);
         report.runs.push(result);
     }
+    report.extra = times.extra(&class);
     // A quiet period: nothing fails, nothing may move.
     let seq = next_seq(&bed.sim);
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -797,38 +867,271 @@ async fn run_class(class: String, a: Args) -> Report {
     report
 }
 
-/// The victim is always the FIP's holder; leadership is moved (a graceful restart of the
-/// leading replica, which hands the Lease over) until the leader is on the victim (leader-node,
-/// partition) or elsewhere (the other classes). The FIP itself is never moved behind the
-/// replicas' back: they would act on a holder they have not read yet.
-async fn arrange_leader(bed: &mut Bed, class: &str, holder: usize) {
-    let on_leader = matches!(class, "leader-node" | "partition");
-    for attempt in 0.. {
-        let leader = leader_of(&bed.history);
-        if (leader == holder) == on_leader {
-            break;
+/// Waits (at most [`PLACEMENT_WAIT`]) until the natural placement holds: the Lease's holder runs
+/// on another node than the FIP's holder. Nothing forces it: a leader on the holder's node hands
+/// the Lease to a live follower elsewhere by itself once things are quiet, and a FIP that moves
+/// prefers a node without the leader. The FIP itself is never moved behind the replicas' back:
+/// they would act on a holder they have not read yet. Returns (the leader's node, the FIP
+/// holder's).
+async fn natural_placement(bed: &Bed, what: &str) -> (usize, usize) {
+    let started = Instant::now();
+    loop {
+        let leader = bed.history.holder();
+        let holder = holder_of(&bed.sim, &bed.fip);
+        match (leader.as_deref().and_then(node_of), holder) {
+            (Some(l), Some(h)) if l != h => return (l, h),
+            (l, h) => assert!(
+                started.elapsed() < PLACEMENT_WAIT,
+                "{what}: the leader did not leave the FIP holder's node within {} s (Lease holder {leader:?} on node {l:?}, FIP on node {h:?}): no hand-off to a live follower on another node",
+                PLACEMENT_WAIT.as_secs()
+            ),
         }
-        assert!(
-            attempt < 20,
-            "could not arrange the leader (holder cp-{holder}, leader cp-{leader})"
-        );
-        stop_gracefully(&mut bed.replicas, leader).await;
-        common::wait_for("a new leader", Duration::from_secs(10), || {
-            let h = bed.history.holder();
-            let old = format!("cp-{leader}");
-            async move { h.is_some_and(|h| h != old) }
-        })
-        .await;
-        bed.replicas[leader] = Some(
-            bed.fleet
-                .start(&bed.cp, &bed.sim, leader, &format!("cp-{leader}")),
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// A Deployment's rolling update (maxSurge 1, maxUnavailable 0): on each node in turn a new
-/// replica with a new name starts, and 1.5 s later the old one gets SIGTERM and is waited for.
+/// Puts the leader on `holder`, the FIP holder's node, as it is before a hand-off. If no replica
+/// runs there, the follower moves there (SIGTERM, then a new replica with a new identity, as a
+/// rescheduled pod); then, if the leader runs elsewhere, it is restarted gracefully: it releases
+/// the Lease, the replica on `holder` takes it, and a new replica starts on the leader's node.
+/// Returns the wall-clock ms of that acquisition, or `None` when the leader was on `holder`
+/// already.
+async fn colocate(bed: &mut Bed, holder: usize) -> Option<u64> {
+    let history = bed.history.clone();
+    common::wait_for("a leader", Duration::from_secs(10), || {
+        let leader = leader_of(&history);
+        async move { leader.is_some() }
+    })
+    .await;
+    let leader = leader_of(&history).expect("a leader");
+    if bed.replicas[holder].is_none() {
+        let follower = (0..bed.replicas.len())
+            .find(|&i| i != leader && bed.replicas[i].is_some())
+            .expect("a follower replica to move");
+        stop_gracefully(&mut bed.replicas, follower).await;
+        bed.start_replica(holder);
+    }
+    if leader == holder {
+        return None;
+    }
+    let from_ms = common::unix_ms();
+    stop_gracefully(&mut bed.replicas, leader).await;
+    common::wait_for(
+        "the replica on the FIP holder's node to take the Lease",
+        Duration::from_secs(15),
+        || {
+            let on = leader_of(&history);
+            async move { on == Some(holder) }
+        },
+    )
+    .await;
+    bed.start_replica(leader);
+    let acquired = history
+        .versions()
+        .into_iter()
+        .find(|v| v.acquire_ms.is_some_and(|t| t >= from_ms) && node_of(&v.holder) == Some(holder))
+        .and_then(|v| v.acquire_ms);
+    Some(acquired.expect("the Lease version of the acquisition on the FIP holder's node"))
+}
+
+/// A hand-off as the Lease's versions show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HandoffSeen {
+    /// The identity the Lease was handed to.
+    to: String,
+    /// The renew time of the first version naming it (written by the old leader).
+    written_ms: u64,
+    /// The renew time of its own first write (the next version naming it with a later renew
+    /// time; a follower's beat in between keeps the renew time).
+    own_ms: Option<u64>,
+    /// The version naming it came after a release or after the old holder's lease had lapsed:
+    /// a takeover, not a hand-off.
+    takeover: bool,
+}
+
+/// The first move of the Lease off `node` after the term that began (acquireTime) at
+/// `acquired_ms` on it.
+fn handoff_after(
+    versions: &[LeaseVersion],
+    node: usize,
+    acquired_ms: u64,
+    lease_ms: u64,
+) -> Option<HandoffSeen> {
+    let start = versions
+        .iter()
+        .position(|v| v.acquire_ms == Some(acquired_ms) && node_of(&v.holder) == Some(node))?;
+    let rest = &versions[start..];
+    let i = rest
+        .iter()
+        .position(|v| !v.holder.is_empty() && node_of(&v.holder) != Some(node))?;
+    let to = &rest[i];
+    let written_ms = to.renew_ms?;
+    let last_renew = rest[..i].iter().filter_map(|v| v.renew_ms).max()?;
+    let released = rest[..i].iter().any(|v| v.holder.is_empty());
+    let own_ms = rest[i + 1..]
+        .iter()
+        .take_while(|v| v.holder == to.holder)
+        .find_map(|v| v.renew_ms.filter(|&t| t > written_ms));
+    Some(HandoffSeen {
+        to: to.holder.clone(),
+        written_ms,
+        own_ms,
+        takeover: released || written_ms > last_renew + lease_ms,
+    })
+}
+
+/// `colocated` and `leader-only`: what the Lease did, per window, beyond the report's counts.
+#[derive(Debug, Default)]
+struct LeaseTimes {
+    /// `colocated`: the colocated replica's acquisition → the hand-off's write.
+    handoff_ms: Vec<u64>,
+    /// `colocated`: the hand-off's write → the new holder's own first write.
+    handoff_leaderless_ms: Vec<u64>,
+    /// `colocated`: moves off the holder's node that were takeovers, not hand-offs.
+    takeovers: usize,
+    /// `leader-only`: the failure → a new holder's acquisition.
+    takeover_ms: Vec<u64>,
+}
+
+impl LeaseTimes {
+    /// The class's fields on its result line.
+    fn extra(&self, class: &str) -> String {
+        let max = |v: &[u64]| v.iter().copied().max().unwrap_or_default();
+        match class {
+            "colocated" => {
+                let mut sorted: Vec<f64> = self.handoff_ms.iter().map(|&t| t as f64).collect();
+                sorted.sort_by(f64::total_cmp);
+                let p50 = if sorted.is_empty() {
+                    0.0
+                } else {
+                    percentile(&sorted, 50.0)
+                };
+                format!(
+                    " handoff_p50_ms={p50:.0} handoff_max_ms={} handoff_leaderless_max_ms={} handoff_takeovers={}",
+                    max(&self.handoff_ms),
+                    max(&self.handoff_leaderless_ms),
+                    self.takeovers
+                )
+            }
+            "leader-only" => format!(" takeover_max_ms={}", max(&self.takeover_ms)),
+            _ => String::new(),
+        }
+    }
+}
+
+/// After a heal: waits until node `victim` answers directly, and 3 s more for every replica to
+/// see it healthy again.
+async fn settle(bed: &Bed, victim: usize) {
+    let direct = format!(
+        "https://{}/readyz",
+        SocketAddr::new(bed.cp.addresses()[victim], 6443)
+    );
+    common::wait_for("the healed node answers", Duration::from_secs(60), || {
+        answers(&bed.probe, &direct)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// `leader-only`, one window: the leader's node dies (blackhole, its replica killed) while the
+/// FIP is on another node. Nothing may move; a follower takes the Lease within its duration.
+async fn leader_only(bed: &mut Bed, report: &mut Report, times: &mut LeaseTimes, lease_ms: u64, run: usize) {
+    let (victim, holder) = natural_placement(bed, "leader-only").await;
+    let seq0 = next_seq(&bed.sim);
+    let (t0, t0_unix) = (Instant::now(), common::unix_ms());
+    bed.cp.blackhole(victim).await.unwrap();
+    if let Some(mut r) = bed.replicas[victim].take() {
+        r.kill().await.unwrap();
+    }
+    tokio::time::sleep_until(t0 + LEADER_ONLY_WINDOW).await;
+    let end_ms = common::unix_ms();
+    let gap = bed.client.longest_gap(t0, Instant::now()).as_secs_f64() * 1000.0;
+    let (transitions, leaderless) = lease_window(&bed.history.entries(), t0_unix, end_ms, lease_ms);
+    let takeover = bed
+        .history
+        .versions()
+        .iter()
+        .filter(|v| !v.holder.is_empty() && node_of(&v.holder) != Some(victim))
+        .find_map(|v| v.acquire_ms.filter(|&t| t > t0_unix))
+        .map(|t| t - t0_unix);
+    bed.cp.heal(victim).await.unwrap();
+    bed.start_replica(victim);
+    settle(bed, victim).await;
+    // Every PUT until the node is healed and settled: the FIP's holder never failed.
+    let moves = put_count(&bed.sim, &bed.fip, seq0);
+    eprintln!(
+        "leader-only window {}: victim cp-{victim} (the leader), FIP on cp-{holder}, new leader after {} ms, lease transitions {transitions}, leaderless {leaderless} ms, retargets sent {moves}, client gap {gap:.0} ms",
+        run + 1,
+        takeover.map_or_else(|| "no".to_owned(), |t| t.to_string())
+    );
+    times.takeover_ms.extend(takeover);
+    report.windows += 1;
+    report.lease_transitions += transitions;
+    report.leaderless_ms = report.leaderless_ms.max(leaderless);
+    report.false_moves += moves;
+    report.retargets += moves;
+    report.client_gap_ms = report.client_gap_ms.max(gap);
+}
+
+/// `colocated`, one window: the leader is put on the FIP holder's node ([`colocate`]) and the
+/// hand-off that moves it off is timed from the Lease's versions. Nothing may move the FIP.
+async fn colocated(bed: &mut Bed, report: &mut Report, times: &mut LeaseTimes, lease_ms: u64, run: usize) {
+    natural_placement(bed, "colocated").await;
+    let holder = holder_of(&bed.sim, &bed.fip).expect("the FIP is routed");
+    let seq0 = next_seq(&bed.sim);
+    let t0 = Instant::now();
+    // Natural placement first: the leader is elsewhere, so the replica on the holder's node
+    // takes the Lease afresh.
+    let acquired_ms = colocate(bed, holder)
+        .await
+        .expect("the leader was on another node than the FIP holder's");
+    let (leader, _) = natural_placement(bed, "colocated (the hand-off)").await;
+    let history = bed.history.clone();
+    common::wait_for(
+        "the new holder's own first write after the hand-off",
+        Duration::from_secs(10),
+        || {
+            let seen = handoff_after(&history.versions(), holder, acquired_ms, lease_ms);
+            async move { seen.is_some_and(|s| s.own_ms.is_some()) }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let end_ms = common::unix_ms();
+    let seen =
+        handoff_after(&history.versions(), holder, acquired_ms, lease_ms).expect("the hand-off's versions");
+    let handoff = seen.written_ms.saturating_sub(acquired_ms);
+    let leaderless = seen
+        .own_ms
+        .unwrap_or(seen.written_ms)
+        .saturating_sub(seen.written_ms);
+    let moves = put_count(&bed.sim, &bed.fip, seq0);
+    let gap = bed.client.longest_gap(t0, Instant::now()).as_secs_f64() * 1000.0;
+    let (transitions, lapse) = lease_window(&history.entries(), acquired_ms, end_ms, lease_ms);
+    eprintln!(
+        "colocated window {}: FIP on cp-{holder}, {} to {} (cp-{leader}) after {handoff} ms, leaderless {leaderless} ms; lease transitions {transitions}, lapsed {lapse} ms, retargets sent {moves}, client gap {gap:.0} ms",
+        run + 1,
+        if seen.takeover {
+            "taken over (no hand-off)"
+        } else {
+            "handed"
+        },
+        seen.to
+    );
+    times.handoff_ms.push(handoff);
+    times.handoff_leaderless_ms.push(leaderless);
+    times.takeovers += usize::from(seen.takeover);
+    report.windows += 1;
+    report.lease_transitions += transitions;
+    report.leaderless_ms = report.leaderless_ms.max(lapse);
+    report.false_moves += moves;
+    report.retargets += moves;
+    report.client_gap_ms = report.client_gap_ms.max(gap);
+}
+
+/// A Deployment's rolling update (maxSurge 1, maxUnavailable 0): on each node that runs a
+/// replica in turn a new replica with a new name starts, and 1.5 s later the old one gets
+/// SIGTERM and is waited for.
 async fn roll(
     cp: &ControlPlane,
     sim: &SimHandle,
@@ -837,6 +1140,9 @@ async fn roll(
     generation: usize,
 ) {
     for i in 0..replicas.len() {
+        if replicas[i].is_none() {
+            continue;
+        }
         let new = fleet.start(cp, sim, i, &format!("cp-{i}-{generation}"));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         stop_gracefully(replicas, i).await;
@@ -844,15 +1150,19 @@ async fn roll(
     }
 }
 
-/// The node of the replica holding the Lease (identity `cp-<node>` or `cp-<node>-<generation>`).
-fn leader_of(history: &LeaseHistory) -> usize {
-    history
-        .holder()
-        .and_then(|h| {
-            h.strip_prefix("cp-")
-                .and_then(|i| i.split('-').next()?.parse::<usize>().ok())
-        })
-        .expect("a leader")
+/// The node of the replica holding the Lease, if one holds it.
+fn leader_of(history: &LeaseHistory) -> Option<usize> {
+    node_of(&history.holder()?)
+}
+
+/// The node of a replica's identity (`cp-<node>` or `cp-<node>-<generation>`).
+fn node_of(identity: &str) -> Option<usize> {
+    identity
+        .strip_prefix("cp-")?
+        .split('-')
+        .next()?
+        .parse::<usize>()
+        .ok()
 }
 
 /// SIGTERM to replica `i`: it releases the Lease and exits.

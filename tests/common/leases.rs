@@ -10,10 +10,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-/// Every version of the Lease seen: (wall-clock ms of its renewTime, holder).
+/// Every version of the Lease seen: (wall-clock ms of its renewTime, holder), and each version
+/// whole ([`LeaseVersion`]).
 #[derive(Clone, Default)]
 pub struct LeaseHistory {
     entries: Arc<Mutex<Vec<(u64, String)>>>,
+    versions: Arc<Mutex<Vec<LeaseVersion>>>,
     tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
@@ -27,6 +29,23 @@ impl Drop for LeaseHistory {
     }
 }
 
+/// One version of the Lease as written (the entries fold a version into its two times; this
+/// keeps them apart, so a hand-off's write and its new holder's first renew can be told apart).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseVersion {
+    /// Its resourceVersion: the write order (the lab's API servers share one etcd, so one
+    /// version has one resourceVersion whichever server it was read from).
+    pub resource_version: u64,
+    /// `holderIdentity`; empty when released.
+    pub holder: String,
+    /// Wall-clock ms of `acquireTime`.
+    pub acquire_ms: Option<u64>,
+    /// Wall-clock ms of `renewTime`.
+    pub renew_ms: Option<u64>,
+    /// `leaseTransitions`.
+    pub transitions: i32,
+}
+
 fn millis(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime) -> u64 {
     u64::try_from(t.0.as_millisecond()).unwrap_or(0)
 }
@@ -37,6 +56,7 @@ impl LeaseHistory {
         let history = Self::default();
         for client in clients {
             let entries = Arc::clone(&history.entries);
+            let versions = Arc::clone(&history.versions);
             let api: Api<Lease> = Api::namespaced(client, "kube-system");
             let stream = watcher(
                 api,
@@ -48,8 +68,25 @@ impl LeaseHistory {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(item) = stream.next().await {
                     let Ok(lease) = item else { continue };
+                    let resource_version = lease
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse::<u64>().ok());
                     let Some(spec) = lease.spec else { continue };
                     let holder = spec.holder_identity.unwrap_or_default();
+                    if let Some(resource_version) = resource_version {
+                        let mut v = versions.lock().unwrap();
+                        if !v.iter().any(|v| v.resource_version == resource_version) {
+                            v.push(LeaseVersion {
+                                resource_version,
+                                holder: holder.clone(),
+                                acquire_ms: spec.acquire_time.as_ref().map(millis),
+                                renew_ms: spec.renew_time.as_ref().map(millis),
+                                transitions: spec.lease_transitions.unwrap_or(0),
+                            });
+                        }
+                    }
                     let mut e = entries.lock().unwrap();
                     for t in [spec.acquire_time.as_ref(), spec.renew_time.as_ref()]
                         .into_iter()
@@ -84,6 +121,14 @@ impl LeaseHistory {
         let mut e = self.entries.lock().unwrap().clone();
         e.sort();
         e
+    }
+
+    /// Every version seen, in write order (by resourceVersion). A version a watch skipped (a
+    /// relist after an error) is missing only if every API server's watch skipped it.
+    pub fn versions(&self) -> Vec<LeaseVersion> {
+        let mut v = self.versions.lock().unwrap().clone();
+        v.sort_by_key(|v| v.resource_version);
+        v
     }
 
     /// Cloud writes (POST/PUT/DELETE) sent by a controller replica (User-Agent `… controller/<id>`)
