@@ -376,6 +376,8 @@ flags! {
         doc: "kubeconfig of the API server; `baton controller` uses the in-cluster configuration when unset" },
     identity { flag: "identity", env: "POD_NAME", default: None, used_by: ["controller"],
         doc: "This replica's identity in the leader Lease (the pod name); the host name when unset" },
+    node_name { flag: "node-name", env: "NODE_NAME", default: None, used_by: ["controller"],
+        doc: "The Node this replica runs on (the downward API's `spec.nodeName`): a leader on the control-plane FIP's holder hands the Lease to a replica on another node, and the FIP moves to a node without the leader; unset: neither" },
     admin_listen { flag: "admin-listen", env: "BATON_ADMIN_LISTEN", default: Some("127.0.0.1:9590"), used_by: ["controller"],
         doc: "Listen address of the plain-HTTP admin server (/metrics, /health, /ready, /leader), unauthenticated: keep it on loopback (the kubelet probes it there on a host-network pod); another address is an explicit opt-in to serve it to the network; `off` disables it" },
     metrics_listen { flag: "metrics-listen", env: "BATON_METRICS_LISTEN", default: Some("off"), used_by: ["controller"],

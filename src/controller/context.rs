@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::metrics::Metrics;
+use super::succession::Succession;
 use super::trust::EndpointPolicy;
 use crate::config::Config;
 use crate::names::BOOTSTRAP_RECORD;
@@ -36,6 +37,8 @@ pub struct LeaderGate(
     InFlight,
     /// How long past its write deadline this replica's term may still be saved.
     Duration,
+    /// The followers alive and the hand-off request.
+    Succession,
 );
 
 /// What a follower knows of another replica's hold on the Lease, on its own clock.
@@ -52,7 +55,13 @@ impl LeaderGate {
     /// A gate fed by the leader-election task (`controller::lease`): this replica's term and
     /// deadline, and what it knows of another holder.
     pub fn new(rx: watch::Receiver<Option<Lead>>, handover: watch::Receiver<Option<Handover>>) -> Self {
-        Self(rx, handover, InFlight::default(), Duration::ZERO)
+        Self(
+            rx,
+            handover,
+            InFlight::default(),
+            Duration::ZERO,
+            Succession::default(),
+        )
     }
 
     /// A gate that is always open: a single replica, or tests.
@@ -63,7 +72,25 @@ impl LeaderGate {
             until: Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600),
         }));
         let (_, handover) = watch::channel(None);
-        Self(rx, handover, InFlight::default(), Duration::ZERO)
+        Self(
+            rx,
+            handover,
+            InFlight::default(),
+            Duration::ZERO,
+            Succession::default(),
+        )
+    }
+
+    /// The gate of a replica whose followers and hand-off `succession` tracks.
+    #[must_use]
+    pub fn with_succession(mut self, succession: Succession) -> Self {
+        self.4 = succession;
+        self
+    }
+
+    /// Who could lead next, this replica's Node, and the hand-off request.
+    pub fn succession(&self) -> &Succession {
+        &self.4
     }
 
     /// The gate of a Lease of `duration` whose holder writes until `renew_deadline` after a

@@ -22,6 +22,13 @@
 //! `leaseDurationSeconds` is whole seconds; the exact duration travels in the annotation
 //! `baton.dev/lease-duration-ms` (followers fall back to the seconds field). On shutdown the
 //! holder releases the Lease so a follower takes over at once.
+//!
+//! **Hand-off** ([`super::succession`]). Followers that know their Node beat in the Lease's
+//! `baton.dev/peers` annotation every few seconds. When the endpoint controller asks, the holder
+//! ends its term, waits for its writes on their way (as a release does), and writes the chosen
+//! follower as `holderIdentity` with a fresh `renewTime`; that follower, watching, sees itself
+//! named and takes the Lease at once. A hand-off to a replica that died meanwhile costs one lease
+//! duration without a leader, as a dead leader does.
 
 use std::time::Duration;
 
@@ -41,6 +48,7 @@ use super::LeaderGate;
 use super::context::Handover;
 use super::health::{Heartbeat, LogThrottle};
 use super::kit::Backoff;
+use super::succession::{self, HandOff, PEER_BEAT, PeerEntry, Succession};
 
 /// The annotation carrying the exact lease duration in milliseconds.
 pub const DURATION_ANNOTATION: &str = "baton.dev/lease-duration-ms";
@@ -56,6 +64,9 @@ pub struct LeaseConfig {
     pub name: String,
     /// This replica's identity (pod name).
     pub identity: String,
+    /// The Node it runs on (`spec.nodeName`): followers that know it offer themselves for a
+    /// hand-off.
+    pub node: Option<String>,
     /// How long a Lease stays valid without renewal (followers' takeover delay).
     pub duration: Duration,
     /// How often the holder renews.
@@ -84,6 +95,7 @@ impl LeaseConfig {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             identity: identity.to_owned(),
+            node: None,
             duration: Duration::from_millis(1700),
             renew_interval: Duration::from_millis(200),
             renew_deadline: Duration::from_millis(1300),
@@ -129,13 +141,16 @@ pub fn spawn(
 ) -> (LeaderGate, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let (handover_tx, handover_rx) = watch::channel(None);
-    let gate = LeaderGate::new(rx, handover_rx).with_lease(cfg.duration, cfg.renew_deadline);
+    let succession = Succession::new(cfg.node.clone());
+    let gate = LeaderGate::new(rx, handover_rx)
+        .with_lease(cfg.duration, cfg.renew_deadline)
+        .with_succession(succession.clone());
     let in_flight = gate.in_flight().clone();
     let task = tokio::spawn(run(
         client,
         cfg,
         (tx, in_flight),
-        handover_tx,
+        (handover_tx, succession),
         heartbeat,
         shutdown,
     ));
@@ -197,19 +212,27 @@ async fn run(
     client: kube::Client,
     cfg: LeaseConfig,
     (tx, in_flight): (watch::Sender<Option<Lead>>, InFlight),
-    handover: watch::Sender<Option<Handover>>,
+    (handover, succession): (watch::Sender<Option<Handover>>, Succession),
     heartbeat: Heartbeat,
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     // Every change of the Lease, stamped on arrival: the takeover clock of a follower.
     let (seen_tx, mut seen_rx) = watch::channel::<Option<Observed>>(None);
-    let watch_task = tokio::spawn(watch_lease(api.clone(), cfg.name.clone(), seen_tx.clone()));
+    let (latest_tx, latest) = watch::channel::<Option<Lease>>(None);
+    let watch_task = tokio::spawn(watch_lease(
+        api.clone(),
+        (cfg.name.clone(), cfg.identity.clone()),
+        (seen_tx.clone(), latest_tx),
+        succession.clone(),
+    ));
+    let mut requests = succession.requests();
     let mut election = Election {
         api: &api,
         cfg: &cfg,
         tx: &tx,
         seen: &seen_tx,
+        succession: &succession,
         mine: None,
         term: 0,
         failures: 0,
@@ -219,23 +242,27 @@ async fn run(
     // A failed attempt is not retried at once (an API server that refuses must not be hammered):
     // a follower backs off from renew_interval / 2, doubling, up to 2 s.
     let mut last_io: Option<Instant> = None;
+    // A follower that knows its Node beats in the Lease (the first beat soon after the start).
+    let mut beat_at = Instant::now() + cfg.renew_interval;
     loop {
         // Every pass starts here, at least every renew interval (or the follower's backoff of at
         // most 2 s): its age on `/health` is one pass, bounded by the attempt's time limit.
         heartbeat.beat();
         // A follower also wakes exactly when the record it saw expires.
-        let foreign = {
+        let (foreign, named) = {
             let seen = seen_rx.borrow_and_update();
-            seen.as_ref().and_then(|o| {
-                o.record
-                    .holder
-                    .as_deref()
-                    .is_some_and(|h| h != cfg.identity)
-                    .then(|| Handover {
-                        holder_stopped: o.at + cfg.renew_deadline,
-                        takeover: o.at + o.record.duration.unwrap_or(cfg.duration),
-                    })
-            })
+            let holder = seen.as_ref().and_then(|o| o.record.holder.as_deref());
+            let foreign = seen.as_ref().and_then(|o| {
+                holder.is_some_and(|h| h != cfg.identity).then(|| Handover {
+                    holder_stopped: o.at + cfg.renew_deadline,
+                    takeover: o.at + o.record.duration.unwrap_or(cfg.duration),
+                })
+            });
+            // Handed the Lease by its holder: take it at once.
+            (
+                foreign,
+                holder == Some(cfg.identity.as_str()) && election.mine.is_none(),
+            )
         };
         handover.send_if_modified(|v| {
             let changed = *v != foreign;
@@ -244,13 +271,33 @@ async fn run(
         });
         let expiry = foreign.map(|h| h.takeover);
         let mut wake = expiry.map_or(next, |e| e.min(next));
+        let beating = election.mine.is_none() && cfg.node.is_some();
+        if beating {
+            wake = wake.min(beat_at);
+        }
         if let Some(t) = last_io {
             wake = wake.max(t + election.retry_gap());
+        }
+        if named && election.failures == 0 {
+            wake = Instant::now();
         }
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep_until(wake) => {}
             _ = seen_rx.changed() => continue,
+            Ok(()) = requests.changed() => {
+                let request = requests.borrow_and_update().clone();
+                if let Some(request) = request {
+                    election.hand_off(&request, &in_flight).await;
+                    last_io = Some(Instant::now());
+                }
+                continue;
+            }
+        }
+        if beating && Instant::now() >= beat_at {
+            let written = election.beat(&latest).await;
+            // A conflict (the holder renewed meanwhile) is tried again soon, on the newer version.
+            beat_at = Instant::now() + if written { PEER_BEAT } else { cfg.renew_interval };
         }
         if Instant::now() >= next {
             next = Instant::now() + cfg.renew_interval;
@@ -263,8 +310,14 @@ async fn run(
     election.release(&in_flight).await;
 }
 
-/// Feeds every version of the Lease into `seen`.
-async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<Observed>>) {
+/// Feeds every version of the Lease into `seen` (its record) and `latest` (the object), and its
+/// followers' entries into the roster.
+async fn watch_lease(
+    api: Api<Lease>,
+    (name, identity): (String, String),
+    (seen, latest): (watch::Sender<Option<Observed>>, watch::Sender<Option<Lease>>),
+    succession: Succession,
+) {
     let stream = watcher(
         api,
         watcher::Config::default().fields(&format!("metadata.name={name}")),
@@ -277,6 +330,10 @@ async fn watch_lease(api: Api<Lease>, name: String, seen: watch::Sender<Option<O
         match item {
             Ok(lease) => {
                 seen.send_if_modified(|s| observe(s, Record::of(&lease)));
+                succession
+                    .lock()
+                    .observe(succession::entries(&lease), &identity, Instant::now());
+                latest.send_replace(Some(lease));
             }
             Err(error) => errors.warn(&error),
         }
@@ -288,6 +345,7 @@ struct Election<'a> {
     cfg: &'a LeaseConfig,
     tx: &'a watch::Sender<Option<Lead>>,
     seen: &'a watch::Sender<Option<Observed>>,
+    succession: &'a Succession,
     /// The Lease as this replica last wrote it while holding it.
     mine: Option<Lease>,
     /// The number of this replica's current (or last) term.
@@ -410,6 +468,20 @@ impl Election<'_> {
                 DURATION_ANNOTATION.to_owned(),
                 self.cfg.duration.as_millis().to_string(),
             );
+        // The holder keeps the followers' entries tidy: its own and the long-silent ones go.
+        let peers = succession::entries(lease);
+        let kept: std::collections::BTreeMap<_, _> = {
+            let roster = self.succession.lock();
+            let now = Instant::now();
+            peers
+                .iter()
+                .filter(|(id, _)| **id != self.cfg.identity && !roster.forgotten(id, now))
+                .map(|(id, e)| (id.clone(), e.clone()))
+                .collect()
+        };
+        if kept != peers {
+            succession::set_entries(lease, &kept);
+        }
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(self.cfg.identity.clone());
         spec.lease_duration_seconds = Some(whole_secs(self.cfg.duration));
@@ -502,29 +574,119 @@ impl Election<'_> {
         }
     }
 
-    /// Graceful stop: ends the term (nothing more is sent, queued writes are dropped), keeps
-    /// renewing while writes already sent are on their way (at most [`RELEASE_WAIT`]), so no
-    /// follower acts before their answers are in, then hands the Lease over at once.
+    /// A follower's beat: its entry in the Lease's peers, written on the latest version seen.
+    /// Returns whether it was written (a conflict means the holder renewed in between).
+    async fn beat(&self, latest: &watch::Receiver<Option<Lease>>) -> bool {
+        let (Some(node), Some(mut lease)) = (self.cfg.node.as_ref(), latest.borrow().clone()) else {
+            return false;
+        };
+        if Record::of(&lease).holder.as_deref() == Some(self.cfg.identity.as_str()) {
+            // Named holder (a hand-off): the round takes it; no beat.
+            return true;
+        }
+        let mut peers = succession::entries(&lease);
+        let beat = u64::try_from(k8s_openapi::jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+        peers.insert(
+            self.cfg.identity.clone(),
+            PeerEntry {
+                node: node.clone(),
+                beat,
+            },
+        );
+        succession::set_entries(&mut lease, &peers);
+        let pp = PostParams::default();
+        let write = self.api.replace(&self.cfg.name, &pp, &lease);
+        match tokio::time::timeout(self.cfg.acquire_timeout(), write).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "writing this replica's beat into the Lease failed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Hands the Lease to `request.to`, if this replica still holds `request.term`: ends the
+    /// term (nothing more is sent, queued writes are dropped), waits for the writes on their way
+    /// as a release does, then writes the follower as the holder with a fresh renew time. On
+    /// any failure the term is over anyway: the Lease, still naming this replica, is taken
+    /// again by its next round (or by anyone once it lapses).
+    async fn hand_off(&mut self, request: &HandOff, in_flight: &InFlight) {
+        let held = *self.tx.borrow();
+        if held.is_none_or(|l| l.term != request.term) || self.mine.is_none() {
+            return;
+        }
+        let cfg = self.cfg;
+        let (identity, to) = (&cfg.identity, &request.to);
+        tracing::info!(%identity, to = %to.identity, node = %to.node, term = request.term, "handing the lease over");
+        self.tx.send_replace(None);
+        let started = Instant::now();
+        self.wait_for_writes(in_flight).await;
+        for _ in 0..3 {
+            let Some(mut lease) = self.mine.take() else {
+                return;
+            };
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = Some(to.identity.clone());
+            spec.renew_time = Some(now());
+            spec.acquire_time = Some(now());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            let pp = PostParams::default();
+            let write = self.api.replace(&cfg.name, &pp, &lease);
+            match tokio::time::timeout(cfg.acquire_timeout(), write).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(%identity, to = %to.identity, node = %to.node, took_ms = started.elapsed().as_millis(), "handed the lease over");
+                    return;
+                }
+                // A follower's beat landed in between: look again.
+                Ok(Err(kube::Error::Api(s))) if s.code == 409 => match self.api.get_opt(&cfg.name).await {
+                    Ok(Some(fresh)) if Record::of(&fresh).holder.as_deref() == Some(identity.as_str()) => {
+                        self.mine = Some(fresh);
+                    }
+                    _ => return,
+                },
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, to = %to.identity, "handing the lease over failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(to = %to.identity, "handing the lease over timed out");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Keeps renewing while writes already sent are on their way (at most [`RELEASE_WAIT`]),
+    /// so no follower acts before their answers are in. The term has ended already.
+    async fn wait_for_writes(&mut self, in_flight: &InFlight) {
+        let waiting = in_flight.count();
+        if waiting == 0 {
+            return;
+        }
+        let started = Instant::now();
+        let mut settled = false;
+        while self.mine.is_some() && started.elapsed() < RELEASE_WAIT {
+            if in_flight.settled(self.cfg.renew_interval).await {
+                settled = true;
+                break;
+            }
+            if let Ok(Ok(false)) = tokio::time::timeout(self.cfg.renew_timeout(), self.renew()).await {
+                break;
+            }
+        }
+        tracing::info!(identity = %self.cfg.identity, waiting, settled, waited_ms = started.elapsed().as_millis(), "waited for writes on their way before giving up the lease");
+    }
+
+    /// Graceful stop: ends the term (nothing more is sent, queued writes are dropped), waits for
+    /// the writes on their way ([`Self::wait_for_writes`]), then frees the Lease so a follower
+    /// takes over at once.
     async fn release(&mut self, in_flight: &InFlight) {
         if self.tx.borrow().is_none() {
             return;
         }
         self.tx.send_replace(None);
-        let waiting = in_flight.count();
-        if waiting > 0 {
-            let started = Instant::now();
-            let mut settled = false;
-            while self.mine.is_some() && started.elapsed() < RELEASE_WAIT {
-                if in_flight.settled(self.cfg.renew_interval).await {
-                    settled = true;
-                    break;
-                }
-                if let Ok(Ok(false)) = tokio::time::timeout(self.cfg.renew_timeout(), self.renew()).await {
-                    break;
-                }
-            }
-            tracing::info!(identity = %self.cfg.identity, waiting, settled, waited_ms = started.elapsed().as_millis(), "waited for writes on their way before releasing the lease");
-        }
+        self.wait_for_writes(in_flight).await;
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
             return;
         };

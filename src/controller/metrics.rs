@@ -76,6 +76,7 @@ pub struct Metrics {
     probe_duration: Family<ProbeLabel, Histogram>,
     failover_fenced: Counter,
     failover_held: Counter,
+    lease_handoffs: Counter,
     cloud_stale: Gauge,
     api_reachable: Gauge,
     api_failed: Family<ReasonLabel, Counter>,
@@ -162,6 +163,12 @@ impl Default for Metrics {
                 r,
                 "failover_held",
                 "FIP moves held back after a recent move: of an unreachable FIP (hold-down), or of a new holder failing since the move to it (ping-pong), once per hold",
+                Counter::default(),
+            ),
+            lease_handoffs: register(
+                r,
+                "lease_handoffs",
+                "Hand-offs of the leader Lease asked for by a leader on a control-plane FIP holder's node, to a replica on another node",
                 Counter::default(),
             ),
             cloud_stale: register(
@@ -334,6 +341,11 @@ impl Metrics {
     /// Records a move held back by the hold-down.
     pub fn failover_held(&self) {
         self.failover_held.inc();
+    }
+
+    /// Records a hand-off of the Lease asked for (the leader was on a FIP holder's node).
+    pub fn lease_handoff(&self) {
+        self.lease_handoffs.inc();
     }
 
     /// Whether decisions currently use a stale IP list (the cloud cannot be read).

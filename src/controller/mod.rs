@@ -32,6 +32,7 @@ pub mod node;
 pub mod run;
 pub mod service;
 pub mod standalone;
+pub mod succession;
 pub mod trust;
 pub mod watches;
 

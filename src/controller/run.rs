@@ -35,6 +35,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
     pub identity: Option<String>,
 
+    /// The Node this replica runs on (the downward API's `spec.nodeName`): a leader on the
+    /// control-plane FIP's holder hands the Lease to a replica on another node.
+    #[arg(long, env = "NODE_NAME", value_name = "NODE")]
+    pub node_name: Option<String>,
+
     /// Run without leader election (exactly one replica).
     #[arg(long, env = "BATON_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
@@ -349,6 +354,7 @@ fn lease_config(
     cfg.duration = config.lease.duration;
     cfg.renew_deadline = config.lease.renew_deadline;
     cfg.renew_interval = config.lease.renew_interval;
+    cfg.node = args.node_name.clone().filter(|n| !n.is_empty());
     cfg.validate()?;
     Ok(cfg)
 }

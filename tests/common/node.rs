@@ -22,7 +22,7 @@ pub fn command(cp: &ControlPlane, baton: &str, i: usize, args: &[&str], log: &Pa
     cmd
 }
 
-/// `baton controller` on lab node cp-`i` (identity `cp-i`, no admin server), moving the FIP
+/// `baton controller` on lab node cp-`i` (identity and Node `cp-i`, no admin server), moving the FIP
 /// tagged `fip_tag` with the simulator as its cloud, no client rate limit; its log in
 /// `logs/controller-i.log`.
 pub fn controller(
@@ -43,6 +43,8 @@ pub fn controller(
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
             "--identity",
+            &format!("cp-{i}"),
+            "--node-name",
             &format!("cp-{i}"),
             "--admin-listen",
             "off",

@@ -58,6 +58,9 @@ pub struct Observation {
     /// The server the FIP was just moved away from ([`avoid`]): chosen again only when no
     /// other healthy candidate is as good.
     pub left: Option<u64>,
+    /// The Node of the replica that decides (the leader), if known: a move prefers another node,
+    /// so that the leader is not on the FIP's holder when that node fails.
+    pub leader_node: Option<String>,
 }
 
 /// Why the FIP moves.
@@ -131,8 +134,8 @@ pub fn decide(obs: &Observation) -> Decision {
     };
     let others = obs.candidates.iter().filter(|c| Some(c.server_id) != obs.holder);
     // Best first: a schedulable node with a serving router, then a schedulable one, then a
-    // serving router; within each, one the FIP did not just leave; then the given order
-    // (`min_by_key` keeps the first of equals).
+    // serving router; within each, one the FIP did not just leave; then one without the leader;
+    // then the given order (`min_by_key` keeps the first of equals).
     let best = others
         .filter(|c| c.health == Health::Up && !c.deleting)
         .filter(|c| reason != Reason::RouterDown || c.router == Some(Health::Up))
@@ -142,6 +145,7 @@ pub fn decide(obs: &Observation) -> Decision {
                 !c.schedulable,
                 !c.router_ok(),
                 Some(c.server_id) == obs.left,
+                obs.leader_node.as_deref() == Some(c.node.as_str()),
             )
         });
     match (best, reason) {
@@ -235,6 +239,41 @@ pub fn shared_failure_held(
     reason == Reason::HolderDown
         && (holder_failing_for.is_zero()
             || target_ok_for.is_some_and(|ok_for| ok_for < holder_failing_for && ok_for < SHARED_CONFIRM))
+}
+
+/// A follower the leader could hand the Lease to: its identity and its Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Follower {
+    pub identity: String,
+    pub node: String,
+}
+
+/// Whom a leader on `leader_node` hands the Lease to, if anyone: only a leader on the Node of
+/// a FIP's holder (`holder_nodes`) hands off, to a live follower on a Node that holds no FIP and
+/// whose API server answers (`healthy_nodes`: a replica talks to its own node's API server). The
+/// first such follower by Node, then identity. A follower on another holder's Node would only
+/// move the problem: none then.
+///
+/// Why: a leader on the holder's node must wait for its own Lease to lapse when that node dies
+/// before anyone may move the FIP, and it reaches the FIP through its node's own shortcut, so its
+/// probes cannot see a broken route.
+pub fn successor<'a>(
+    leader_node: &str,
+    holder_nodes: &[&str],
+    followers: &'a [Follower],
+    healthy_nodes: &[&str],
+) -> Option<&'a Follower> {
+    if !holder_nodes.contains(&leader_node) {
+        return None;
+    }
+    followers
+        .iter()
+        .filter(|f| {
+            f.node != leader_node
+                && !holder_nodes.contains(&f.node.as_str())
+                && healthy_nodes.contains(&f.node.as_str())
+        })
+        .min_by(|a, b| (&a.node, &a.identity).cmp(&(&b.node, &b.identity)))
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@
 //! `cloud_view` reads the cloud (servers, the IP list, the read ahead of a takeover), `step`
 //! decides and moves each FIP, `record` keeps the hold-down every replica shares, `publish`
 //! tells the nodes and the other replicas (holder annotations, status, the FIP table), and
-//! `finalizer` releases a deleted endpoint Service's FIP.
+//! `finalizer` releases a deleted endpoint Service's FIP, and `handoff` moves the leader off a
+//! FIP holder's node.
 //!
 //! [`FIP_LAST_MOVE_ANNOTATION`]: crate::names::FIP_LAST_MOVE_ANNOTATION
 
@@ -57,6 +58,7 @@ mod discover;
 mod finalizer;
 #[cfg(test)]
 mod fixtures;
+mod handoff;
 mod publish;
 mod record;
 mod step;
@@ -68,6 +70,7 @@ use cloud_view::{
 use discover::{Refusals, discover, endpoint_services};
 pub use finalizer::ENDPOINT_FINALIZER;
 use finalizer::Finalizer;
+use handoff::HandOffs;
 use publish::{FipTablePublisher, Holder, fip_table_of};
 use record::HoldDown;
 use step::Step;
@@ -188,18 +191,8 @@ async fn run_on(
     shutdown: CancellationToken,
 ) -> Result<(), EndpointError> {
     let metrics = Arc::clone(&ctx.metrics);
-
-    // Decide nothing before the first full lists: a half-filled store would look like a
-    // vanished holder.
-    for ready in [
-        slices.wait_until_ready().boxed(),
-        nodes.wait_until_ready().boxed(),
-        all_services.wait_until_ready().boxed(),
-    ] {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            _ = heartbeat.idle(ready) => {}
-        }
+    if !first_lists((&slices, &nodes, &all_services), &heartbeat, &shutdown).await {
+        return Ok(());
     }
     // The control-plane endpoint Services, picked again only when a Service changed, and out
     // of the few that may be endpoints (kept from the watch's events), not every Service: the
@@ -217,12 +210,12 @@ async fn run_on(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut cloud_view = CloudView::default();
     // The IP list whose Service FIPs `baton_fips_owned` last counted, and when.
-    let mut counted = Counted::default();
-    let mut takeover = Takeover::default();
+    let (mut counted, mut takeover) = (Counted::default(), Takeover::default());
     let mut leader = ctx.leader.clone();
     let mut finalizer = Finalizer::default();
     let mut unknown_fips = UnknownFips::default();
     let (mut refusals, mut fip_table) = (Refusals::default(), FipTablePublisher::default());
+    let mut handoffs = HandOffs::default();
 
     let mut again = false;
     loop {
@@ -305,7 +298,34 @@ async fn run_on(
         again = step
             .all(&endpoints, &mut states, &mut prober, &mut cloud_view)
             .await?;
+        handoffs.consider(
+            &ctx,
+            (&endpoints, &states),
+            &candidates,
+            &prober,
+            leading && !again,
+        );
     }
+}
+
+/// Waits for the watches' first full lists (a half-filled store would look like a vanished
+/// holder: nothing is decided before); false on shutdown.
+async fn first_lists(
+    (slices, nodes, services): (&Cache<EndpointSlice>, &Cache<Node>, &Cache<Service>),
+    heartbeat: &Heartbeat,
+    shutdown: &CancellationToken,
+) -> bool {
+    for ready in [
+        slices.wait_until_ready().boxed(),
+        nodes.wait_until_ready().boxed(),
+        services.wait_until_ready().boxed(),
+    ] {
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            _ = heartbeat.idle(ready) => {}
+        }
+    }
+    true
 }
 
 /// Whether the API server is at or above the version floor ([`crate::kube::version`]); below

@@ -100,15 +100,19 @@ impl Step<'_> {
         let holder = ep.fip.target().map(|s| s.0);
         let last_move = state.hold.last_move(clocks.now);
         let fip_target = SocketAddr::new(ep.fip.address, ep.fip_port);
+        let my_node = self.ctx.leader.succession().node();
         let obs = Observation {
             holder,
-            via_fip: if self.ctx.config.health_check.use_host_ip {
+            // On the holder's own node the FIP is delivered locally (the agent's rules): a probe
+            // through it says nothing of the cloud's route, so it is not taken as an answer.
+            via_fip: if self.ctx.config.health_check.use_host_ip || self.on_holders_node(holder) {
                 Health::Unknown
             } else {
                 prober.health(&fip_target)
             },
             candidates: self.candidates.iter().map(|(c, _)| c.clone()).collect(),
             left: avoid(last_move.as_ref(), holder),
+            leader_node: my_node.map(str::to_owned),
         };
         let holder_failing_for = holder
             .and_then(|h| self.probed_at(h))
@@ -119,6 +123,16 @@ impl Step<'_> {
             last_move,
             holder_failing_for,
         }
+    }
+
+    /// Whether this replica runs on the Node of `holder` (the server holding a FIP).
+    pub(super) fn on_holders_node(&self, holder: Option<u64>) -> bool {
+        let Some(mine) = self.ctx.leader.succession().node() else {
+            return false;
+        };
+        holder
+            .and_then(|h| self.candidates.iter().find(|(c, _)| c.server_id == h))
+            .is_some_and(|(c, _)| c.node == mine)
     }
 
     /// The address candidate `server` is probed at.

@@ -36,7 +36,14 @@ fn obs(holder: Option<u64>, via_fip: Health, candidates: Vec<Candidate>) -> Obse
         via_fip,
         candidates,
         left: None,
+        leader_node: None,
     }
+}
+
+/// `o` decided by a leader on the node of candidate `id`.
+fn led_from(mut o: Observation, id: u64) -> Observation {
+    o.leader_node = Some(format!("cp-{id}"));
+    o
 }
 
 /// `o` right after a move away from `left`.
@@ -251,4 +258,55 @@ proptest::proptest! {
             proptest::prop_assert_eq!(decide(&o), Decision::Keep);
         }
     }
+}
+
+#[rstest]
+// The holder fell: a healthy node without the leader first…
+#[case(led_from(obs(Some(1), Down, vec![cand(1, Down), cand(2, Up), cand(3, Up)]), 2),
+       Decision::Move { to: 3, reason: Reason::HolderDown })]
+// …but the node the FIP just left goes last, after the leader's node.
+#[case(led_from(after_leaving(obs(Some(1), Down, vec![cand(1, Down), cand(2, Up), cand(3, Up)]), 3), 2),
+       Decision::Move { to: 2, reason: Reason::HolderDown })]
+// The leader's node is taken when it is the only healthy one.
+#[case(led_from(obs(Some(1), Down, vec![cand(1, Down), cand(2, Up), cand(3, Down)]), 2),
+       Decision::Move { to: 2, reason: Reason::HolderDown })]
+// A schedulable node still beats a cordoned one without the leader.
+#[case(led_from(obs(Some(1), Down, vec![cand(1, Down), cand(2, Up), cordoned(cand(3, Up))]), 2),
+       Decision::Move { to: 2, reason: Reason::HolderDown })]
+fn a_move_prefers_a_node_without_the_leader_after_the_node_just_left(
+    #[case] o: Observation,
+    #[case] want: Decision,
+) {
+    assert_eq!(decide(&o), want);
+}
+
+fn follower(identity: &str, node: &str) -> Follower {
+    Follower {
+        identity: identity.into(),
+        node: node.into(),
+    }
+}
+
+#[rstest]
+// The leader holds the FIP's node: to the follower on a healthy node without a FIP.
+#[case("n1", &["n1"], &[("b", "n2")], &["n1", "n2"], Some("b"))]
+// Not on a holder's node: no hand-off.
+#[case("n2", &["n1"], &[("a", "n1"), ("c", "n3")], &["n1", "n2", "n3"], None)]
+// The only follower shares the leader's node, or another holder's: none.
+#[case("n1", &["n1"], &[("b", "n1")], &["n1"], None)]
+#[case("n1", &["n1", "n2"], &[("b", "n2")], &["n1", "n2"], None)]
+// A follower whose node's API server fails cannot lead: the other one.
+#[case("n1", &["n1"], &[("b", "n2"), ("c", "n3")], &["n1", "n3"], Some("c"))]
+// Several fit: the first by node, then identity (every replica would pick the same).
+#[case("n1", &["n1"], &[("z", "n3"), ("y", "n2"), ("x", "n2")], &["n1", "n2", "n3"], Some("x"))]
+fn the_lease_goes_to_a_live_follower_off_every_holders_node(
+    #[case] leader: &str,
+    #[case] holders: &[&str],
+    #[case] followers: &[(&str, &str)],
+    #[case] healthy: &[&str],
+    #[case] want: Option<&str>,
+) {
+    let followers: Vec<_> = followers.iter().map(|(i, n)| follower(i, n)).collect();
+    let got = successor(leader, holders, &followers, healthy).map(|f| f.identity.as_str());
+    assert_eq!(got, want);
 }

@@ -1,0 +1,200 @@
+//! The leader never shares the control-plane FIP holder's node (docs/controller.md,
+//! "Placement"), on the path real nodes have: three lab nodes (each its own network namespace
+//! and API server), `baton agent` on each, the simulator routing the FIP to its holder as the
+//! cloud does, and two `baton controller` replicas (the shipped Deployment's count) that know
+//! their Node.
+//!
+//! The leader starts on the FIP's holder cp-0. It hands the Lease to the replica on cp-1 without
+//! moving the FIP. Then the cloud's route to cp-0 breaks (packets for the FIP forwarded towards
+//! cp-0 are dropped, cp-0 itself is fine): the leader, probing from cp-1 through the cloud,
+//! sees it and moves the FIP — to cp-2, the healthy node without the leader. A leader left on
+//! cp-0 (baton before the hand-off) reaches the FIP through its own node's local delivery and
+//! never sees the broken route. Last, the leader's node dies while it holds no FIP: the other
+//! replica takes the Lease and the FIP stays where it is.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // in tests a panic is the failure report
+
+mod common;
+
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use baton_cloud::model::IpAddress;
+use baton_sim::{Faults, SimHandle, Topology};
+use baton_testbed::{ControlPlane, Options, lab};
+use common::leases::LeaseHistory;
+use tokio::process::{Child, Command};
+
+const CP: [u64; 3] = [600_101, 600_102, 600_103];
+
+fn holder(sim: &SimHandle, fip: &IpAddress) -> Option<usize> {
+    let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
+    CP.iter().position(|&c| c == id)
+}
+
+/// The FIP's PUTs in the simulator's log from sequence `from` on.
+fn puts(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_sim::LogEntry> {
+    let path = format!("/v1/ips/{}", fip.id.as_str());
+    sim.log(from)
+        .into_iter()
+        .filter(|e| e.method == "PUT" && e.path == path)
+        .collect()
+}
+
+fn next_seq(sim: &SimHandle) -> u64 {
+    sim.log(0).last().map_or(0, |e| e.seq + 1)
+}
+
+/// Runs an nftables script on the lab host (the lab's hub: the cloud's router).
+async fn nft(script: &str) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nft (Debian package nftables)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).await.unwrap();
+    drop(stdin);
+    assert!(child.wait().await.unwrap().success(), "nft -f - failed: {script}");
+}
+
+#[test]
+fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_the_fip() {
+    lab::run(|| async {
+        let mut cp = ControlPlane::start(Options {
+            nodes: true,
+            ..Options::servers(3)
+        })
+        .await
+        .unwrap();
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
+        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "placement"), CP[0]).await;
+        let fip_addr = SocketAddr::new(fip.address, 6443);
+        let ca = cp.ca_der().to_vec();
+        let logs = tempfile::tempdir().unwrap();
+        let history = LeaseHistory::record(
+            (0..3).map(|i| cp.client(i).unwrap()).collect(),
+            "baton-controller",
+        );
+        let _agents: Vec<Child> = (0..3)
+            .map(|i| common::node::agent(&cp, BATON, i, &logs.path().join(format!("agent-{i}.log"))))
+            .collect();
+
+        // The replica on the holder's node leads first (as after a rollout that placed it there).
+        let mut replicas = vec![common::node::controller(
+            &cp,
+            BATON,
+            &sim,
+            0,
+            "cluster=placement",
+            logs.path(),
+        )];
+        common::wait_for("cp-0 to lead", Duration::from_secs(30), || {
+            let h = history.holder();
+            async move { h.as_deref() == Some("cp-0") }
+        })
+        .await;
+        common::wait_for("the FIP answers", Duration::from_secs(60), || {
+            common::readyz(&ca, fip_addr)
+        })
+        .await;
+        let seq = next_seq(&sim);
+        replicas.push(common::node::controller(
+            &cp,
+            BATON,
+            &sim,
+            1,
+            "cluster=placement",
+            logs.path(),
+        ));
+
+        // The hand-off: the Lease moves to cp-1, the FIP stays on cp-0.
+        common::wait_for("the Lease handed to cp-1", Duration::from_secs(30), || {
+            let h = history.holder();
+            async move { h.as_deref() == Some("cp-1") }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            history.holder().as_deref(),
+            Some("cp-1"),
+            "the Lease stays with the replica off the holder's node: {:?}",
+            history.entries()
+        );
+        assert!(
+            puts(&sim, &fip, seq).is_empty(),
+            "a hand-off moves no FIP: {:?}",
+            puts(&sim, &fip, seq)
+        );
+        assert_eq!(holder(&sim, &fip), Some(0));
+        assert!(
+            common::readyz(&ca, fip_addr).await,
+            "the FIP answers after the hand-off"
+        );
+
+        // The cloud's route to cp-0 breaks: packets for the FIP forwarded towards cp-0 are lost.
+        // cp-0's API server stays healthy (its direct probes pass).
+        let seq = next_seq(&sim);
+        let t0 = tokio::time::Instant::now();
+        nft(&format!(
+            "table ip broken_route {{\n chain forward {{\n  type filter hook forward priority -10;\n  ip daddr {} rt ip nexthop {} drop\n }}\n}}\n",
+            fip.address,
+            cp.addresses()[0]
+        ))
+        .await;
+        common::wait_for(
+            "the FIP moved off the broken route",
+            Duration::from_secs(30),
+            || {
+                let h = holder(&sim, &fip);
+                async move { h.is_some_and(|h| h != 0) }
+            },
+        )
+        .await;
+        eprintln!(
+            "the broken route was seen and the FIP moved {} ms after it broke",
+            t0.elapsed().as_millis()
+        );
+        let moved = puts(&sim, &fip, seq);
+        assert_eq!(moved.len(), 1, "one move: {moved:?}");
+        assert!(
+            moved[0].user_agent.ends_with("controller/cp-1"),
+            "moved by the leader on cp-1: {:?}",
+            moved[0].user_agent
+        );
+        assert_eq!(
+            holder(&sim, &fip),
+            Some(2),
+            "moved to cp-2, the healthy node without the leader"
+        );
+        common::wait_for("the FIP answers from cp-2", Duration::from_secs(10), || {
+            common::readyz(&ca, fip_addr)
+        })
+        .await;
+
+        // The leader's node dies, and it holds no FIP: the Lease moves, the FIP does not.
+        let seq = next_seq(&sim);
+        cp.blackhole(1).await.unwrap();
+        let _ = replicas[1].kill().await;
+        common::wait_for("cp-0 to lead again", Duration::from_secs(10), || {
+            let h = history.holder();
+            async move { h.as_deref() == Some("cp-0") }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            puts(&sim, &fip, seq).is_empty(),
+            "the leader's node died, not the holder's: no move: {:?}",
+            puts(&sim, &fip, seq)
+        );
+        assert_eq!(holder(&sim, &fip), Some(2));
+        assert!(common::readyz(&ca, fip_addr).await, "the FIP answers throughout");
+        nft("delete table ip broken_route\n").await;
+        cp.heal(1).await.unwrap();
+    });
+}
