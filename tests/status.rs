@@ -1,12 +1,19 @@
 //! `baton status` against a real control plane, the simulator and a running `baton controller`,
 //! in a lab: the JSON names the leader, the endpoint's holder and every candidate's health, and a
 //! Service that cannot get a FIP with its reason; the exit code is the verdict.
+//!
+//! On the path real nodes have: three lab nodes (each its own network namespace and API
+//! server), `baton agent` on each, the simulator routing the control-plane FIP to its holder as
+//! the cloud does, the controller on cp-1 (the FIP starts on cp-0, whose API server is later
+//! killed), and `baton status` run where docs/operations.md says to run it, on the controller's
+//! node: its `--admin` URL is that node's loopback, and its probe of the FIP crosses the cloud's
+//! route like anyone else's.
 // in tests a panic is the failure report; the lab story reads best as one sequence
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 
-use std::process::Stdio;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use baton_sim::{Faults, Topology};
@@ -17,19 +24,32 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::Value;
-use tokio::process::Command;
+use tokio::process::Child;
 
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
 const CP0: u64 = 600_101;
-/// The controller's admin endpoint (each test has its own network namespace).
+/// The lab node (index) the controller and `baton status` run on: not the FIP's first holder.
+const NODE: usize = 1;
+/// The controller's admin endpoint, on its node's loopback (the shipped default).
 const ADMIN_LISTEN: &str = "127.0.0.1:9590";
 
-/// `baton status` with the controller's settings; returns (exit code, stdout).
-async fn status(kubeconfig: &std::path::Path, sim: &baton_sim::SimHandle, extra: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+/// `baton status` with the controller's settings, run on lab node cp-[`NODE`] (where its
+/// `--admin` URL, the controller's loopback, is reachable); returns (exit code, stdout).
+async fn status(
+    cp: &ControlPlane,
+    kubeconfig: &std::path::Path,
+    sim: &baton_sim::SimHandle,
+    extra: &[&str],
+) -> (i32, String) {
+    let out = cp
+        .node_command(&format!("cp-{NODE}"), BATON)
+        .unwrap()
         .arg("status")
         .args(extra)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("CHERRY_API_KEY", sim.api_key())
         .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
         .env("CHERRY_FIP_TAG", "cluster=lab-cp")
@@ -51,31 +71,53 @@ async fn status(kubeconfig: &std::path::Path, sim: &baton_sim::SimHandle, extra:
 #[test]
 fn status_reports_leader_holder_candidates_and_a_pending_service() {
     lab::run(|| async {
-        let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
-        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
+        let mut cp = ControlPlane::start(Options {
+            nodes: true,
+            ..Options::servers(3)
+        })
+        .await
+        .unwrap();
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
         let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP0).await;
-        let client = cp.client(1).unwrap();
-        let kubeconfig = cp.write_kubeconfig(1, ADMIN_TOKEN).unwrap();
+        let fip_addr = SocketAddr::new(fip.address, 6443);
+        let ca = cp.ca_der().to_vec();
+        let client = cp.client(NODE).unwrap();
+        let kubeconfig = cp.write_kubeconfig(NODE, ADMIN_TOKEN).unwrap();
         let logs = tempfile::tempdir().unwrap();
-        let start_controller = |log: &str| {
-            Command::new(env!("CARGO_BIN_EXE_baton"))
-                .arg("controller")
-                .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-                .args(["--identity", "replica-a", "--admin-listen", ADMIN_LISTEN])
-                .env("CHERRY_API_KEY", sim.api_key())
-                .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
-                .env("CHERRY_FIP_TAG", "cluster=lab-cp")
-                .env("CHERRY_BASE_URL", sim.base_url().as_str())
-                // Service FIPs on, but no region: a Service without the region annotation waits.
-                .env("CHERRY_LOAD_BALANCER", "empty://")
-                .env("BATON_API_RATE_LIMIT", "0")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(logs.path().join(log)).unwrap())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap()
+        let _agents: Vec<Child> = (0..3)
+            .map(|i| common::node::agent(&cp, BATON, i, &logs.path().join(format!("agent-{i}.log"))))
+            .collect();
+        // The controller on cp-1, its node's API server, its admin endpoint on that node's
+        // loopback; it knows its Node (as the shipped Deployment's downward API gives it).
+        let start_controller = |cp: &ControlPlane, log: &str| {
+            common::node::command(
+                cp,
+                BATON,
+                NODE,
+                &[
+                    "controller",
+                    "--kubeconfig",
+                    kubeconfig.to_str().unwrap(),
+                    "--identity",
+                    "replica-a",
+                    "--node-name",
+                    &format!("cp-{NODE}"),
+                    "--admin-listen",
+                    ADMIN_LISTEN,
+                ],
+                &logs.path().join(log),
+            )
+            .env("CHERRY_API_KEY", sim.api_key())
+            .env("CHERRY_PROJECT_ID", sim.project_id().to_string())
+            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
+            .env("CHERRY_BASE_URL", sim.base_url().as_str())
+            // Service FIPs on, but no region: a Service without the region annotation waits.
+            .env("CHERRY_LOAD_BALANCER", "empty://")
+            .env("BATON_API_RATE_LIMIT", "0")
+            .spawn()
+            .unwrap()
         };
-        let mut controller = start_controller("controller.log");
+        let mut controller = start_controller(&cp, "controller.log");
         let admin = format!("http://{ADMIN_LISTEN}");
 
         common::namespace(&client, "apps").await;
@@ -144,7 +186,14 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
         )
         .await;
 
-        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+        // The FIP answers through the cloud's route to cp-0, accepted there by its agent (once
+        // the leader has written the FIP table).
+        common::wait_for("the FIP answers", Duration::from_secs(60), || {
+            common::readyz(&ca, fip_addr)
+        })
+        .await;
+
+        let (code, out) = status(&cp, &kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
         let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
         assert_eq!(code, 10, "degraded (a Service waits): {report:#}");
         // The replica's admin endpoints: it leads and is healthy.
@@ -182,7 +231,7 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
         assert!(report["cloud"]["reachable"] == true && report["kubernetes"]["reachable"] == true);
 
         // The human form says the same on one screen.
-        let (code, text) = status(&kubeconfig, &sim, &[]).await;
+        let (code, text) = status(&cp, &kubeconfig, &sim, &[]).await;
         assert_eq!(code, 10);
         assert!(text.starts_with("baton status: DEGRADED (exit 10)"), "{text}");
         assert!(
@@ -201,7 +250,7 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
             async move { api.get_opt("web").await.unwrap().is_none() }
         })
         .await;
-        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+        let (code, out) = status(&cp, &kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
         let report: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(code, 0, "healthy: {report:#}");
         assert_eq!(report["verdict"], "healthy");
@@ -210,16 +259,15 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
             report["endpoints"][0]["lastMove"].is_null(),
             "nothing moved yet: {report:#}"
         );
-        let (code, text) = status(&kubeconfig, &sim, &[]).await;
+        let (code, text) = status(&cp, &kubeconfig, &sim, &[]).await;
         assert_eq!(code, 0);
         assert!(text.starts_with("baton status: HEALTHY (exit 0)"), "{text}");
 
         // No controller runs, and the holder's API server stops: nothing moves the FIP, so the
         // endpoint is down (exit 11), and no one leads.
         controller.kill().await.unwrap();
-        let mut cp = cp;
         cp.kill_apiserver(0).await;
-        let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+        let (code, out) = status(&cp, &kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
         let report: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(code, 11, "down: {report:#}");
         assert_eq!(report["verdict"], "down");
@@ -238,12 +286,13 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
 
         // The controller is back: it moves the FIP; the move is on the screen, the dead
         // candidate still reported while default/kubernetes lists it (degraded), or gone.
-        let _controller = start_controller("controller-2.log");
+        let _controller = start_controller(&cp, "controller-2.log");
         let report = common::eventually(
             Duration::from_secs(30),
             "the FIP moved away from cp-0",
             || async {
-                let (code, out) = status(&kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
+                let (code, out) =
+                    status(&cp, &kubeconfig, &sim, &["--output", "json", "--admin", &admin]).await;
                 let report: Value = serde_json::from_str(&out).unwrap();
                 let ep = &report["endpoints"][0];
                 (ep["holder"]["hostname"] != "cp-0" && ep["fipReady"] == true && !ep["lastMove"].is_null())
@@ -260,6 +309,10 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
             moved.contains(to),
             "the last move names the new holder {to}: {moved}"
         );
+        assert!(
+            common::readyz(&ca, fip_addr).await,
+            "the FIP answers from {to} through the cloud's route"
+        );
         let failing: Vec<&Value> = ep["candidates"]
             .as_array()
             .unwrap()
@@ -271,7 +324,7 @@ fn status_reports_leader_holder_candidates_and_a_pending_service() {
             assert_eq!(dead["server"]["hostname"], "cp-0");
             assert_eq!(code, 10, "a failing candidate is degraded: {report:#}");
         }
-        let (_, text) = status(&kubeconfig, &sim, &["--admin", &admin]).await;
+        let (_, text) = status(&cp, &kubeconfig, &sim, &["--admin", &admin]).await;
         assert!(text.contains(to) && text.contains("replica-a"), "{text}");
         eprintln!("{text}");
         drop(logs);
