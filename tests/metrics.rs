@@ -64,6 +64,12 @@ async fn event(client: &kube::Client, ns: &str, name: &str, reason: &str) -> Eve
     .await
 }
 
+/// No nodes: one API server and nothing fails, so no FIP moves (the failover metrics are only
+/// checked to be declared, `# TYPE`; no failover is caused to count one). The simulator's
+/// splice (`common::spliced`) only makes the control-plane FIP answer somewhere, so that the
+/// endpoint loop sees a healthy endpoint, as it would in a working cluster; a routed FIP would
+/// need lab nodes with agents and would change nothing this test reads (the routed path is
+/// `tests/datapath.rs`'s and `tests/placement.rs`'s).
 #[test]
 fn every_documented_metric_is_served_and_the_operator_signals_are_true() {
     lab::run(|| async {
