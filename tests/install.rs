@@ -7,6 +7,12 @@
 //! two processes (`common::pod`; the Deployment on real kubelets is `tests/pods.rs`'s and
 //! `tests/bootstrap.rs`'s).
 //!
+//! On the path real nodes have: the control-plane servers are lab nodes (each its own network
+//! namespace and API server; guide A's bootstrap host is the lab host, no node), the simulator
+//! routes each FIP to its holder as the cloud does, and on every node `baton agent` runs as the
+//! handoff's DaemonSet would (its ServiceAccount, the rendered RBAC) and the controller's pods
+//! run in their nodes' namespaces. The clients that check the FIP are on the lab host.
+//!
 //! - A. a separate bootstrap host: `complete`, DNS ends with the FIPs only, every FIP routed to a
 //!   control-plane Node, the API answers through the FIP after the bootstrap host is stopped.
 //! - B. the kubeadm way: cp-0 is the bootstrap host; after `complete` its address has left DNS
@@ -19,7 +25,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,12 +39,12 @@ use hickory_net::client::{Client, ClientHandle as _};
 use hickory_net::runtime::TokioRuntimeProvider;
 use hickory_net::udp::UdpClientStream;
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 const SA_TOKEN: &str = "baton-sa-token";
@@ -160,9 +166,19 @@ fn guide_path(dir: &Path) -> std::ffi::OsString {
 
 /// Runs one of the guide's shell commands (`bash -e`) on the "host" `dir`, with the simulator's
 /// URL in the environment (as `/etc/baton/bootstrap.env` gives it); `exec`, so the child is
-/// the command itself.
-fn guide_shell(command: &str, dir: &Path, sim: &SimHandle, log: &Path) -> Command {
-    let mut cmd = Command::new("bash");
+/// the command itself. `node`: the host is that lab node (its network and mount namespaces),
+/// else the lab host.
+fn guide_shell(
+    command: &str,
+    dir: &Path,
+    sim: &SimHandle,
+    log: &Path,
+    node: Option<(&ControlPlane, &str)>,
+) -> Command {
+    let mut cmd = match node {
+        Some((cp, name)) => cp.node_command(name, "bash").unwrap(),
+        None => Command::new("bash"),
+    };
     cmd.args(["-euo", "pipefail", "-c"])
         .arg(format!("exec {}", on_the_lab_host(command, dir, sim.api_key())))
         .current_dir(root())
@@ -178,10 +194,17 @@ fn guide_shell(command: &str, dir: &Path, sim: &SimHandle, log: &Path) -> Comman
     cmd
 }
 
-/// Runs a guide's command to its end; fails the test with its output unless it exits 0.
-async fn guide_run(command: &str, dir: &Path, sim: &SimHandle, log: &str) -> String {
+/// Runs a guide's command to its end (on `node`, as [`guide_shell`]); fails the test with its
+/// output unless it exits 0.
+async fn guide_run(
+    command: &str,
+    dir: &Path,
+    sim: &SimHandle,
+    log: &str,
+    node: Option<(&ControlPlane, &str)>,
+) -> String {
     let log = dir.join(log);
-    let out = guide_shell(command, dir, sim, &log).output().await.unwrap();
+    let out = guide_shell(command, dir, sim, &log, node).output().await.unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -275,39 +298,93 @@ fn is_summary(v: &serde_json::Value) -> bool {
     v["event"] == "summary"
 }
 
-/// The handoff's Deployment, run as pods on the nodes whose API servers are `servers`.
-async fn start_pods(cp: &ControlPlane, sim: &SimHandle, servers: &[usize]) -> Vec<common::pod::Pod> {
+/// `bin` wrapped to run on lab node `node` (its network and mount namespaces, as a host-network
+/// pod there): a script in `dir` that execs [`ControlPlane::node_command`]'s wrapper with its
+/// own arguments. `common::pod` starts a program by path; this is that path.
+fn on_node(cp: &ControlPlane, node: &str, bin: &Path, dir: &Path) -> PathBuf {
+    let wrapper = cp.node_command(node, bin).unwrap();
+    let wrapper = wrapper.as_std();
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().unwrap().replace('\'', r"'\''"));
+    let mut line = quote(wrapper.get_program());
+    for arg in wrapper.get_args() {
+        line.push(' ');
+        line.push_str(&quote(arg));
+    }
+    let path = dir.join(format!(
+        "{}-on-{node}",
+        bin.file_name().unwrap().to_str().unwrap()
+    ));
+    std::fs::write(&path, format!("#!/bin/sh\nexec {line} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The handoff's Deployment run as pods on lab nodes `nodes` (each in its node's namespaces,
+/// talking to its node's API server with the ServiceAccount's token, its Node name from the
+/// downward API's `spec.nodeName`), and the handoff's agent DaemonSet as `baton agent` on every
+/// lab node, with a token of its own ServiceAccount: both once the handoff has applied them.
+async fn start_pods(
+    cp: &ControlPlane,
+    sim: &SimHandle,
+    nodes: &[&str],
+    dir: &Path,
+) -> (Vec<common::pod::Pod>, Vec<Child>) {
     let admin = cp.client(0).unwrap();
-    eventually(WAIT, "the handoff's Deployment", || async {
-        Api::<Deployment>::namespaced(admin.clone(), "kube-system")
+    eventually(WAIT, "the handoff's Deployment and agent DaemonSet", || async {
+        let deployment = Api::<Deployment>::namespaced(admin.clone(), "kube-system")
             .get_opt("baton")
             .await
             .ok()
-            .flatten()
+            .flatten();
+        let daemonset = Api::<DaemonSet>::namespaced(admin.clone(), "kube-system")
+            .get_opt("baton-agent")
+            .await
+            .ok()
+            .flatten();
+        deployment.zip(daemonset)
     })
     .await;
+    let baton = Path::new(env!("CARGO_BIN_EXE_baton"));
+    let agent_token = common::service_account_token(&admin, "kube-system", "baton-agent").await;
+    let agents = cp
+        .node_names()
+        .iter()
+        .map(|name| {
+            let i = cp.apiserver_of_node(name).unwrap();
+            let kubeconfig = cp.write_kubeconfig(i, &agent_token).unwrap();
+            cp.node_command(name, baton)
+                .unwrap()
+                .args(["agent", "--kubeconfig", kubeconfig.to_str().unwrap()])
+                .env("BATON_LOG", "info,baton=debug")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(format!("agent-{name}.log"))).unwrap())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     let mut pods = Vec::new();
-    for &i in servers {
+    for &name in nodes {
+        let i = cp.apiserver_of_node(name).unwrap();
         let kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
         pods.push(
             common::pod::start(
-                Path::new(env!("CARGO_BIN_EXE_baton")),
+                &on_node(cp, name, baton, dir),
                 &cp.client(i).unwrap(),
                 "kube-system",
                 "baton",
-                &format!("baton-{i}"),
+                &format!("baton-{name}"),
                 &kubeconfig,
                 &[
                     ("CHERRY_BASE_URL", sim.base_url().as_str()),
-                    // Host network, many pods in one lab address space.
-                    ("BATON_ADMIN_LISTEN", "off"),
-                    ("BATON_METRICS_LISTEN", "off"),
+                    // What the downward API's spec.nodeName gives the container.
+                    ("NODE_NAME", name),
                 ],
             )
             .await,
         );
     }
-    pods
+    (pods, agents)
 }
 
 fn dns_client(addr: SocketAddr) -> Client<TokioRuntimeProvider> {
@@ -361,11 +438,13 @@ async fn floating_ips(sim: &SimHandle) -> Vec<IpAddress> {
         .collect()
 }
 
+/// API servers on `servers` (198.51.100.`n`), every one but the bootstrap host (.10) a lab node.
 fn lab_options(servers: &[u8]) -> Options {
     Options {
         servers: servers.iter().map(|n| lab::public_ip(*n)).collect(),
         extra_sans: vec!["api.prod.example.com".into(), "api-int.prod.example.com".into()],
         users: vec![baton_user()],
+        nodes: true,
         ..Options::default()
     }
 }
@@ -378,7 +457,7 @@ fn guide_a_with_a_separate_bootstrap_host() {
         // nodes joining it (.11-.13; kubelets register their Nodes).
         let mut cp = ControlPlane::start(lab_options(&[10, 11, 12, 13])).await.unwrap();
         cp.register_nodes(CP.len()).await.unwrap();
-        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
         // Step 1: the installer reserved the api FIP, tagged, not routed.
         let api_fip = common::unlimited_client(&sim)
             .create_ip(CreateIpRequest {
@@ -403,6 +482,7 @@ fn guide_a_with_a_separate_bootstrap_host() {
             dir.path(),
             &sim,
             "check.log",
+            None,
         )
         .await;
         let stop_dns = CancellationToken::new();
@@ -412,13 +492,14 @@ fn guide_a_with_a_separate_bootstrap_host() {
             dir.path(),
             &sim,
             &dir.path().join("bootstrap.log"),
+            None,
         )
         .spawn()
         .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let events = tokio::spawn(async move { read_events(&mut lines, is_summary).await });
-        // The controller's pods start on cp-0 and cp-1 as they join.
-        let pods = start_pods(&cp, &sim, &[1, 2]).await;
+        // The controller's pods start on cp-0 and cp-1 as they join, the agent on every node.
+        let (pods, _agents) = start_pods(&cp, &sim, &["cp-0", "cp-1"], dir.path()).await;
         let events = events.await.unwrap();
         let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
             .await
@@ -489,7 +570,7 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         let mut cp = ControlPlane::start(lab_options(&[11, 12, 13])).await.unwrap();
         cp.register_nodes(CP.len()).await.unwrap();
         let admin = cp.client(0).unwrap();
-        let sim = Arc::new(common::sim(Faults::none(), common::spliced(Topology::default())).await);
+        let sim = Arc::new(common::routed_sim(Faults::none(), Topology::default()).await);
         let dir = tempfile::tempdir().unwrap();
         render_manifests(dir.path(), &sim).await;
         // Step 1: the guide's config.
@@ -512,12 +593,15 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         assert!(admin_conf.contains("- name: kubernetes\n") && admin_conf.contains("cluster: kubernetes\n"));
         std::fs::write(dir.path().join("kubernetes/admin.conf"), admin_conf).unwrap();
         let step2 = guide_commands("2. **Certificates and the admin kubeconfig first");
-        guide_run(pick(&step2, "cp ", "admin.conf"), dir.path(), &sim, "cp.log").await;
+        // Every command on cp-0, the first control-plane node.
+        let cp0 = Some((&cp, "cp-0"));
+        guide_run(pick(&step2, "cp ", "admin.conf"), dir.path(), &sim, "cp.log", cp0).await;
         guide_run(
             pick(&step2, "kubectl ", "set-cluster"),
             dir.path(),
             &sim,
             "kubectl.log",
+            cp0,
         )
         .await;
         let copy = std::fs::read_to_string(&kubeconfig).unwrap();
@@ -527,20 +611,23 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
             dir.path(),
             &sim,
             "check.log",
+            cp0,
         )
         .await;
-        // `systemctl enable --now baton-bootstrap`: the shipped unit's ExecStart, its paths on
-        // the lab host (the credential is the copy above). It keeps serving DNS after completion.
+        // `systemctl enable --now baton-bootstrap`: the shipped unit's ExecStart on cp-0, its
+        // paths in the test's directory (the credential is the copy above). It keeps serving DNS
+        // after completion.
         pick(&step2, "systemctl enable", "baton-bootstrap");
         let mut child = guide_shell(
             &unit_exec_start(),
             dir.path(),
             &sim,
             &dir.path().join("bootstrap.log"),
+            cp0,
         )
         .spawn()
         .unwrap();
-        let pods = start_pods(&cp, &sim, &[0, 1]).await;
+        let (pods, _agents) = start_pods(&cp, &sim, &["cp-0", "cp-1"], dir.path()).await;
         let status_file = dir.path().join("bootstrap-status.json");
         let status = eventually(
             Duration::from_secs(240),
@@ -588,7 +675,10 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
         );
 
         // cp-0 stays a candidate. Move the FIP away from it (cordon), then take the other API
-        // servers down: the FIP comes back to cp-0 and the API answers through it.
+        // servers down: the FIP comes back to cp-0 and the API answers through it. They are
+        // killed: a graceful stop of a node's API server lasts until the testbed's 30 s grace
+        // runs out, as it keeps serving the watch of the node's agent after it stopped
+        // listening; either way a new connection is refused at once.
         let cloud = common::unlimited_client(&sim);
         let nodes: Api<Node> = Api::all(admin.clone());
         let cordon = |on: bool| serde_json::json!({"spec": {"unschedulable": on}});
@@ -605,8 +695,8 @@ fn guide_b_the_kubeadm_way_keeps_the_first_node_as_a_candidate() {
             .patch("cp-0", &PatchParams::default(), &Patch::Merge(&cordon(false)))
             .await
             .unwrap();
-        cp.stop_apiserver(1).await.unwrap();
-        cp.stop_apiserver(2).await.unwrap();
+        cp.kill_apiserver(1).await;
+        cp.kill_apiserver(2).await;
         eventually(WAIT, "the FIP routed to cp-0", || async {
             (cloud.ip(&fip.id).await.ok()?.target()? == ServerId(CP[0])).then_some(())
         })
