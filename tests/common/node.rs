@@ -44,13 +44,13 @@ pub fn controller(
             kubeconfig.to_str().unwrap(),
             "--identity",
             &format!("cp-{i}"),
-            "--node-name",
-            &format!("cp-{i}"),
             "--admin-listen",
             "off",
         ],
         &logs.join(format!("controller-{i}.log")),
     )
+    // As the manifests give it (the downward API's spec.nodeName).
+    .env("NODE_NAME", format!("cp-{i}"))
     .env("CHERRY_API_KEY", "sim-token")
     .env("CHERRY_PROJECT_ID", "123456")
     .env("CHERRY_FIP_TAG", fip_tag)
