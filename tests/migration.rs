@@ -10,13 +10,23 @@
 //! pool for the control-plane FIP among them: CPEM #258), its Secret `cherry-cloud-config` and
 //! its Deployment. Then the runbook: delete the CCM's Deployment, `helm install` baton reusing the
 //! CCM's Secret, the chart's pods start (run as processes with the pod's args, env, Secret and
-//! token: this test's lab has no kubelets; see `common::pod`). While it switches, a client polls the control-plane FIP's `/readyz` through
-//! the simulator's forwarding (real TCP to the routed API server), and another checks every
-//! workload address stays in a MetalLB pool named by an advertisement (what MetalLB announces)
-//! with its Service's ingress unchanged, and a real BGP router (gobgpd on the region's route
-//! server address) peered with MetalLB's speaker for cp-0 is read every 200 ms: every workload
-//! route stays in its RIB throughout. Failures counted: 0 expected. Before the switch the router
-//! also has the control-plane FIP (the CCM's pool for its mirror: CPEM #258); after, never.
+//! token: this test's lab has no kubelets; see `common::pod`).
+//!
+//! On the path real nodes have: cp-0..2 are lab nodes (each its own network namespace and API
+//! server), the simulator routes the control-plane FIP to its holder as the cloud does, and the
+//! nodes accept it as the CCM's README has them do, the FIP on each node's loopback, until baton
+//! is installed: then `baton agent` runs on every node as the chart's DaemonSet would (its own
+//! ServiceAccount), and the controller's pods run in cp-0's and cp-1's namespaces. MetalLB's
+//! speaker runs on cp-0, gobgpd in the lab host.
+//!
+//! While it switches, a client on the lab host polls the control-plane FIP's `/readyz` through
+//! the cloud's route, and another checks every workload address stays in a MetalLB pool named by
+//! an advertisement (what MetalLB announces) with its Service's ingress unchanged, and a real BGP
+//! router (gobgpd on the region's route server address) peered with MetalLB's speaker for cp-0 is
+//! read every 200 ms: every workload route stays in its RIB throughout. Failures counted: 0
+//! expected. Once baton has taken over, the loopback addresses go and the FIP keeps answering,
+//! accepted by the agent's rule on cp-0. Before the switch the router also has the control-plane
+//! FIP (the CCM's pool for its mirror: CPEM #258); after, never.
 //!
 //! After: everything adopted (Service FIPs by their tags, MetalLB objects by their labels), the
 //! CCM's leftovers baton replaces removed (its mirror despite the service controller's cleanup
@@ -33,6 +43,8 @@ mod metallb;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,12 +57,13 @@ use baton_sim::{Faults, Topology};
 use baton_testbed::control_plane::Proc;
 use baton_testbed::{ControlPlane, Options, TokenUser, lab};
 use common::{eventually, ingress, namespace};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
+use tokio::process::Child;
 
 const SA_TOKEN: &str = "baton-sa-token";
 const MLB: &str = "metallb-system";
@@ -63,6 +76,8 @@ const WAIT: Duration = Duration::from_secs(90);
 /// public IP (server 600101).
 const ROUTER: &str = "198.51.100.2";
 const NODE_IP: &str = "198.51.100.11";
+/// The lab nodes, in API server order (cp-`i` is API server `i`).
+const NODES: [&str; 3] = ["cp-0", "cp-1", "cp-2"];
 const GOBGP_API: &str = "127.0.0.1:50051";
 
 /// The reasons of baton's Events (events.k8s.io: reporting controller `baton`) on `kind`/`name`
@@ -164,6 +179,63 @@ async fn announced(client: &kube::Client, ip: &str) -> bool {
     })
 }
 
+/// `bin` wrapped to run on lab node `node` (its network and mount namespaces, as a host-network
+/// pod there): a script in `dir` that execs [`ControlPlane::node_command`]'s wrapper with its
+/// own arguments. `common::pod` starts a program by path; this is that path.
+fn on_node(cp: &ControlPlane, node: &str, bin: &Path, dir: &Path) -> PathBuf {
+    let wrapper = cp.node_command(node, bin).unwrap();
+    let wrapper = wrapper.as_std();
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().unwrap().replace('\'', r"'\''"));
+    let mut line = quote(wrapper.get_program());
+    for arg in wrapper.get_args() {
+        line.push(' ');
+        line.push_str(&quote(arg));
+    }
+    let path = dir.join(format!(
+        "{}-on-{node}",
+        bin.file_name().unwrap().to_str().unwrap()
+    ));
+    std::fs::write(&path, format!("#!/bin/sh\nexec {line} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `ip ARGS` on lab node `node`; fails the test unless it succeeds.
+async fn node_ip(cp: &ControlPlane, node: &str, args: &[&str]) {
+    let status = cp
+        .node_command(node, "ip")
+        .unwrap()
+        .args(args)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "ip {args:?} on {node}");
+}
+
+/// The packets counted by the agent's rule for `fip` on lab node `node` (`nft list table ip
+/// baton`): connections to the FIP that the node accepted through the agent; `None` without
+/// that rule.
+async fn agent_rule_packets(cp: &ControlPlane, node: &str, fip: &str) -> Option<u64> {
+    let out = cp
+        .node_command(node, "nft")
+        .unwrap()
+        .args(["list", "table", "ip", "baton"])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(&format!("ip daddr {fip} ")) && l.contains("redirect"))
+        .and_then(|l| {
+            l.split("counter packets ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
 #[test]
 fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_address() {
     let helm = common::helm::Helm::new();
@@ -171,6 +243,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         baton_testbed::init_tracing();
         let cp = ControlPlane::start(Options {
             users: vec![baton_user()],
+            nodes: true,
             ..Options::servers(3)
         })
         .await
@@ -181,7 +254,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         metallb::install_crds(&admin).await;
         namespace(&admin, MLB).await;
         namespace(&admin, "apps").await;
-        let sim = common::sim(Faults::none(), common::spliced(Topology::default())).await;
+        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
         // The Nodes as kubelets and the CCM left them: host name and region labels, provider ID.
         for (i, id) in CP.iter().enumerate() {
             let node: Node = serde_json::from_value(json!({
@@ -197,17 +270,12 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
                 .await
                 .unwrap();
         }
-        // A real BGP router on the region's first route server, and MetalLB's speaker for cp-0
-        // peering with it from cp-0's public IP. On a real server that IP is an interface
-        // address (MetalLB checks its sourceAddress is one); the lab's ranges are local routes
-        // only, so lo gets both addresses.
-        for address in [ROUTER, NODE_IP] {
-            let status = std::process::Command::new("ip")
-                .args(["addr", "add", &format!("{address}/32"), "dev", "lo"])
-                .status()
-                .unwrap();
-            assert!(status.success(), "ip addr add {address}/32 dev lo");
-        }
+        // A real BGP router on the region's first route server (a host on the lab's bridge),
+        // and MetalLB's speaker on cp-0 peering with it from cp-0's public IP (an address of
+        // its interface, as MetalLB checks).
+        baton_testbed::node::add_lab_host(ROUTER.parse().unwrap())
+            .await
+            .unwrap();
         let bgp_dir = tempfile::tempdir().unwrap();
         let conf = bgp_dir.path().join("gobgpd.toml");
         std::fs::write(
@@ -238,6 +306,15 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         // Its control-plane FIP (fipTag cluster=my-cp), routed to cp-0.
         let (_, cp_fip) = common::control_plane_fip(&sim, ("cluster", "my-cp"), CP[0]).await;
         let control_ip = cp_fip.address.to_string();
+        // The nodes accept it the way the CCM's README says: the FIP on each node's loopback.
+        for node in NODES {
+            node_ip(
+                &cp,
+                node,
+                &["addr", "add", &format!("{control_ip}/32"), "dev", "lo"],
+            )
+            .await;
+        }
         // Its mirror Service, Endpoints copied from default/kubernetes, by server-side apply.
         let ccm_pp = PatchParams::apply(CCM_MANAGER).force();
         let kube_system: Api<Service> = Api::namespaced(admin.clone(), "kube-system");
@@ -407,7 +484,14 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         let speaker = Proc::spawn(
             "speaker",
             bgp_dir.path(),
-            &mut metallb::speaker_command(&kubeconfig, MLB, "cp-0", 7472),
+            &mut metallb::with_speaker_args(
+                cp.node_command("cp-0", metallb::dir().join("bin/speaker"))
+                    .unwrap(),
+                &kubeconfig,
+                MLB,
+                "cp-0",
+                7472,
+            ),
         )
         .unwrap();
         let prefixes: Vec<String> = [workloads[0].1.as_str(), workloads[1].1.as_str(), own_ip.as_str()]
@@ -570,21 +654,48 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             values.path().to_str().unwrap(),
         ]);
         assert!(notes.contains("STATUS: deployed"), "{notes}");
-        // 3. Its pods start on two control-plane nodes, each talking to its own API server.
+        // 3. Its pods start on two control-plane nodes, each in its node's namespaces talking to
+        // its own API server, its Node name as the downward API gives it; the agent DaemonSet's
+        // on every node, with a token of its own ServiceAccount.
+        let baton = Path::new(env!("CARGO_BIN_EXE_baton"));
+        assert!(
+            Api::<DaemonSet>::namespaced(admin.clone(), "kube-system")
+                .get_opt("baton-agent")
+                .await
+                .unwrap()
+                .is_some(),
+            "the chart installs the agent"
+        );
+        let agent_token = common::service_account_token(&admin, "kube-system", "baton-agent").await;
+        let pod_dir = tempfile::tempdir().unwrap();
+        let _agents: Vec<Child> = NODES
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let kubeconfig = cp.write_kubeconfig(i, &agent_token).unwrap();
+                cp.node_command(node, baton)
+                    .unwrap()
+                    .args(["agent", "--kubeconfig", kubeconfig.to_str().unwrap()])
+                    .env("BATON_LOG", "info,baton=debug")
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(pod_dir.path().join(format!("agent-{node}.log"))).unwrap())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
         let mut pods = Vec::new();
-        for i in 0..2 {
+        for (i, node) in NODES.iter().take(2).enumerate() {
             let sa_kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
-            // Each pod is on its node's host network: the admin and metrics ports are off
-            // here, as three processes share one lab address space.
             pods.push(
                 common::pod::start(
-                    std::path::Path::new(env!("CARGO_BIN_EXE_baton")),
+                    &on_node(&cp, node, baton, pod_dir.path()),
                     &admin,
                     "kube-system",
                     "baton",
-                    &format!("baton-{i}"),
+                    &format!("baton-{node}"),
                     &sa_kubeconfig,
-                    &[("BATON_ADMIN_LISTEN", "off"), ("BATON_METRICS_LISTEN", "off")],
+                    &[("NODE_NAME", node)],
                 )
                 .await,
             );
@@ -729,8 +840,28 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             (!metallb::router_rib(GOBGP_API).await.contains_key(&cp_prefix)).then_some(())
         })
         .await;
+        // The agents accept the FIP now: the loopback addresses go (a node's own probe of the
+        // FIP must cross the cloud's route again, docs/controller.md), and the FIP keeps
+        // answering through cp-0's agent rule.
+        let accepted = eventually(WAIT, "the agent's rule for the FIP on cp-0", || {
+            agent_rule_packets(&cp, "cp-0", &control_ip)
+        })
+        .await;
+        for node in NODES {
+            node_ip(
+                &cp,
+                node,
+                &["addr", "del", &format!("{control_ip}/32"), "dev", "lo"],
+            )
+            .await;
+        }
         // Converged: a few more seconds of traffic, then the counts.
         tokio::time::sleep(Duration::from_secs(3)).await;
+        let accepted_after = agent_rule_packets(&cp, "cp-0", &control_ip).await.unwrap();
+        assert!(
+            accepted_after > accepted,
+            "the FIP's connections go through cp-0's agent rule ({accepted} then {accepted_after} packets)"
+        );
         stop.store(true, Ordering::SeqCst);
         cp_poller.await.unwrap();
         let lb_failures = lb_poller.await.unwrap();
@@ -854,7 +985,14 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             },
         )
         .await;
-        assert!(common::readyz(cp.ca_der(), SocketAddr::new(api_fip.address, 6443)).await);
+        // Through the cloud's route to cp-1, accepted there by its agent once the leader's FIP
+        // table names the FIP (its write follows the Service's admission by a moment).
+        common::wait_for(
+            "the API through kube-system/api's FIP",
+            Duration::from_secs(10),
+            || common::readyz(cp.ca_der(), SocketAddr::new(api_fip.address, 6443)),
+        )
+        .await;
         system_ns.delete("api", &DeleteParams::default()).await.unwrap();
         eventually(WAIT, "kube-system/api gone", || async {
             system_ns.get_opt("api").await.unwrap().is_none().then_some(())
