@@ -6,6 +6,7 @@ pub mod helm;
 pub mod leases;
 pub mod node;
 pub mod pod;
+pub mod routed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
