@@ -1,32 +1,35 @@
 //! Failover for the ways a control-plane node really fails, with three `baton controller`
-//! replicas each talking only to its own node's API server (as the shipped Deployment runs
-//! them): a hung API server, the leader's own node dying, etcd stalling under every API server,
-//! a deposed leader whose cloud calls are held back, and work left while there was no leader. Every cloud write a replica sends
-//! is checked against the Lease history at the simulator (its User-Agent names the replica).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+//! replicas each running on its lab node and talking only to that node's API server (as the
+//! shipped Deployment runs them, knowing their Node by `NODE_NAME` unless a test says why not):
+//! a hung API server, the leader's own node dying, etcd stalling under every API server, a
+//! deposed leader whose cloud calls are held back, work left while there was no leader, and
+//! idle followers. The path is the routed one (`common::routed`): `baton agent` on every node,
+//! the simulator routing the FIP to its holder as the cloud does; "the FIP answers" is
+//! `/readyz` through it from the lab host. Every cloud write a replica sends is checked against
+//! the Lease history at the simulator (its User-Agent names the replica).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // in tests a panic is the failure report
 
 mod common;
 
+/// The binary under test.
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use baton_cloud::CherryClient;
 use baton_cloud::Cloud as _;
-use baton_cloud::model::{IpAddress, ServerId};
-use baton_sim::{Faults, LogEntry, SimHandle, Topology};
-use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, lab};
-use common::leases::LeaseHistory;
+use baton_cloud::model::ServerId;
+use baton_sim::Faults;
+use baton_testbed::lab;
+use common::routed::{CP, Routed, hub_nft};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
-const CP: [u64; 3] = [600_101, 600_102, 600_103];
 /// The controller's default lease duration, in ms (a write later than this after its sender's
 /// last renew could come after a takeover).
 fn lease_ms() -> u64 {
@@ -34,163 +37,50 @@ fn lease_ms() -> u64 {
     u64::try_from(d.as_millis()).unwrap()
 }
 
-struct Bed {
-    cp: ControlPlane,
-    sim: SimHandle,
-    cloud: CherryClient,
-    fip: IpAddress,
-    history: LeaseHistory,
-    logs: tempfile::TempDir,
-}
-
-async fn bed(latency_ms: u64) -> Bed {
-    let cp = ControlPlane::start(Options::servers(3)).await.unwrap();
-    let sim = common::sim(
+async fn bed(latency_ms: u64) -> Routed {
+    Routed::start(
+        BATON,
+        3,
         Faults {
             latency_ms: latency_ms.into(),
             ..Faults::none()
         },
-        common::spliced(Topology::default()),
+        "lab-cp",
     )
-    .await;
-    let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "lab-cp"), CP[0]).await;
-    let history = LeaseHistory::record(
-        (0..3).map(|i| cp.client(i).unwrap()).collect(),
-        "baton-controller",
+    .await
+}
+
+/// The node replica `identity` runs on.
+fn node(bed: &Routed, identity: &str) -> usize {
+    bed.node_of(identity)
+        .unwrap_or_else(|| panic!("no replica {identity}"))
+}
+
+/// Puts the FIP on node `i` (the test's own write) and waits until it answers there.
+async fn place_fip(bed: &Routed, i: usize) {
+    if bed.holder() != Some(i) {
+        bed.cloud.retarget_ip(&bed.fip.id, ServerId(CP[i])).await.unwrap();
+    }
+    common::wait_for("the FIP to answer", Duration::from_secs(30), || bed.fip_answers()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+fn assert_only_leaders_wrote(bed: &Routed) {
+    let bad = bed.nonleader_writes(lease_ms());
+    assert!(
+        bad.is_empty(),
+        "writes from replicas not holding the Lease: {bad:#?}\n{}",
+        bed.logs()
     );
-    Bed {
-        cp,
-        sim,
-        cloud,
-        fip,
-        history,
-        logs: tempfile::tempdir().unwrap(),
-    }
 }
 
-impl Bed {
-    /// Replica `i` (identity cp-i) on node i: talks only to API server i.
-    fn replica(&self, i: usize, extra_env: &[(&str, &str)]) -> Child {
-        let kubeconfig = self.cp.write_kubeconfig(i, ADMIN_TOKEN).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log(i))
-            .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton"));
-        cmd.arg("controller")
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args(["--identity", &format!("cp-{i}"), "--admin-listen", "off"])
-            .env("CHERRY_API_KEY", "sim-token")
-            .env("CHERRY_PROJECT_ID", "123456")
-            .env("CHERRY_FIP_TAG", "cluster=lab-cp")
-            .env("CHERRY_BASE_URL", self.sim.base_url().as_str())
-            .env("BATON_LOG", "info,baton=debug");
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        cmd.stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
-    }
-
-    fn log(&self, i: usize) -> std::path::PathBuf {
-        self.logs.path().join(format!("cp-{i}.log"))
-    }
-
-    fn logs(&self) -> String {
-        (0..3)
-            .map(|i| format!("--- cp-{i}:\n{}", tail(&self.log(i))))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    fn holder(&self) -> Option<usize> {
-        let id = self.sim.peek_ip(self.fip.id.as_str())?.target()?.0;
-        CP.iter().position(|&c| c == id)
-    }
-
-    async fn leader(&self) -> usize {
-        common::wait_for("a leader", Duration::from_secs(30), || {
-            let h = self.history.holder();
-            async move { h.is_some() }
-        })
-        .await;
-        self.history
-            .holder()
-            .unwrap()
-            .strip_prefix("cp-")
-            .unwrap()
-            .parse()
-            .unwrap()
-    }
-
-    /// Puts the FIP on node `i` (the test's own write) and waits until it answers there.
-    async fn place_fip(&self, i: usize) {
-        if self.holder() != Some(i) {
-            self.cloud
-                .retarget_ip(&self.fip.id, ServerId(CP[i]))
-                .await
-                .unwrap();
-        }
-        let ca = self.cp.ca_der().to_vec();
-        let fip = SocketAddr::new(self.fip.address, 6443);
-        common::wait_for("the FIP to answer", Duration::from_secs(30), || {
-            common::readyz(&ca, fip)
-        })
-        .await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-
-    async fn wait_fip_answers_from_other_than(&self, victim: usize) {
-        let ca = self.cp.ca_der().to_vec();
-        let fip = SocketAddr::new(self.fip.address, 6443);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if self.holder().is_some_and(|h| h != victim) && common::readyz(&ca, fip).await {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the FIP never answered from another node\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Successful retargets of the FIP sent by replicas, from log sequence `from` on.
-    fn moves(&self, from: u64) -> Vec<LogEntry> {
-        let path = format!("/v1/ips/{}", self.fip.id.as_str());
-        self.sim
-            .log(from)
-            .into_iter()
-            .filter(|e| {
-                e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
-            })
-            .collect()
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.sim.log(0).last().map_or(0, |e| e.seq + 1)
-    }
-
-    fn assert_only_leaders_wrote(&self) {
-        let bad = self.history.nonleader_writes(&self.sim.log(0), lease_ms());
-        assert!(
-            bad.is_empty(),
-            "writes from replicas not holding the Lease: {bad:#?}\n{}",
-            self.logs()
-        );
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(150)..].join("\n")
+/// Waits (up to `timeout`) until `identity` holds the Lease.
+async fn leads(bed: &Routed, identity: &str, timeout: Duration) {
+    common::wait_for(&format!("{identity} to lead"), timeout, || {
+        let h = bed.history.holder();
+        async move { h.as_deref() == Some(identity) }
+    })
+    .await;
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -202,24 +92,25 @@ fn signal(child: &Child, sig: Signal) {
 /// holder: the FIP moves once, to a healthy node, and only the leader writes.
 ///
 /// Then the hold-down that move started outlives its leader (one cluster for both: the second
-/// part starts where the first ends). The leader records the move on the mirror Service; it is
-/// stopped (with the replica on the new holder), and when the new holder fails a few seconds
-/// later, the next leader moves the FIP on
-/// to the third node, not straight back to the node it just left, although that one is healthy
-/// again and comes first in the candidates' order (the order a leader that forgot the move
-/// would pick from). Last, the FIP stops answering through its route while its holder answers
-/// directly: the leader moves it once and holds it (30 s); it is stopped too, and the next leader
-/// keeps holding it rather than move it again 5 s after its takeover.
+/// part starts where the first ends). The leader records the move on the mirror Service; the
+/// replicas are replaced (a rolling update), the new one on the old leader's node, and when the
+/// new holder fails a few seconds later, the next leader moves the FIP on to its own node, not
+/// straight back to the node it just left, although that one is healthy again, comes first in
+/// the candidates' order and runs no leader (what a leader that forgot the move would pick).
+/// Last, the FIP stops answering through its route while its holder answers directly: the
+/// leader moves it once and holds it (30 s); it is stopped too, and the next leader keeps
+/// holding it rather than move it again 5 s after its takeover.
 #[test]
 fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leader_does_not_send_it_back() {
     lab::run(|| async {
         let mut bed = bed(100).await;
-        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
-        let leader = bed.leader().await;
-        // The first node that is not the leader's: the node the FIP then goes to comes before
-        // the third one in the candidates' order (by address: cp-0, cp-1, cp-2).
-        let victim = usize::from(leader == 0);
-        bed.place_fip(victim).await;
+        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i).spawn()).collect();
+        // The FIP stays on cp-0, the first node in the candidates' order (by address: cp-0,
+        // cp-1, cp-2); a leader elected there hands the Lease to a replica on another node.
+        let victim = 0;
+        place_fip(&bed, victim).await;
+        let leader_id = bed.leader_off_the_holder(Duration::from_secs(3)).await;
+        let leader = node(&bed, &leader_id);
         let from = bed.next_seq();
 
         bed.cp.hang(victim).unwrap();
@@ -228,14 +119,20 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         let moves = bed.moves(from);
         assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
         assert!(
-            moves[0].user_agent.ends_with(&format!("controller/cp-{leader}")),
+            moves[0].user_agent.ends_with(&format!("controller/{leader_id}")),
             "{moves:#?}"
         );
         bed.cp.unhang(victim).unwrap();
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
 
         // The move and its hold are on the mirror Service, for every replica.
         let to = bed.holder().unwrap();
+        assert_ne!(
+            to,
+            leader,
+            "a move prefers a node without the leader\n{}",
+            bed.logs()
+        );
         let third = 3 - victim - to;
         let addresses = bed.cp.addresses();
         assert!(
@@ -264,22 +161,15 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
 
-        // The leader that moved it stops (a rolling update); another takes over. The replica on
-        // the new holder stops too: the next failure is the holder's alone, not its leader's
-        // (a leader losing its own API server is the leader-node class, tested below).
-        let mut stopping: Vec<&mut Child> = replicas
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| *i == leader || *i == to)
-            .map(|(_, r)| r)
-            .collect();
-        stop_gracefully(&mut stopping).await;
-        common::wait_for("another replica to lead", Duration::from_secs(10), || {
-            let h = bed.history.holder();
-            let gone = [format!("cp-{leader}"), format!("cp-{to}")];
-            async move { h.is_some_and(|h| !gone.contains(&h)) }
-        })
-        .await;
+        // A rolling update replaces the replicas; the new one lands on the old leader's node
+        // (cp-{third}) and leads. Only it runs: the next failure is the holder's alone, not its
+        // leader's (a leader losing its own API server is the leader-node class, below), and a
+        // leader on cp-{victim} would send the FIP to cp-{third} anyway, for having no leader
+        // on it: then nothing would show that the next leader read the record.
+        stop_gracefully(&mut replicas.iter_mut().collect::<Vec<_>>()).await;
+        let next_id = format!("cp-{third}-b");
+        let mut next = bed.replica(third).identity(&next_id).spawn();
+        leads(&bed, &next_id, Duration::from_secs(10)).await;
         let from = bed.next_seq();
 
         // The new holder dies: the FIP moves on, to the third node.
@@ -289,7 +179,7 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
         let moves = bed.moves(from);
         assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
         assert!(
-            !moves[0].user_agent.ends_with(&format!("controller/cp-{leader}")),
+            moves[0].user_agent.ends_with(&format!("controller/{next_id}")),
             "moved by the next leader: {moves:#?}"
         );
         assert_eq!(
@@ -303,30 +193,40 @@ fn a_hung_api_server_on_the_holder_moves_the_fip_exactly_once_and_the_next_leade
             record["from"], CP[to],
             "the next leader's move recorded: {record}"
         );
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
 
-        // Three replicas again (the one on the dead API server cannot lead).
-        for i in [leader, to] {
-            replicas[i] = bed.replica(i, &[]);
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        an_unreachable_fip_stays_held_across_a_leader_change(&bed, &mut replicas, &observer, victim).await;
+        an_unreachable_fip_stays_held_across_a_leader_change(&bed, (&next_id, &mut next), &observer, victim)
+            .await;
     });
 }
 
-/// The FIP (on a healthy node) stops answering through its route: the leader moves it to
-/// `expected` (the only other healthy node), then holds it there for 30 s; the leader is stopped
-/// and the next one holds it too.
+/// The FIP (on a healthy node, with the leader `leader` on it) stops answering through its
+/// route. A replica starts on `other` (the only other healthy node) and takes over from the
+/// leader (stopped: a rolling update), so that the leader is not on the FIP's node and probes
+/// it through the cloud; a replica starts on the FIP's node. The leader moves the FIP to
+/// `other`, then holds it there for 30 s; it is stopped and the next one holds it too.
 async fn an_unreachable_fip_stays_held_across_a_leader_change(
-    bed: &Bed,
-    replicas: &mut [Child],
+    bed: &Routed,
+    (leader_id, leader): (&str, &mut Child),
     observer: &kube::Client,
-    expected: usize,
+    other: usize,
 ) {
+    let fip_node = bed.holder().unwrap();
+    let moving_id = format!("cp-{other}-c");
+    let mut moving = bed.replica(other).identity(&moving_id).spawn();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_gracefully(&mut [leader]).await;
+    leads(bed, &moving_id, Duration::from_secs(10)).await;
+    let next_id = format!("cp-{fip_node}-c");
+    let _next = bed.replica(fip_node).identity(&next_id).spawn();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_ne!(bed.history.holder().as_deref(), Some(leader_id));
+
     let from = bed.next_seq();
-    // Every packet to the FIP's port dropped, on every route (the nodes still answer directly).
-    nft(&format!(
-        "table inet hold_test {{\n chain input {{\n  type filter hook input priority -10;\n  ip daddr {} tcp dport 6443 drop\n }}\n}}\n",
+    // Every packet to the FIP's port dropped in the hub, on every route (the nodes still answer
+    // directly).
+    hub_nft(&format!(
+        "table inet hold_test {{\n chain forward {{\n  type filter hook forward priority -10;\n  ip daddr {0} tcp dport 6443 drop\n }}\n chain output {{\n  type filter hook output priority -10;\n  ip daddr {0} tcp dport 6443 drop\n }}\n}}\n",
         bed.fip.address
     ))
     .await;
@@ -336,23 +236,18 @@ async fn an_unreachable_fip_stays_held_across_a_leader_change(
     })
     .await;
     let moved_by = bed.history.holder().unwrap();
-    let record = last_move_to(observer, CP[expected]).await;
+    assert_eq!(moved_by, moving_id, "{}", bed.logs());
+    let record = last_move_to(observer, CP[other]).await;
     assert_eq!(record["reason"], "FipUnreachable", "{record}");
     let at: k8s_openapi::jiff::Timestamp = record["at"].as_str().unwrap().parse().unwrap();
     let until: k8s_openapi::jiff::Timestamp = record["holdUntil"].as_str().unwrap().parse().unwrap();
     assert_eq!(until.duration_since(at).as_secs(), 30, "{record}");
     assert_eq!(record["unreachable"]["holdMs"], 30_000, "{record}");
 
-    // The leader that moved it stops; the next one reads the hold from the record.
-    let i: usize = moved_by.strip_prefix("cp-").unwrap().parse().unwrap();
-    stop_gracefully(&mut [&mut replicas[i]]).await;
-    common::wait_for("another replica to lead", Duration::from_secs(10), || {
-        let h = bed.history.holder();
-        let old = moved_by.clone();
-        async move { h.is_some_and(|h| h != old) }
-    })
-    .await;
-    let next = bed.history.holder().unwrap();
+    // The leader that moved it stops; the next one (on the node the FIP left, so it probes the
+    // FIP through the cloud and finds it unreachable) reads the hold from the record.
+    stop_gracefully(&mut [&mut moving]).await;
+    leads(bed, &next_id, Duration::from_secs(10)).await;
     // Without the record it would hold 5 s after its first list (the move it sees there), then
     // move the FIP again within a second.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -360,18 +255,18 @@ async fn an_unreachable_fip_stays_held_across_a_leader_change(
     assert_eq!(
         moves.len(),
         1,
-        "the next leader ({next}) kept the hold: {moves:#?}\n{}",
+        "the next leader ({next_id}) kept the hold: {moves:#?}\n{}",
         bed.logs()
     );
-    assert_eq!(bed.holder(), Some(expected));
-    let log = std::fs::read_to_string(bed.logs.path().join(format!("{next}.log"))).unwrap();
+    assert_eq!(bed.holder(), Some(other));
     assert!(
-        log.contains("moved recently; holding it where it is"),
+        bed.log(&next_id)
+            .contains("moved recently; holding it where it is"),
         "the next leader never held the FIP\n{}",
         bed.logs()
     );
-    nft("delete table inet hold_test").await;
-    bed.assert_only_leaders_wrote();
+    hub_nft("delete table inet hold_test").await;
+    assert_only_leaders_wrote(bed);
 }
 
 /// SIGTERM to each of `replicas` at once, as a rolling update stops a replica (it releases the
@@ -390,21 +285,6 @@ async fn stop_gracefully(replicas: &mut [&mut Child]) {
             r.kill().await.unwrap();
         }
     }
-}
-
-/// Runs an nftables script in the lab's network namespace.
-async fn nft(script: &str) {
-    use tokio::io::AsyncWriteExt as _;
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nft (Debian package nftables)");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(script.as_bytes()).await.unwrap();
-    drop(stdin);
-    assert!(child.wait().await.unwrap().success(), "nft -f - failed: {script}");
 }
 
 /// The record of the last move on the mirror Service, once it names a move to server `to`.
@@ -434,13 +314,24 @@ async fn last_move_to(client: &kube::Client, to: u64) -> serde_json::Value {
 
 /// The node of the leader replica dies while it holds the FIP (the CPEM #304/#319 case): a
 /// follower takes over the Lease and moves the FIP once; nothing else writes.
+///
+/// These replicas run without `NODE_NAME`: a replica that knows its Node never stays leader
+/// on the FIP holder's node (it hands the Lease to a replica on another node once things are
+/// quiet), so this class needs the behaviour of baton before the hand-off, or of the seconds
+/// before one. Then the same cluster, with the replicas as shipped (`NODE_NAME`): the first
+/// one leads on the holder's node and hands the Lease off; that node dies, and the leader moves
+/// the FIP once without a Lease change (no takeover to wait for).
 #[test]
 fn the_leaders_own_node_dying_moves_the_fip_exactly_once() {
     lab::run(|| async {
         let mut bed = bed(100).await;
-        let mut replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
-        let leader = bed.leader().await;
-        bed.place_fip(leader).await;
+        let mut replicas: Vec<Child> = (0..3)
+            .map(|i| bed.replica(i).without_node_name().spawn())
+            .collect();
+        let leader_id = bed.leader().await;
+        let leader = node(&bed, &leader_id);
+        place_fip(&bed, leader).await;
+        assert_eq!(bed.history.holder(), Some(leader_id.clone()));
         let from = bed.next_seq();
 
         bed.cp.blackhole(leader).await.unwrap();
@@ -450,13 +341,72 @@ fn the_leaders_own_node_dying_moves_the_fip_exactly_once() {
         let moves = bed.moves(from);
         assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
         let new_leader = bed.history.holder().unwrap();
-        assert_ne!(new_leader, format!("cp-{leader}"));
+        assert_ne!(new_leader, leader_id);
         assert!(
             moves[0].user_agent.ends_with(&format!("controller/{new_leader}")),
             "{moves:#?}"
         );
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
         bed.cp.heal(leader).await.unwrap();
+        for r in &mut replicas {
+            let _ = r.kill().await;
+        }
+
+        // As shipped: the first replica leads on the holder's node until the others run, then
+        // hands the Lease to one of them, without moving the FIP.
+        let holder = bed.holder().unwrap();
+        let from = bed.next_seq();
+        let first = format!("cp-{holder}-b");
+        let mut replicas = vec![(holder, bed.replica(holder).identity(&first).spawn())];
+        leads(&bed, &first, Duration::from_secs(30)).await;
+        place_fip(&bed, holder).await;
+        for i in (0..3).filter(|&i| i != holder) {
+            replicas.push((i, bed.replica(i).identity(&format!("cp-{i}-b")).spawn()));
+        }
+        let leader_id = bed.leader_off_the_holder(Duration::from_secs(2)).await;
+        assert!(
+            bed.moves(from).is_empty(),
+            "a hand-off moves no FIP: {:#?}",
+            bed.moves(from)
+        );
+        let handed_at = bed
+            .history
+            .versions()
+            .iter()
+            .filter(|v| v.holder == leader_id)
+            .map(|v| v.resource_version)
+            .min()
+            .unwrap();
+
+        // The holder's node (where the first leader was) dies.
+        let from = bed.next_seq();
+        let t0 = Instant::now();
+        bed.cp.blackhole(holder).await.unwrap();
+        replicas[0].1.kill().await.unwrap();
+        bed.wait_fip_answers_from_other_than(holder).await;
+        eprintln!(
+            "after the hand-off, the FIP answered again {} ms after the holder's node died",
+            t0.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let moves = bed.moves(from);
+        assert_eq!(moves.len(), 1, "exactly one retarget: {moves:#?}\n{}", bed.logs());
+        assert!(
+            moves[0].user_agent.ends_with(&format!("controller/{leader_id}")),
+            "moved by the leader the Lease was handed to: {moves:#?}"
+        );
+        let changes: Vec<_> = bed
+            .history
+            .versions()
+            .into_iter()
+            .filter(|v| v.resource_version > handed_at && v.holder != leader_id)
+            .collect();
+        assert!(
+            changes.is_empty(),
+            "the Lease left {leader_id} after the hand-off: {changes:#?}"
+        );
+        assert_only_leaders_wrote(&bed);
+        bed.cp.heal(holder).await.unwrap();
     });
 }
 
@@ -468,9 +418,10 @@ fn the_leaders_own_node_dying_moves_the_fip_exactly_once() {
 fn etcd_stalls_keep_the_lease_with_its_holder_and_the_fip_where_it_is() {
     lab::run(|| async {
         let bed = bed(100).await;
-        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
-        let leader = bed.leader().await;
-        bed.place_fip(0).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i).spawn()).collect();
+        place_fip(&bed, 0).await;
+        // After the hand-off, if the first leader was elected on the holder's node.
+        let leader = bed.leader_off_the_holder(Duration::from_secs(3)).await;
         let from = bed.next_seq();
         for stall_ms in [700, 1500, 1500, 3000] {
             bed.cp.stall_etcd(Duration::from_millis(stall_ms)).unwrap();
@@ -478,7 +429,7 @@ fn etcd_stalls_keep_the_lease_with_its_holder_and_the_fip_where_it_is() {
             if stall_ms <= 1500 {
                 assert_eq!(
                     bed.history.holder(),
-                    Some(format!("cp-{leader}")),
+                    Some(leader.clone()),
                     "the Lease changed hands after a {stall_ms} ms etcd stall\n{}",
                     bed.logs()
                 );
@@ -491,7 +442,8 @@ fn etcd_stalls_keep_the_lease_with_its_holder_and_the_fip_where_it_is() {
             );
         }
         assert_eq!(bed.holder(), Some(0));
-        bed.assert_only_leaders_wrote();
+        assert!(bed.fip_answers().await, "the FIP answers after the stalls");
+        assert_only_leaders_wrote(&bed);
     });
 }
 
@@ -504,10 +456,12 @@ fn etcd_stalls_keep_the_lease_with_its_holder_and_the_fip_where_it_is() {
 fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
     lab::run(|| async {
         let mut bed = bed(100).await;
-        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
-        let leader = bed.leader().await;
-        let holder = (leader + 1) % 3;
-        bed.place_fip(holder).await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i).spawn()).collect();
+        let holder = 0;
+        place_fip(&bed, holder).await;
+        // After the hand-off, if the first leader was elected on the holder's node.
+        let leader_id = bed.leader_off_the_holder(Duration::from_secs(3)).await;
+        let leader = node(&bed, &leader_id);
         let from = bed.next_seq();
 
         // Every call refused with a Retry-After longer than any lease.
@@ -519,8 +473,22 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
                 ..Faults::none()
             })
             .unwrap();
-        // The bucket starts with one token (shared by every client on 127.0.0.1): spend it.
-        bed.cloud.ip(&bed.fip.id).await.unwrap();
+        // The simulator keeps a bucket per client address, each starting with one token: spend
+        // every node's (a replica calls from its node's address, as curl does there).
+        let url = format!("{}v1/ips/{}", bed.sim.base_url(), bed.fip.id.as_str());
+        for i in 0..3 {
+            let out = bed
+                .cp
+                .node_command(&format!("cp-{i}"), "curl")
+                .unwrap()
+                .args(["-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code}"])
+                .args(["-H", &format!("Authorization: Bearer {}", bed.sim.api_key())])
+                .arg(&url)
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(out.stdout, b"200", "cp-{i}'s token spent on a GET");
+        }
         bed.cp.kill_apiserver(holder).await;
         // The leader tries (and is refused) while it still leads …
         common::wait_for("the leader's first refused move", Duration::from_secs(10), || {
@@ -528,7 +496,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
                 .sim
                 .log(from)
                 .iter()
-                .any(|e| e.method == "PUT" && e.user_agent.ends_with(&format!("controller/cp-{leader}")));
+                .any(|e| e.method == "PUT" && e.user_agent.ends_with(&format!("controller/{leader_id}")));
             async move { tried }
         })
         .await;
@@ -539,7 +507,7 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
             Duration::from_secs(10),
             || {
                 let h = bed.history.holder();
-                let old = format!("cp-{leader}");
+                let old = leader_id.clone();
                 async move { h.is_some_and(|h| h != old) }
             },
         )
@@ -582,31 +550,34 @@ fn a_deposed_leader_whose_calls_are_held_back_never_writes_after_its_lease() {
             bed.logs()
         );
         // The deposed leader's fence engaged: it gave moves up rather than wait past its lease.
-        let deposed = std::fs::read_to_string(bed.log(leader)).unwrap();
+        let deposed = bed.log(&leader_id);
         assert!(
             deposed.contains("this replica's leadership ended first"),
             "the deposed leader never gave a move up\n{}",
             bed.logs()
         );
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
         bed.cp.heal(leader).await.unwrap();
     });
 }
 
 /// A Service created while no replica leads gets its FIP within 2 s of a replica winning the
-/// Lease: the new leader reconciles every Service at once.
+/// Lease: the new leader reconciles every Service at once. The control-plane FIP is on cp-2,
+/// where no replica runs, so no hand-off moves the Lease on its own.
 #[test]
 fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
     lab::run(|| async {
         let bed = bed(0).await;
-        let lb = [
-            ("CHERRY_REGION_NAME", "LT-Siauliai"),
-            ("CHERRY_LOAD_BALANCER", "kube-vip://"),
-        ];
-        let mut a = bed.replica(0, &lb);
+        bed.cloud.retarget_ip(&bed.fip.id, ServerId(CP[2])).await.unwrap();
+        let lb = |r: common::routed::Replica<'_>| {
+            r.env("CHERRY_REGION_NAME", "LT-Siauliai")
+                .env("CHERRY_LOAD_BALANCER", "kube-vip://")
+                .spawn()
+        };
+        let mut a = lb(bed.replica(0));
         let leader = bed.leader().await;
-        assert_eq!(leader, 0);
-        let b = bed.replica(1, &lb);
+        assert_eq!(leader, "cp-0");
+        let b = lb(bed.replica(1));
         tokio::time::sleep(Duration::from_secs(2)).await;
 
         // No leader: A frozen (its lease runs out), B frozen too.
@@ -661,7 +632,7 @@ fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
             "the Service got its FIP {took} ms after the election\n{}",
             bed.logs()
         );
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
     });
 }
 
@@ -669,9 +640,11 @@ fn a_service_created_without_a_leader_gets_its_fip_within_2s_of_the_election() {
 fn followers_do_not_poll_the_cloud_once_started() {
     lab::run(|| async {
         let bed = bed(0).await;
-        bed.place_fip(0).await;
-        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i, &[])).collect();
-        let leader = bed.leader().await;
+        let _replicas: Vec<Child> = (0..3).map(|i| bed.replica(i).spawn()).collect();
+        place_fip(&bed, 0).await;
+        // After the hand-off, if the first leader was elected on the holder's node (the new
+        // leader reads the cloud at its takeover).
+        let leader = bed.leader_off_the_holder(Duration::from_secs(3)).await;
         // Every replica reads the server and IP lists once at start; let that pass.
         tokio::time::sleep(Duration::from_secs(5)).await;
         let from = bed.next_seq();
@@ -679,6 +652,11 @@ fn followers_do_not_poll_the_cloud_once_started() {
         // which every replica used to read it again): a follower makes no cloud call at all;
         // the leader re-reads the IP list once or twice.
         tokio::time::sleep(Duration::from_secs(65)).await;
+        assert_eq!(
+            bed.history.holder(),
+            Some(leader.clone()),
+            "the Lease stayed with {leader}"
+        );
         let calls = bed.sim.log(from);
         let by = |who: &str| {
             calls
@@ -686,19 +664,23 @@ fn followers_do_not_poll_the_cloud_once_started() {
                 .filter(|e| e.user_agent.ends_with(&format!("controller/{who}")))
                 .count()
         };
-        for i in (0..3).filter(|&i| i != leader) {
+        for i in 0..3 {
+            let id = format!("cp-{i}");
+            if id == leader {
+                continue;
+            }
             assert_eq!(
-                by(&format!("cp-{i}")),
+                by(&id),
                 0,
-                "follower cp-{i} called the cloud while idle: {:#?}\n{}",
+                "follower {id} called the cloud while idle: {:#?}\n{}",
                 calls,
                 bed.logs()
             );
         }
         assert!(
-            by(&format!("cp-{leader}")) <= 3,
+            by(&leader) <= 3,
             "the leader polls the cloud more than its IP list's lifetime asks: {calls:#?}"
         );
-        bed.assert_only_leaders_wrote();
+        assert_only_leaders_wrote(&bed);
     });
 }
