@@ -34,6 +34,8 @@ const FIRST_WAIT: Duration = Duration::from_secs(10);
 const MAX_WAIT: Duration = Duration::from_secs(300);
 /// A hand-off this long ago no longer counts for the backoff.
 const FORGET: Duration = Duration::from_secs(600);
+/// How often a leader that waits to hand over says why (debug).
+const WHY_EVERY: Duration = Duration::from_secs(5);
 
 /// What one endpoint shows of its recent past, for [`quiet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +69,8 @@ pub(super) struct HandOffs {
     last: Option<(Instant, u32)>,
     /// The term in which "no replica to hand over to" was logged.
     told: Option<u64>,
+    /// When "not yet" and why was last logged (debug).
+    waiting_told: Option<Instant>,
 }
 
 impl HandOffs {
@@ -131,10 +135,15 @@ impl HandOffs {
                 }
             })
             .collect();
-        if !quiet(&calm, &ok_for, ctx.leader.in_flight().count()) {
-            return;
-        }
-        if self.next_at().is_some_and(|at| now < at) {
+        let in_flight = ctx.leader.in_flight().count();
+        if !quiet(&calm, &ok_for, in_flight) || self.next_at().is_some_and(|at| now < at) {
+            if self
+                .waiting_told
+                .is_none_or(|t| now.saturating_duration_since(t) >= WHY_EVERY)
+            {
+                self.waiting_told = Some(now);
+                tracing::debug!(%node, ?calm, ?ok_for, in_flight, next_at_in_ms = self.next_at().map(|at| at.saturating_duration_since(now).as_millis()), "on a FIP holder's node, not handing the Lease over yet");
+            }
             return;
         }
         let healthy: Vec<&str> = candidates
@@ -155,6 +164,7 @@ impl HandOffs {
                 self.told = Some(term);
                 tracing::warn!(
                     %node,
+                    ?followers,
                     "this leader runs on a control-plane FIP holder's node and no live replica runs on another healthy node: if this node fails, the FIP moves only after this replica's Lease lapses, and its probes cannot see the FIP's route from here"
                 );
             }

@@ -103,9 +103,10 @@ impl Step<'_> {
         let my_node = self.ctx.leader.succession().node();
         let obs = Observation {
             holder,
-            // On the holder's own node the FIP is delivered locally (the agent's rules): a probe
-            // through it says nothing of the cloud's route, so it is not taken as an answer.
-            via_fip: if self.ctx.config.health_check.use_host_ip || self.on_holders_node(holder) {
+            // From the holder's own node the FIP is delivered locally (the agent's rules): a
+            // probe through it says nothing of the cloud's route, so it is not taken as an
+            // answer ([`Self::probe_is_local`]).
+            via_fip: if self.ctx.config.health_check.use_host_ip || self.probe_is_local(holder) {
                 Health::Unknown
             } else {
                 prober.health(&fip_target)
@@ -125,14 +126,23 @@ impl Step<'_> {
         }
     }
 
-    /// Whether this replica runs on the Node of `holder` (the server holding a FIP).
-    pub(super) fn on_holders_node(&self, holder: Option<u64>) -> bool {
+    /// Whether a probe through the FIP from this replica's node may be answered by the node
+    /// itself rather than through the cloud's route: the node holds the FIP (its agent
+    /// delivers it locally), or the node's own API server does not answer (its agent cannot
+    /// read the FIP table then and keeps the rules it had, e.g. for a FIP that just left it).
+    pub(super) fn probe_is_local(&self, holder: Option<u64>) -> bool {
         let Some(mine) = self.ctx.leader.succession().node() else {
             return false;
         };
-        holder
+        let on_holder = holder
             .and_then(|h| self.candidates.iter().find(|(c, _)| c.server_id == h))
-            .is_some_and(|(c, _)| c.node == mine)
+            .is_some_and(|(c, _)| c.node == mine);
+        let own_down = self
+            .candidates
+            .iter()
+            .find(|(c, _)| c.node == mine)
+            .is_some_and(|(c, _)| c.health != Health::Up);
+        on_holder || own_down
     }
 
     /// The address candidate `server` is probed at.
