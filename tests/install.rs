@@ -25,7 +25,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -298,27 +298,6 @@ fn is_summary(v: &serde_json::Value) -> bool {
     v["event"] == "summary"
 }
 
-/// `bin` wrapped to run on lab node `node` (its network and mount namespaces, as a host-network
-/// pod there): a script in `dir` that execs [`ControlPlane::node_command`]'s wrapper with its
-/// own arguments. `common::pod` starts a program by path; this is that path.
-fn on_node(cp: &ControlPlane, node: &str, bin: &Path, dir: &Path) -> PathBuf {
-    let wrapper = cp.node_command(node, bin).unwrap();
-    let wrapper = wrapper.as_std();
-    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().unwrap().replace('\'', r"'\''"));
-    let mut line = quote(wrapper.get_program());
-    for arg in wrapper.get_args() {
-        line.push(' ');
-        line.push_str(&quote(arg));
-    }
-    let path = dir.join(format!(
-        "{}-on-{node}",
-        bin.file_name().unwrap().to_str().unwrap()
-    ));
-    std::fs::write(&path, format!("#!/bin/sh\nexec {line} \"$@\"\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
-}
-
 /// The handoff's Deployment run as pods on lab nodes `nodes` (each in its node's namespaces,
 /// talking to its node's API server with the ServiceAccount's token, its Node name from the
 /// downward API's `spec.nodeName`), and the handoff's agent DaemonSet as `baton agent` on every
@@ -369,7 +348,7 @@ async fn start_pods(
         let kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
         pods.push(
             common::pod::start(
-                &on_node(cp, name, baton, dir),
+                &common::node::on_node(cp, name, baton, dir),
                 &cp.client(i).unwrap(),
                 "kube-system",
                 "baton",

@@ -43,7 +43,7 @@ mod metallb;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -177,27 +177,6 @@ async fn announced(client: &kube::Client, ip: &str) -> bool {
                 .is_some_and(|p| p.iter().any(|x| x.as_str() == Some(name)))
         })
     })
-}
-
-/// `bin` wrapped to run on lab node `node` (its network and mount namespaces, as a host-network
-/// pod there): a script in `dir` that execs [`ControlPlane::node_command`]'s wrapper with its
-/// own arguments. `common::pod` starts a program by path; this is that path.
-fn on_node(cp: &ControlPlane, node: &str, bin: &Path, dir: &Path) -> PathBuf {
-    let wrapper = cp.node_command(node, bin).unwrap();
-    let wrapper = wrapper.as_std();
-    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().unwrap().replace('\'', r"'\''"));
-    let mut line = quote(wrapper.get_program());
-    for arg in wrapper.get_args() {
-        line.push(' ');
-        line.push_str(&quote(arg));
-    }
-    let path = dir.join(format!(
-        "{}-on-{node}",
-        bin.file_name().unwrap().to_str().unwrap()
-    ));
-    std::fs::write(&path, format!("#!/bin/sh\nexec {line} \"$@\"\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
 }
 
 /// `ip ARGS` on lab node `node`; fails the test unless it succeeds.
@@ -689,7 +668,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             let sa_kubeconfig = cp.write_kubeconfig(i, SA_TOKEN).unwrap();
             pods.push(
                 common::pod::start(
-                    &on_node(&cp, node, baton, pod_dir.path()),
+                    &common::node::on_node(&cp, node, baton, pod_dir.path()),
                     &admin,
                     "kube-system",
                     "baton",

@@ -19,14 +19,13 @@ mod common;
 const BATON: &str = env!("CARGO_BIN_EXE_baton");
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use baton_cloud::model::IpAddress;
 use baton_sim::{Faults, SimHandle, Topology};
 use baton_testbed::{ControlPlane, Options, lab};
 use common::leases::LeaseHistory;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const CP: [u64; 3] = [600_101, 600_102, 600_103];
 
@@ -46,21 +45,6 @@ fn puts(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_sim::LogEntry>
 
 fn next_seq(sim: &SimHandle) -> u64 {
     sim.log(0).last().map_or(0, |e| e.seq + 1)
-}
-
-/// Runs an nftables script on the lab host (the lab's hub: the cloud's router).
-async fn nft(script: &str) {
-    use tokio::io::AsyncWriteExt as _;
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nft (Debian package nftables)");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(script.as_bytes()).await.unwrap();
-    drop(stdin);
-    assert!(child.wait().await.unwrap().success(), "nft -f - failed: {script}");
 }
 
 #[test]
@@ -141,7 +125,7 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
         // cp-0's API server stays healthy (its direct probes pass).
         let seq = next_seq(&sim);
         let t0 = tokio::time::Instant::now();
-        nft(&format!(
+        common::routed::hub_nft(&format!(
             "table ip broken_route {{\n chain forward {{\n  type filter hook forward priority -10;\n  ip daddr {} rt ip nexthop {} drop\n }}\n}}\n",
             fip.address,
             cp.addresses()[0]
@@ -194,7 +178,7 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
         );
         assert_eq!(holder(&sim, &fip), Some(2));
         assert!(common::readyz(&ca, fip_addr).await, "the FIP answers throughout");
-        nft("delete table ip broken_route\n").await;
+        common::routed::hub_nft("delete table ip broken_route\n").await;
         cp.heal(1).await.unwrap();
     });
 }

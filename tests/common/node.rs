@@ -79,3 +79,24 @@ pub fn agent(cp: &ControlPlane, baton: &str, i: usize, log: &Path) -> Child {
     .spawn()
     .unwrap()
 }
+
+/// `bin` wrapped to run on lab node `node` (its network and mount namespaces, as a host-network
+/// pod there): a script in `dir` that execs [`ControlPlane::node_command`]'s wrapper with its
+/// own arguments. `common::pod` starts a program by path; this is that path.
+pub fn on_node(cp: &ControlPlane, node: &str, bin: &Path, dir: &Path) -> std::path::PathBuf {
+    let wrapper = cp.node_command(node, bin).unwrap();
+    let wrapper = wrapper.as_std();
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().unwrap().replace('\'', r"'\''"));
+    let mut line = quote(wrapper.get_program());
+    for arg in wrapper.get_args() {
+        line.push(' ');
+        line.push_str(&quote(arg));
+    }
+    let path = dir.join(format!(
+        "{}-on-{node}",
+        bin.file_name().unwrap().to_str().unwrap()
+    ));
+    std::fs::write(&path, format!("#!/bin/sh\nexec {line} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}

@@ -65,8 +65,10 @@ pub(super) fn quiet(endpoints: &[Calm], candidates_ok_for: &[Option<Duration>], 
 /// The hand-off's memory between passes (the leader's).
 #[derive(Debug, Default)]
 pub(super) struct HandOffs {
-    /// The last request and how many came in a row before it.
-    last: Option<(Instant, u32)>,
+    /// The last request, how many came in a row before it, and the FIP holders' nodes then.
+    /// Only hand-offs with the FIPs where they were count in a row: a FIP that moved onto the
+    /// leader's node since is a new reason (the Lease came back without one: the backoff).
+    last: Option<(Instant, u32, Vec<String>)>,
     /// The term in which "no replica to hand over to" was logged.
     told: Option<u64>,
     /// When "not yet" and why was last logged (debug).
@@ -74,9 +76,13 @@ pub(super) struct HandOffs {
 }
 
 impl HandOffs {
-    /// When the next request may be made.
-    fn next_at(&self) -> Option<Instant> {
-        let (at, tries) = self.last?;
+    /// When the next request may be made, with the FIPs on `holder_nodes`.
+    fn next_at(&self, holder_nodes: &[&str]) -> Option<Instant> {
+        let (at, tries, then) = self.last.as_ref()?;
+        if !then.iter().map(String::as_str).eq(holder_nodes.iter().copied()) {
+            return None;
+        }
+        let (at, tries) = (*at, *tries);
         let wait = FIRST_WAIT
             .saturating_mul(2u32.saturating_pow(tries.saturating_sub(1)))
             .min(MAX_WAIT);
@@ -136,13 +142,14 @@ impl HandOffs {
             })
             .collect();
         let in_flight = ctx.leader.in_flight().count();
-        if !quiet(&calm, &ok_for, in_flight) || self.next_at().is_some_and(|at| now < at) {
+        let next_at = self.next_at(&holder_nodes);
+        if !quiet(&calm, &ok_for, in_flight) || next_at.is_some_and(|at| now < at) {
             if self
                 .waiting_told
                 .is_none_or(|t| now.saturating_duration_since(t) >= WHY_EVERY)
             {
                 self.waiting_told = Some(now);
-                tracing::debug!(%node, ?calm, ?ok_for, in_flight, next_at_in_ms = self.next_at().map(|at| at.saturating_duration_since(now).as_millis()), "on a FIP holder's node, not handing the Lease over yet");
+                tracing::debug!(%node, ?calm, ?ok_for, in_flight, next_at_in_ms = next_at.map(|at| at.saturating_duration_since(now).as_millis()), "on a FIP holder's node, not handing the Lease over yet");
             }
             return;
         }
@@ -170,11 +177,16 @@ impl HandOffs {
             }
             return;
         };
-        let tries = self
-            .last
-            .filter(|(at, _)| now.saturating_duration_since(*at) < FORGET)
-            .map_or(1, |(_, n)| n.saturating_add(1));
-        self.last = Some((now, tries));
+        let tries = match &self.last {
+            Some((at, n, then))
+                if now.saturating_duration_since(*at) < FORGET
+                    && then.iter().map(String::as_str).eq(holder_nodes.iter().copied()) =>
+            {
+                n.saturating_add(1)
+            }
+            _ => 1,
+        };
+        self.last = Some((now, tries, holder_nodes.iter().map(|n| (*n).to_owned()).collect()));
         ctx.metrics.lease_handoff();
         tracing::info!(%node, to = %to.identity, to_node = %to.node, term, "the leader runs on a control-plane FIP holder's node: handing the Lease to a replica on another node");
         succession.hand_off(
@@ -255,15 +267,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn hand_offs_in_a_row_back_off_up_to_five_minutes() {
+    async fn hand_offs_in_a_row_back_off_up_to_five_minutes_unless_a_fip_moved_since() {
         let mut h = HandOffs::default();
-        assert_eq!(h.next_at(), None);
+        let on = |n: &str| vec![n.to_owned()];
+        assert_eq!(h.next_at(&["cp-0"]), None);
         let t0 = Instant::now();
-        h.last = Some((t0, 1));
-        assert_eq!(h.next_at(), Some(t0 + FIRST_WAIT));
-        h.last = Some((t0, 3));
-        assert_eq!(h.next_at(), Some(t0 + FIRST_WAIT * 4));
-        h.last = Some((t0, 30));
-        assert_eq!(h.next_at(), Some(t0 + MAX_WAIT));
+        h.last = Some((t0, 1, on("cp-0")));
+        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + FIRST_WAIT));
+        h.last = Some((t0, 3, on("cp-0")));
+        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + FIRST_WAIT * 4));
+        h.last = Some((t0, 30, on("cp-0")));
+        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + MAX_WAIT));
+        assert_eq!(
+            h.next_at(&["cp-1"]),
+            None,
+            "the FIP moved onto this leader's node since: a new reason, no wait"
+        );
     }
 }
