@@ -65,10 +65,10 @@ pub(super) fn quiet(endpoints: &[Calm], candidates_ok_for: &[Option<Duration>], 
 /// The hand-off's memory between passes (the leader's).
 #[derive(Debug, Default)]
 pub(super) struct HandOffs {
-    /// The last request, how many came in a row before it, and the FIP holders' nodes then.
-    /// Only hand-offs with the FIPs where they were count in a row: a FIP that moved onto the
-    /// leader's node since is a new reason (the Lease came back without one: the backoff).
-    last: Option<(Instant, u32, Vec<String>)>,
+    /// The last request and how many came in a row before it. Only hand-offs with no FIP move
+    /// in between count in a row: a FIP that moved onto the leader's node since is a new reason
+    /// (the Lease came back without one: the backoff).
+    last: Option<(Instant, u32)>,
     /// The term in which "no replica to hand over to" was logged.
     told: Option<u64>,
     /// When "not yet" and why was last logged (debug).
@@ -76,13 +76,14 @@ pub(super) struct HandOffs {
 }
 
 impl HandOffs {
-    /// When the next request may be made, with the FIPs on `holder_nodes`.
-    fn next_at(&self, holder_nodes: &[&str]) -> Option<Instant> {
-        let (at, tries, then) = self.last.as_ref()?;
-        if !then.iter().map(String::as_str).eq(holder_nodes.iter().copied()) {
-            return None;
-        }
-        let (at, tries) = (*at, *tries);
+    /// The last request and its count in a row, unless a FIP moved after it (`moved_at`).
+    fn in_a_row(&self, moved_at: Option<Instant>) -> Option<(Instant, u32)> {
+        self.last.filter(|(at, _)| moved_at.is_none_or(|m| m <= *at))
+    }
+
+    /// When the next request may be made, the last FIP move at `moved_at`.
+    fn next_at(&self, moved_at: Option<Instant>) -> Option<Instant> {
+        let (at, tries) = self.in_a_row(moved_at)?;
         let wait = FIRST_WAIT
             .saturating_mul(2u32.saturating_pow(tries.saturating_sub(1)))
             .min(MAX_WAIT);
@@ -142,7 +143,12 @@ impl HandOffs {
             })
             .collect();
         let in_flight = ctx.leader.in_flight().count();
-        let next_at = self.next_at(&holder_nodes);
+        let moved_at = calm
+            .iter()
+            .filter_map(|c| c.last_move_ago)
+            .min()
+            .map(|ago| now.checked_sub(ago).unwrap_or(now));
+        let next_at = self.next_at(moved_at);
         if !quiet(&calm, &ok_for, in_flight) || next_at.is_some_and(|at| now < at) {
             if self
                 .waiting_told
@@ -177,16 +183,11 @@ impl HandOffs {
             }
             return;
         };
-        let tries = match &self.last {
-            Some((at, n, then))
-                if now.saturating_duration_since(*at) < FORGET
-                    && then.iter().map(String::as_str).eq(holder_nodes.iter().copied()) =>
-            {
-                n.saturating_add(1)
-            }
-            _ => 1,
-        };
-        self.last = Some((now, tries, holder_nodes.iter().map(|n| (*n).to_owned()).collect()));
+        let tries = self
+            .in_a_row(moved_at)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < FORGET)
+            .map_or(1, |(_, n)| n.saturating_add(1));
+        self.last = Some((now, tries));
         ctx.metrics.lease_handoff();
         tracing::info!(%node, to = %to.identity, to_node = %to.node, term, "the leader runs on a control-plane FIP holder's node: handing the Lease to a replica on another node");
         succession.hand_off(
@@ -269,19 +270,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn hand_offs_in_a_row_back_off_up_to_five_minutes_unless_a_fip_moved_since() {
         let mut h = HandOffs::default();
-        let on = |n: &str| vec![n.to_owned()];
-        assert_eq!(h.next_at(&["cp-0"]), None);
+        assert_eq!(h.next_at(None), None);
         let t0 = Instant::now();
-        h.last = Some((t0, 1, on("cp-0")));
-        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + FIRST_WAIT));
-        h.last = Some((t0, 3, on("cp-0")));
-        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + FIRST_WAIT * 4));
-        h.last = Some((t0, 30, on("cp-0")));
-        assert_eq!(h.next_at(&["cp-0"]), Some(t0 + MAX_WAIT));
+        let before = t0.checked_sub(Duration::from_secs(1));
+        h.last = Some((t0, 1));
+        assert_eq!(h.next_at(None), Some(t0 + FIRST_WAIT));
+        assert_eq!(h.next_at(before), Some(t0 + FIRST_WAIT));
+        h.last = Some((t0, 3));
+        assert_eq!(h.next_at(before), Some(t0 + FIRST_WAIT * 4));
+        h.last = Some((t0, 30));
+        assert_eq!(h.next_at(before), Some(t0 + MAX_WAIT));
         assert_eq!(
-            h.next_at(&["cp-1"]),
+            h.next_at(Some(t0 + Duration::from_secs(1))),
             None,
-            "the FIP moved onto this leader's node since: a new reason, no wait"
+            "a FIP moved (onto this leader's node) since: a new reason, no wait"
         );
     }
 }
