@@ -329,10 +329,13 @@ async fn watch_lease(
     while let Some(item) = stream.next().await {
         match item {
             Ok(lease) => {
-                seen.send_if_modified(|s| observe(s, Record::of(&lease)));
-                succession
-                    .lock()
-                    .observe(succession::entries(&lease), &identity, Instant::now());
+                let record = Record::of(&lease);
+                {
+                    let mut roster = succession.lock();
+                    roster.observe(succession::entries(&lease), &identity, Instant::now());
+                    roster.holder_wrote(record.holder.as_deref(), record.renew.as_ref());
+                }
+                seen.send_if_modified(|s| observe(s, record));
                 latest.send_replace(Some(lease));
             }
             Err(error) => errors.warn(&error),
@@ -626,15 +629,17 @@ impl Election<'_> {
             let Some(mut lease) = self.mine.take() else {
                 return;
             };
+            let renew = now();
             let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
             spec.holder_identity = Some(to.identity.clone());
-            spec.renew_time = Some(now());
+            spec.renew_time = Some(renew.clone());
             spec.acquire_time = Some(now());
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
             let pp = PostParams::default();
             let write = self.api.replace(&cfg.name, &pp, &lease);
             match tokio::time::timeout(cfg.acquire_timeout(), write).await {
                 Ok(Ok(_)) => {
+                    self.succession.lock().handed(to.identity.clone(), Some(renew));
                     tracing::info!(%identity, to = %to.identity, node = %to.node, took_ms = started.elapsed().as_millis(), "handed the lease over");
                     return;
                 }

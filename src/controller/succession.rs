@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -76,10 +77,14 @@ pub struct Peer {
     pub node: String,
 }
 
-/// What this replica saw of the others' entries, on its own clock.
+/// What this replica saw of the others' entries, on its own clock, and whether its last
+/// hand-off took.
 #[derive(Debug, Default)]
 pub struct Roster {
     seen: BTreeMap<String, Seen>,
+    /// The replica this one last handed the Lease to, the renew time of that write, and
+    /// whether the replica has written the Lease itself since (it took the Lease).
+    handed: Option<(String, Option<MicroTime>, bool)>,
 }
 
 #[derive(Debug)]
@@ -120,6 +125,27 @@ impl Roster {
                 }
             }
         }
+    }
+
+    /// Records a hand-off to `to`, written with renew time `renew`.
+    pub fn handed(&mut self, to: String, renew: Option<MicroTime>) {
+        self.handed = Some((to, renew, false));
+    }
+
+    /// Takes in the holder and renew time of a version of the Lease: a version by the replica
+    /// last handed to, other than the hand-off's own write, means the hand-off took.
+    pub fn holder_wrote(&mut self, holder: Option<&str>, renew: Option<&MicroTime>) {
+        if let Some((to, handed_renew, took)) = &mut self.handed
+            && holder == Some(to.as_str())
+            && renew != handed_renew.as_ref()
+        {
+            *took = true;
+        }
+    }
+
+    /// Whether the last hand-off took (`false` also when there was none).
+    pub fn handoff_took(&self) -> bool {
+        self.handed.as_ref().is_some_and(|(_, _, took)| *took)
     }
 
     /// The followers seen alive at `now`, by identity.
@@ -179,6 +205,12 @@ impl Succession {
     /// The Node this replica runs on.
     pub fn node(&self) -> Option<&str> {
         self.node.as_deref()
+    }
+
+    /// Whether this replica's last hand-off took: the replica it handed to wrote the Lease
+    /// itself afterwards (a hand-off that did not take is one to back off from).
+    pub fn handoff_took(&self) -> bool {
+        self.lock().handoff_took()
     }
 
     /// The followers seen alive now.
@@ -254,6 +286,23 @@ mod tests {
             !roster.forgotten("new", t0),
             "an entry not seen yet may be a beat the watch has not delivered"
         );
+    }
+
+    #[test]
+    fn a_hand_off_took_once_its_new_holder_wrote_the_lease_itself() {
+        let mut roster = Roster::default();
+        assert!(!roster.handoff_took());
+        let t = |s: &str| Some(MicroTime(s.parse().unwrap()));
+        roster.handed("b".into(), t("2026-11-29T05:00:00Z"));
+        roster.holder_wrote(Some("b"), t("2026-11-29T05:00:00Z").as_ref());
+        assert!(
+            !roster.handoff_took(),
+            "the hand-off's own write, seen by the watch"
+        );
+        roster.holder_wrote(Some("c"), t("2026-11-29T05:00:01Z").as_ref());
+        assert!(!roster.handoff_took(), "another replica took it after a lapse");
+        roster.holder_wrote(Some("b"), t("2026-11-29T05:00:00.2Z").as_ref());
+        assert!(roster.handoff_took(), "b renewed: it leads");
     }
 
     #[test]

@@ -76,14 +76,17 @@ pub(super) struct HandOffs {
 }
 
 impl HandOffs {
-    /// The last request and its count in a row, unless a FIP moved after it (`moved_at`).
-    fn in_a_row(&self, moved_at: Option<Instant>) -> Option<(Instant, u32)> {
-        self.last.filter(|(at, _)| moved_at.is_none_or(|m| m <= *at))
+    /// The last request and its count in a row: unless it took (`took`: the replica handed
+    /// to led; the Lease came back later for another reason, e.g. its node died), or a FIP
+    /// moved after it (`moved_at`). Only hand-offs that did not take back off.
+    fn in_a_row(&self, moved_at: Option<Instant>, took: bool) -> Option<(Instant, u32)> {
+        self.last
+            .filter(|(at, _)| !took && moved_at.is_none_or(|m| m <= *at))
     }
 
     /// When the next request may be made, the last FIP move at `moved_at`.
-    fn next_at(&self, moved_at: Option<Instant>) -> Option<Instant> {
-        let (at, tries) = self.in_a_row(moved_at)?;
+    fn next_at(&self, moved_at: Option<Instant>, took: bool) -> Option<Instant> {
+        let (at, tries) = self.in_a_row(moved_at, took)?;
         let wait = FIRST_WAIT
             .saturating_mul(2u32.saturating_pow(tries.saturating_sub(1)))
             .min(MAX_WAIT);
@@ -148,7 +151,8 @@ impl HandOffs {
             .filter_map(|c| c.last_move_ago)
             .min()
             .map(|ago| now.checked_sub(ago).unwrap_or(now));
-        let next_at = self.next_at(moved_at);
+        let took = succession.handoff_took();
+        let next_at = self.next_at(moved_at, took);
         if !quiet(&calm, &ok_for, in_flight) || next_at.is_some_and(|at| now < at) {
             if self
                 .waiting_told
@@ -184,7 +188,7 @@ impl HandOffs {
             return;
         };
         let tries = self
-            .in_a_row(moved_at)
+            .in_a_row(moved_at, took)
             .filter(|(at, _)| now.saturating_duration_since(*at) < FORGET)
             .map_or(1, |(_, n)| n.saturating_add(1));
         self.last = Some((now, tries));
@@ -268,22 +272,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn hand_offs_in_a_row_back_off_up_to_five_minutes_unless_a_fip_moved_since() {
+    async fn hand_offs_that_did_not_take_back_off_up_to_five_minutes() {
         let mut h = HandOffs::default();
-        assert_eq!(h.next_at(None), None);
+        assert_eq!(h.next_at(None, false), None);
         let t0 = Instant::now();
         let before = t0.checked_sub(Duration::from_secs(1));
         h.last = Some((t0, 1));
-        assert_eq!(h.next_at(None), Some(t0 + FIRST_WAIT));
-        assert_eq!(h.next_at(before), Some(t0 + FIRST_WAIT));
+        assert_eq!(h.next_at(None, false), Some(t0 + FIRST_WAIT));
+        assert_eq!(h.next_at(before, false), Some(t0 + FIRST_WAIT));
         h.last = Some((t0, 3));
-        assert_eq!(h.next_at(before), Some(t0 + FIRST_WAIT * 4));
+        assert_eq!(h.next_at(before, false), Some(t0 + FIRST_WAIT * 4));
         h.last = Some((t0, 30));
-        assert_eq!(h.next_at(before), Some(t0 + MAX_WAIT));
+        assert_eq!(h.next_at(before, false), Some(t0 + MAX_WAIT));
         assert_eq!(
-            h.next_at(Some(t0 + Duration::from_secs(1))),
+            h.next_at(Some(t0 + Duration::from_secs(1)), false),
             None,
             "a FIP moved (onto this leader's node) since: a new reason, no wait"
+        );
+        assert_eq!(
+            h.next_at(before, true),
+            None,
+            "the last hand-off took (the Lease came back later, e.g. its node died): no wait"
         );
     }
 }
