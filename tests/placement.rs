@@ -144,6 +144,14 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
             "the broken route was seen and the FIP moved {} ms after it broke",
             t0.elapsed().as_millis()
         );
+        // The simulator logs a request when it has answered it, a moment after the route
+        // changed; then no second move may follow.
+        common::wait_for("the move in the simulator's log", Duration::from_secs(5), || {
+            let n = puts(&sim, &fip, seq).len();
+            async move { n >= 1 }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let moved = puts(&sim, &fip, seq);
         assert_eq!(moved.len(), 1, "one move: {moved:?}");
         assert!(
