@@ -72,13 +72,7 @@ impl LeaderGate {
             until: Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600),
         }));
         let (_, handover) = watch::channel(None);
-        Self(
-            rx,
-            handover,
-            InFlight::default(),
-            Duration::ZERO,
-            Succession::default(),
-        )
+        Self::new(rx, handover)
     }
 
     /// The gate of a replica whose followers and hand-off `succession` tracks.
