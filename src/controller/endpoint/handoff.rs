@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use super::{EndpointRef, EndpointState};
 use crate::controller::Context;
+use crate::controller::health::LogThrottle;
 use crate::probe::Prober;
 
 /// How long everything must have been quiet before the Lease is handed over: at least the
@@ -63,16 +64,24 @@ pub(super) fn quiet(endpoints: &[Calm], candidates_ok_for: &[Option<Duration>], 
 }
 
 /// The hand-off's memory between passes (the leader's).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct HandOffs {
-    /// The last request and how many came in a row before it. Only hand-offs with no FIP move
-    /// in between count in a row: a FIP that moved onto the leader's node since is a new reason
-    /// (the Lease came back without one: the backoff).
+    /// The last request and how many came in a row before it ([`Self::in_a_row`]).
     last: Option<(Instant, u32)>,
     /// The term in which "no replica to hand over to" was logged.
     told: Option<u64>,
-    /// When "not yet" and why was last logged (debug).
-    waiting_told: Option<Instant>,
+    /// How often "not yet" and why is logged (debug).
+    waiting: LogThrottle,
+}
+
+impl Default for HandOffs {
+    fn default() -> Self {
+        Self {
+            last: None,
+            told: None,
+            waiting: LogThrottle::new(WHY_EVERY),
+        }
+    }
 }
 
 impl HandOffs {
@@ -154,11 +163,7 @@ impl HandOffs {
         let took = succession.handoff_took();
         let next_at = self.next_at(moved_at, took);
         if !quiet(&calm, &ok_for, in_flight) || next_at.is_some_and(|at| now < at) {
-            if self
-                .waiting_told
-                .is_none_or(|t| now.saturating_duration_since(t) >= WHY_EVERY)
-            {
-                self.waiting_told = Some(now);
+            if self.waiting.allow().is_some() {
                 tracing::debug!(%node, ?calm, ?ok_for, in_flight, next_at_in_ms = next_at.map(|at| at.saturating_duration_since(now).as_millis()), "on a FIP holder's node, not handing the Lease over yet");
             }
             return;
@@ -218,7 +223,9 @@ fn calm_of(ep: &EndpointRef, state: Option<&EndpointState>, now: Instant) -> Cal
         routed: ep.fip.target().is_some() && state.seen,
         last_move_ago: state.hold.last_move(now).map(|m| m.ago),
         failing: state.down_since.is_some() || state.unreachable_since.is_some(),
-        unwritten: state.holder_retry_at.is_some()
+        // A failed write waits for its retry; past that time the next pass writes again (or
+        // finds nothing left to write).
+        unwritten: state.holder_retry_at.is_some_and(|t| now < t)
             || state.holder_write.as_ref().is_some_and(|(_, t)| !t.is_finished()),
     }
 }
