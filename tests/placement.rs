@@ -18,84 +18,42 @@ mod common;
 /// The binary under test.
 const BATON: &str = env!("CARGO_BIN_EXE_baton");
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use baton_cloud::model::IpAddress;
-use baton_sim::{Faults, SimHandle, Topology};
-use baton_testbed::{ControlPlane, Options, lab};
-use common::leases::LeaseHistory;
-use tokio::process::Child;
+use baton_sim::Faults;
+use baton_testbed::lab;
+use common::routed::Routed;
 
-const CP: [u64; 3] = [600_101, 600_102, 600_103];
-
-fn holder(sim: &SimHandle, fip: &IpAddress) -> Option<usize> {
-    let id = sim.peek_ip(fip.id.as_str())?.target()?.0;
-    CP.iter().position(|&c| c == id)
-}
-
-/// The FIP's PUTs in the simulator's log from sequence `from` on.
-fn puts(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_sim::LogEntry> {
-    let path = format!("/v1/ips/{}", fip.id.as_str());
-    sim.log(from)
+/// The FIP's PUTs in the simulator's log from sequence `from` on, whatever their sender or
+/// answer (stricter than `Routed::moves`: a failed or foreign PUT counts too).
+fn puts(bed: &Routed, from: u64) -> Vec<baton_sim::LogEntry> {
+    let path = format!("/v1/ips/{}", bed.fip.id.as_str());
+    bed.sim
+        .log(from)
         .into_iter()
         .filter(|e| e.method == "PUT" && e.path == path)
         .collect()
 }
 
-fn next_seq(sim: &SimHandle) -> u64 {
-    sim.log(0).last().map_or(0, |e| e.seq + 1)
-}
-
 #[test]
 fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_the_fip() {
     lab::run(|| async {
-        let mut cp = ControlPlane::start(Options {
-            nodes: true,
-            ..Options::servers(3)
-        })
-        .await
-        .unwrap();
-        let sim = common::routed_sim(Faults::none(), Topology::default()).await;
-        let (_cloud, fip) = common::control_plane_fip(&sim, ("cluster", "placement"), CP[0]).await;
-        let fip_addr = SocketAddr::new(fip.address, 6443);
-        let ca = cp.ca_der().to_vec();
-        let logs = tempfile::tempdir().unwrap();
-        let history = LeaseHistory::record(
-            (0..3).map(|i| cp.client(i).unwrap()).collect(),
-            "baton-controller",
-        );
-        let _agents: Vec<Child> = (0..3)
-            .map(|i| common::node::agent(&cp, BATON, i, &logs.path().join(format!("agent-{i}.log"))))
-            .collect();
+        let mut bed = Routed::start(BATON, 3, Faults::none(), "placement").await;
+        let controller = |bed: &Routed, i| {
+            common::node::controller(&bed.cp, BATON, &bed.sim, i, "cluster=placement", bed.logs.path())
+        };
+        let history = bed.history.clone();
 
         // The replica on the holder's node leads first (as after a rollout that placed it there).
-        let mut replicas = vec![common::node::controller(
-            &cp,
-            BATON,
-            &sim,
-            0,
-            "cluster=placement",
-            logs.path(),
-        )];
+        let mut replicas = vec![controller(&bed, 0)];
         common::wait_for("cp-0 to lead", Duration::from_secs(30), || {
             let h = history.holder();
             async move { h.as_deref() == Some("cp-0") }
         })
         .await;
-        common::wait_for("the FIP answers", Duration::from_secs(60), || {
-            common::readyz(&ca, fip_addr)
-        })
-        .await;
-        let seq = next_seq(&sim);
-        replicas.push(common::node::controller(
-            &cp,
-            BATON,
-            &sim,
-            1,
-            "cluster=placement",
-            logs.path(),
-        ));
+        common::wait_for("the FIP answers", Duration::from_secs(60), || bed.fip_answers()).await;
+        let seq = bed.next_seq();
+        replicas.push(controller(&bed, 1));
 
         // The hand-off: the Lease moves to cp-1, the FIP stays on cp-0.
         common::wait_for("the Lease handed to cp-1", Duration::from_secs(30), || {
@@ -111,31 +69,28 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
             history.entries()
         );
         assert!(
-            puts(&sim, &fip, seq).is_empty(),
+            puts(&bed, seq).is_empty(),
             "a hand-off moves no FIP: {:?}",
-            puts(&sim, &fip, seq)
+            puts(&bed, seq)
         );
-        assert_eq!(holder(&sim, &fip), Some(0));
-        assert!(
-            common::readyz(&ca, fip_addr).await,
-            "the FIP answers after the hand-off"
-        );
+        assert_eq!(bed.holder(), Some(0));
+        assert!(bed.fip_answers().await, "the FIP answers after the hand-off");
 
         // The cloud's route to cp-0 breaks: packets for the FIP forwarded towards cp-0 are lost.
         // cp-0's API server stays healthy (its direct probes pass).
-        let seq = next_seq(&sim);
+        let seq = bed.next_seq();
         let t0 = tokio::time::Instant::now();
         common::routed::hub_nft(&format!(
             "table ip broken_route {{\n chain forward {{\n  type filter hook forward priority -10;\n  ip daddr {} rt ip nexthop {} drop\n }}\n}}\n",
-            fip.address,
-            cp.addresses()[0]
+            bed.fip.address,
+            bed.cp.addresses()[0]
         ))
         .await;
         common::wait_for(
             "the FIP moved off the broken route",
             Duration::from_secs(30),
             || {
-                let h = holder(&sim, &fip);
+                let h = bed.holder();
                 async move { h.is_some_and(|h| h != 0) }
             },
         )
@@ -147,12 +102,12 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
         // The simulator logs a request when it has answered it, a moment after the route
         // changed; then no second move may follow.
         common::wait_for("the move in the simulator's log", Duration::from_secs(5), || {
-            let n = puts(&sim, &fip, seq).len();
+            let n = puts(&bed, seq).len();
             async move { n >= 1 }
         })
         .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let moved = puts(&sim, &fip, seq);
+        let moved = puts(&bed, seq);
         assert_eq!(moved.len(), 1, "one move: {moved:?}");
         assert!(
             moved[0].user_agent.ends_with("controller/cp-1"),
@@ -160,18 +115,18 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
             moved[0].user_agent
         );
         assert_eq!(
-            holder(&sim, &fip),
+            bed.holder(),
             Some(2),
             "moved to cp-2, the healthy node without the leader"
         );
         common::wait_for("the FIP answers from cp-2", Duration::from_secs(10), || {
-            common::readyz(&ca, fip_addr)
+            bed.fip_answers()
         })
         .await;
 
         // The leader's node dies, and it holds no FIP: the Lease moves, the FIP does not.
-        let seq = next_seq(&sim);
-        cp.blackhole(1).await.unwrap();
+        let seq = bed.next_seq();
+        bed.cp.blackhole(1).await.unwrap();
         let _ = replicas[1].kill().await;
         common::wait_for("cp-0 to lead again", Duration::from_secs(10), || {
             let h = history.holder();
@@ -180,13 +135,13 @@ fn a_leader_on_the_holders_node_hands_over_then_sees_a_broken_route_and_moves_th
         .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(
-            puts(&sim, &fip, seq).is_empty(),
+            puts(&bed, seq).is_empty(),
             "the leader's node died, not the holder's: no move: {:?}",
-            puts(&sim, &fip, seq)
+            puts(&bed, seq)
         );
-        assert_eq!(holder(&sim, &fip), Some(2));
-        assert!(common::readyz(&ca, fip_addr).await, "the FIP answers throughout");
+        assert_eq!(bed.holder(), Some(2));
+        assert!(bed.fip_answers().await, "the FIP answers throughout");
         common::routed::hub_nft("delete table ip broken_route\n").await;
-        cp.heal(1).await.unwrap();
+        bed.cp.heal(1).await.unwrap();
     });
 }
