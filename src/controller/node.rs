@@ -30,7 +30,6 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ReflectHandle;
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
@@ -38,7 +37,7 @@ use tracing::{debug, info, instrument, warn};
 use super::Context;
 use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries};
-use super::watches::{Cache, StreamErrors, Watches};
+use super::watches::{Cache, StreamErrors, Trigger, Watches};
 
 mod plan;
 
@@ -186,7 +185,7 @@ pub fn run_nodes(
 async fn run(
     ctx: Arc<Context>,
     store: Cache<Node>,
-    trigger: ReflectHandle<Node>,
+    trigger: Trigger<Node>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let node_ctx = Arc::new(NodeContext::new(ctx.clone(), store.clone()));

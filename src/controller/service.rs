@@ -66,7 +66,6 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ReflectHandle;
 
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
@@ -74,7 +73,7 @@ use tracing::{debug, info, instrument, warn};
 
 use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries, Skipped};
-use super::watches::{Cache, StreamErrors, Subset, Watches};
+use super::watches::{Cache, StreamErrors, Subset, Trigger, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
 /// How often a settled Service is looked at again (reads the cached IP list only).
@@ -407,7 +406,7 @@ pub fn run_services(
 async fn run(
     ctx: Arc<Context>,
     (store, control_plane): (Cache<Service>, Subset<Service>),
-    trigger: ReflectHandle<Service>,
+    trigger: Trigger<Service>,
     mut changes: tokio::sync::watch::Receiver<u64>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {

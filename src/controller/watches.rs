@@ -20,6 +20,13 @@
 //! Subscriptions are taken before [`Watches::run`], which consumes the set: a subscriber made
 //! later would miss the objects already listed.
 //!
+//! A subscription is a channel of the objects themselves, fed by the watch after the store
+//! took each event ([`Trigger`]). kube-runtime's own (`reflect_shared`'s `ReflectHandle`) sends
+//! references and looks each one up when it is read; when the object was deleted in between it
+//! returns `Pending` without a wake-up, and the controller reading it sleeps until something else
+//! wakes it. Under Service churn that stopped the Service controller, then (its buffer full) the
+//! shared watch and every store on it.
+//!
 //! Readiness (the first full list) is published on a `tokio::sync::watch` channel ([`Cache`]):
 //! kube's `Store::wait_until_ready` wakes only the last task that polled it, so two tasks
 //! waiting on one shared store could wait forever.
@@ -31,22 +38,28 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::runtime::reflector::{self, ReflectHandle, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{WatchStreamExt as _, reflector::store::Writer};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::health::LogThrottle;
 use super::kit::Backoff;
 use super::metrics::Metrics;
 use super::mirror::SERVICE_NAME_LABEL;
 
-/// How many object references a subscription may lag behind before the watch waits for it.
-/// Every subscriber is a kube Controller that drains its trigger at once.
+/// How many objects a subscription may lag behind before the watch waits for it. Every
+/// subscriber is a kube Controller, which takes its trigger in even while all its reconciles
+/// run.
 const BUFFER: usize = 1024;
 
 /// The annotation `kubectl apply` keeps a full copy of the object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The objects of one kind as the shared watch applies them: each Apply, and every object after
+/// a (re)list, read by a kube `Controller` (`for_shared_stream`). Deletes are not sent, as with
+/// kube-runtime's own subscriptions.
+pub type Trigger<K> = futures::stream::BoxStream<'static, Arc<K>>;
 
 /// Which objects a [`Subset`] keeps.
 type Filter<K> = fn(&K) -> bool;
@@ -59,6 +72,8 @@ where
     api: Api<K>,
     config: watcher::Config,
     writer: Writer<K>,
+    /// Every subscription's sending end.
+    subscribers: Vec<mpsc::Sender<Arc<K>>>,
     changes: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     used: bool,
@@ -82,7 +97,8 @@ where
         Self {
             api,
             config,
-            writer: reflector::store_shared(BUFFER).1,
+            writer: reflector::store().1,
+            subscribers: Vec::new(),
             changes: watch::channel(0).0,
             ready: watch::channel(false).0,
             used: false,
@@ -106,11 +122,11 @@ where
         }
     }
 
-    fn subscribe(&mut self) -> ReflectHandle<K> {
+    fn subscribe(&mut self) -> Trigger<K> {
         self.used = true;
-        self.writer
-            .subscribe()
-            .expect("a shared writer can be subscribed")
+        let (tx, rx) = mpsc::channel(BUFFER);
+        self.subscribers.push(tx);
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|obj| (obj, rx)) }).boxed()
     }
 
     fn changes(&mut self) -> watch::Receiver<u64> {
@@ -124,11 +140,24 @@ where
         if !self.used {
             return std::future::pending().await;
         }
+        let events = watcher(self.api.clone(), self.config.clone()).backoff(WatchBackoff::default());
+        self.drive(events, metrics).await;
+    }
+
+    /// Applies `events` to the store, then passes each on: to the subsets, the change counter,
+    /// readiness, and the subscriptions (waiting for a subscription whose buffer is full).
+    async fn drive(
+        self,
+        events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+        metrics: Option<Arc<Metrics>>,
+    ) {
         let kind = K::kind(&());
         let errors = StreamErrors::new(kind.clone());
-        let (changes, ready, subsets) = (self.changes, self.ready, self.subsets);
-        watcher(self.api, self.config)
-            .backoff(WatchBackoff::default())
+        let (changes, ready, subsets, subscribers) =
+            (self.changes, self.ready, self.subsets, self.subscribers);
+        let reader = self.writer.as_reader();
+        let trim = self.trim;
+        let events = events
             // No controller reads managedFields or kubectl's copy of the last applied object;
             // together they are often most of an object's size.
             .modify(move |obj: &mut K| {
@@ -137,36 +166,51 @@ where
                 if let Some(annotations) = meta.annotations.as_mut() {
                     annotations.remove(LAST_APPLIED);
                 }
-                (self.trim)(obj);
+                trim(obj);
             })
-            .reflect_shared(self.writer)
-            .for_each(|event| {
-                if let Ok(event) = &event {
-                    for (keep, subset) in &subsets {
-                        subset.apply(event, *keep);
+            .reflect(self.writer);
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            if let Ok(event) = &event {
+                for (keep, subset) in &subsets {
+                    subset.apply(event, *keep);
+                }
+            }
+            let sent: Vec<Arc<K>> = match event {
+                Ok(watcher::Event::Init) => Vec::new(),
+                Ok(watcher::Event::InitApply(_)) => {
+                    if let Some(m) = &metrics {
+                        m.watch_event(&kind);
+                    }
+                    Vec::new()
+                }
+                Ok(event) => {
+                    if let Some(m) = &metrics {
+                        m.watch_event(&kind);
+                    }
+                    if matches!(event, watcher::Event::InitDone) {
+                        ready.send_if_modified(|r| !std::mem::replace(r, true));
+                    }
+                    changes.send_modify(|n| *n = n.wrapping_add(1));
+                    match event {
+                        // The store as listed: every object is news after a relist.
+                        watcher::Event::InitDone => reader.state(),
+                        watcher::Event::Apply(obj) => vec![Arc::new(obj)],
+                        _ => Vec::new(),
                     }
                 }
-                match event {
-                    Ok(watcher::Event::Init) => {}
-                    Ok(watcher::Event::InitApply(_)) => {
-                        if let Some(m) = &metrics {
-                            m.watch_event(&kind);
-                        }
-                    }
-                    Ok(event) => {
-                        if let Some(m) = &metrics {
-                            m.watch_event(&kind);
-                        }
-                        if matches!(event, watcher::Event::InitDone) {
-                            ready.send_if_modified(|r| !std::mem::replace(r, true));
-                        }
-                        changes.send_modify(|n| *n = n.wrapping_add(1));
-                    }
-                    Err(error) => errors.warn(&error),
+                Err(error) => {
+                    errors.warn(&error);
+                    Vec::new()
                 }
-                std::future::ready(())
-            })
-            .await;
+            };
+            for obj in sent {
+                for subscriber in &subscribers {
+                    // A subscriber that is gone (its controller stopped) is skipped.
+                    let _ = subscriber.send(Arc::clone(&obj)).await;
+                }
+            }
+        }
     }
 }
 
@@ -336,7 +380,7 @@ impl Watches {
     }
 
     /// Services as they are applied (a Controller's trigger).
-    pub fn subscribe_services(&mut self) -> ReflectHandle<Service> {
+    pub fn subscribe_services(&mut self) -> Trigger<Service> {
         self.services.subscribe()
     }
 
@@ -356,7 +400,7 @@ impl Watches {
     }
 
     /// Nodes as they are applied (a Controller's trigger).
-    pub fn subscribe_nodes(&mut self) -> ReflectHandle<Node> {
+    pub fn subscribe_nodes(&mut self) -> Trigger<Node> {
         self.nodes.subscribe()
     }
 
@@ -529,5 +573,84 @@ mod subset_tests {
         assert_eq!(names(&subset), ["two"]);
         apply(Event::InitDone);
         assert_eq!(names(&subset), ["four"]);
+    }
+}
+
+#[cfg(test)]
+mod trigger_tests {
+    use std::time::Duration;
+
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::{self, Event};
+
+    use super::Kind;
+
+    fn svc(name: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    /// A kind whose watch is fed by the test; the client is never used (it points at a port
+    /// nothing listens on).
+    fn kind() -> Kind<Service> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        Kind::new(kube::Api::all(client), watcher::Config::default(), |_| {})
+    }
+
+    fn names(objs: &[std::sync::Arc<Service>]) -> Vec<String> {
+        objs.iter()
+            .map(|s| s.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_subscription_gets_every_applied_object_even_one_deleted_before_it_is_read() {
+        let mut kind = kind();
+        let trigger = kind.subscribe();
+        let events: Vec<watcher::Result<Event<Service>>> = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(svc("listed"))),
+            Ok(Event::InitDone),
+            // Created and deleted before the subscriber reads: kube-runtime's ReflectHandle
+            // looked it up, missed, and returned Pending with no wake-up, stalling the reader.
+            Ok(Event::Apply(svc("churned"))),
+            Ok(Event::Delete(svc("churned"))),
+            Ok(Event::Apply(svc("after"))),
+        ];
+        kind.drive(futures::stream::iter(events), None).await;
+        let got: Vec<_> = tokio::time::timeout(Duration::from_secs(5), trigger.collect())
+            .await
+            .expect("the subscription delivers everything and ends with the watch");
+        assert_eq!(names(&got), ["listed", "churned", "after"]);
+    }
+
+    #[tokio::test]
+    async fn a_relist_sends_the_store_as_listed_and_counts_changes() {
+        let mut kind = kind();
+        let trigger = kind.subscribe();
+        let mut changes = kind.changes();
+        let events: Vec<watcher::Result<Event<Service>>> = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(svc("a"))),
+            Ok(Event::InitDone),
+            Ok(Event::Init),
+            Ok(Event::InitApply(svc("b"))),
+            Ok(Event::InitApply(svc("c"))),
+            Ok(Event::InitDone),
+        ];
+        kind.drive(futures::stream::iter(events), None).await;
+        let mut got = names(&trigger.collect::<Vec<_>>().await);
+        got[1..].sort();
+        assert_eq!(got, ["a", "b", "c"], "what the relist dropped is not sent");
+        assert_eq!(*changes.borrow_and_update(), 2, "one change per completed list");
     }
 }
