@@ -407,9 +407,19 @@ async fn answered_by_after(
 }
 
 async fn healthy(addr: SocketAddr) -> bool {
+    answers_ok(addr, "/health").await
+}
+
+/// `/ready` of the agent whose health server is on `addr`: healthy, and the FIP table listed (an
+/// agent watching the API is healthy with no rules before its first list; docs/agent.md).
+async fn ready(addr: SocketAddr) -> bool {
+    answers_ok(addr, "/ready").await
+}
+
+async fn answers_ok(addr: SocketAddr, path: &str) -> bool {
     let client = baton_testbed::http_client(None).unwrap();
     client
-        .get(format!("http://{addr}/health"))
+        .get(format!("http://{addr}{path}"))
         .timeout(Duration::from_millis(500))
         .send()
         .await
@@ -679,9 +689,9 @@ fn the_holder_delivers_its_own_packets_for_its_fip_to_itself() {
         let want = BTreeSet::from([fip_s.clone()]);
         for i in 0..2 {
             common::wait_for(
-                &format!("{}'s agent healthy", names[i]),
+                &format!("{}'s agent ready", names[i]),
                 Duration::from_secs(30),
-                || healthy(health[i]),
+                || ready(health[i]),
             )
             .await;
             assert_eq!(nft_fips(Some(&netns[i])).await, Some(want.clone()));
