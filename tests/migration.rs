@@ -542,14 +542,25 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         );
         let fip_addr = SocketAddr::new(cp_fip.address, 6443);
         let ca = cp.ca_der().to_vec();
+        // Each failure with its time and cause, against the steps' times (`mark`): a failure
+        // says which step it belongs to.
+        let t0 = std::time::Instant::now();
+        let mark = move |what: &str| eprintln!("{:6.1} s  {what}", t0.elapsed().as_secs_f64());
+        let cp_failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let cp_poller = tokio::spawn({
             let (stop, ok, failed) = (stop.clone(), cp_ok.clone(), cp_failed.clone());
+            let failures = cp_failures.clone();
             async move {
                 while !stop.load(Ordering::SeqCst) {
-                    if common::readyz(&ca, fip_addr).await {
-                        ok.fetch_add(1, Ordering::SeqCst);
-                    } else {
-                        failed.fetch_add(1, Ordering::SeqCst);
+                    match readyz_why(&ca, fip_addr).await {
+                        Ok(()) => {
+                            ok.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(why) => {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            let at = t0.elapsed().as_secs_f64();
+                            failures.lock().unwrap().push(format!("{at:.1} s: {why}"));
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -607,10 +618,12 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
 
         // ---- The runbook (docs/migration.md). ----
         // 1. Stop the CCM.
+        mark("1. stopping the CCM");
         deployments
             .delete("cloud-provider-cherry", &DeleteParams::default())
             .await
             .unwrap();
+        mark("2. helm install");
         // 2. Install baton with the CCM's Secret. The lab's only addition: the simulator's URL.
         let values = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
@@ -633,6 +646,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             values.path().to_str().unwrap(),
         ]);
         assert!(notes.contains("STATUS: deployed"), "{notes}");
+        mark("3. starting the replicas and agents");
         // 3. Its pods start on two control-plane nodes, each in its node's namespaces talking to
         // its own API server, its Node name as the downward API gives it; the agent DaemonSet's
         // on every node, with a token of its own ServiceAccount.
@@ -687,6 +701,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         };
 
         // ---- Everything adopted. ----
+        mark("waiting for everything adopted");
         let mirror = eventually(WAIT, "baton's mirror Service shows the FIP", || async {
             kube_system
                 .get_opt("baton-kubernetes-external")
@@ -826,6 +841,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             agent_rule_packets(&cp, "cp-0", &control_ip)
         })
         .await;
+        mark("5. removing the FIP from the nodes' loopback");
         for node in NODES {
             node_ip(
                 &cp,
@@ -834,6 +850,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             )
             .await;
         }
+        mark("5. removed");
         // Converged: a few more seconds of traffic, then the counts.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let accepted_after = agent_rule_packets(&cp, "cp-0", &control_ip).await.unwrap();
@@ -863,8 +880,10 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         );
         assert!(ok >= 20, "the poller ran ({ok})");
         assert_eq!(
-            failed, 0,
-            "the control-plane FIP stopped answering during the switch"
+            failed,
+            0,
+            "the control-plane FIP stopped answering during the switch: {:?}",
+            cp_failures.lock().unwrap()
         );
         assert!(lb_checks.load(Ordering::SeqCst) >= 30);
         assert!(
@@ -1031,4 +1050,30 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         speaker.terminate(Duration::from_secs(2)).await;
         router.terminate(Duration::from_secs(2)).await;
     });
+}
+
+/// `GET https://<addr>/readyz` on a new connection (500 ms at most): `Err` names what failed
+/// (the status, or the error and its causes) and when.
+async fn readyz_why(ca: &[u8], addr: SocketAddr) -> Result<(), String> {
+    let client = baton_testbed::http_client(Some(ca)).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let answer = client
+        .get(format!("https://{addr}/readyz"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    let ms = started.elapsed().as_millis();
+    match answer {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("status {} after {ms} ms", r.status())),
+        Err(e) => {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                why = format!("{why}: {cause}");
+                source = cause.source();
+            }
+            Err(format!("{why} after {ms} ms"))
+        }
+    }
 }
