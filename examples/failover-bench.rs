@@ -904,8 +904,7 @@ fn renewed_by_its_holder(history: &LeaseHistory) -> bool {
         .iter()
         .max_by_key(|v| v.resource_version)
         .is_some_and(|v| {
-            !v.holder.is_empty()
-                && matches!((v.acquire_ms, v.renew_ms), (Some(a), Some(r)) if r > a)
+            !v.holder.is_empty() && matches!((v.acquire_ms, v.renew_ms), (Some(a), Some(r)) if r > a)
         })
 }
 
