@@ -41,7 +41,9 @@ use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{WatchStreamExt as _, reflector::store::Writer};
-use tokio::sync::{mpsc, watch};
+use futures::SinkExt as _;
+use futures::channel::mpsc;
+use tokio::sync::watch;
 
 use super::health::LogThrottle;
 use super::kit::Backoff;
@@ -59,7 +61,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// The objects of one kind as the shared watch applies them: each Apply, and every object after
 /// a (re)list, read by a kube `Controller` (`for_shared_stream`). Deletes are not sent, as with
 /// kube-runtime's own subscriptions.
-pub type Trigger<K> = futures::stream::BoxStream<'static, Arc<K>>;
+pub type Trigger<K> = mpsc::Receiver<Arc<K>>;
 
 /// Which objects a [`Subset`] keeps.
 type Filter<K> = fn(&K) -> bool;
@@ -126,7 +128,7 @@ where
         self.used = true;
         let (tx, rx) = mpsc::channel(BUFFER);
         self.subscribers.push(tx);
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|obj| (obj, rx)) }).boxed()
+        rx
     }
 
     fn changes(&mut self) -> watch::Receiver<u64> {
@@ -153,7 +155,7 @@ where
     ) {
         let kind = K::kind(&());
         let errors = StreamErrors::new(kind.clone());
-        let (changes, ready, subsets, subscribers) =
+        let (changes, ready, subsets, mut subscribers) =
             (self.changes, self.ready, self.subsets, self.subscribers);
         let reader = self.writer.as_reader();
         let trim = self.trim;
@@ -171,41 +173,32 @@ where
             .reflect(self.writer);
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
-            if let Ok(event) = &event {
-                for (keep, subset) in &subsets {
-                    subset.apply(event, *keep);
-                }
-            }
-            let sent: Vec<Arc<K>> = match event {
-                Ok(watcher::Event::Init) => Vec::new(),
-                Ok(watcher::Event::InitApply(_)) => {
-                    if let Some(m) = &metrics {
-                        m.watch_event(&kind);
-                    }
-                    Vec::new()
-                }
-                Ok(event) => {
-                    if let Some(m) = &metrics {
-                        m.watch_event(&kind);
-                    }
-                    if matches!(event, watcher::Event::InitDone) {
-                        ready.send_if_modified(|r| !std::mem::replace(r, true));
-                    }
-                    changes.send_modify(|n| *n = n.wrapping_add(1));
-                    match event {
-                        // The store as listed: every object is news after a relist.
-                        watcher::Event::InitDone => reader.state(),
-                        watcher::Event::Apply(obj) => vec![Arc::new(obj)],
-                        _ => Vec::new(),
-                    }
-                }
+            let event = match event {
+                Ok(event) => event,
                 Err(error) => {
                     errors.warn(&error);
-                    Vec::new()
+                    continue;
                 }
             };
+            for (keep, subset) in &subsets {
+                subset.apply(&event, *keep);
+            }
+            if let (Some(m), false) = (&metrics, matches!(event, watcher::Event::Init)) {
+                m.watch_event(&kind);
+            }
+            let sent = match event {
+                watcher::Event::Init | watcher::Event::InitApply(_) => continue,
+                // The store as listed: every object is news after a relist.
+                watcher::Event::InitDone => {
+                    ready.send_if_modified(|r| !std::mem::replace(r, true));
+                    reader.state()
+                }
+                watcher::Event::Apply(obj) => vec![Arc::new(obj)],
+                watcher::Event::Delete(_) => Vec::new(),
+            };
+            changes.send_modify(|n| *n = n.wrapping_add(1));
             for obj in sent {
-                for subscriber in &subscribers {
+                for subscriber in &mut subscribers {
                     // A subscriber that is gone (its controller stopped) is skipped.
                     let _ = subscriber.send(Arc::clone(&obj)).await;
                 }
