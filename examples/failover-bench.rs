@@ -899,13 +899,10 @@ async fn natural_placement(bed: &Bed, what: &str) -> (usize, usize) {
 /// leads: a failure in the few hundred ms of a hand-off is the hand-off's cost, timed by
 /// `colocated`, not the failure class's.
 fn renewed_by_its_holder(history: &LeaseHistory) -> bool {
-    history
-        .versions()
-        .iter()
-        .max_by_key(|v| v.resource_version)
-        .is_some_and(|v| {
-            !v.holder.is_empty() && matches!((v.acquire_ms, v.renew_ms), (Some(a), Some(r)) if r > a)
-        })
+    // `versions()` is in write order.
+    history.versions().last().is_some_and(|v| {
+        !v.holder.is_empty() && matches!((v.acquire_ms, v.renew_ms), (Some(a), Some(r)) if r > a)
+    })
 }
 
 /// Puts the leader on `holder`, the FIP holder's node, as it is before a hand-off. If no replica

@@ -552,7 +552,7 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             let failures = cp_failures.clone();
             async move {
                 while !stop.load(Ordering::SeqCst) {
-                    match readyz_why(&ca, fip_addr).await {
+                    match common::readyz_why(&ca, fip_addr).await {
                         Ok(()) => {
                             ok.fetch_add(1, Ordering::SeqCst);
                         }
@@ -1050,30 +1050,4 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
         speaker.terminate(Duration::from_secs(2)).await;
         router.terminate(Duration::from_secs(2)).await;
     });
-}
-
-/// `GET https://<addr>/readyz` on a new connection (500 ms at most): `Err` names what failed
-/// (the status, or the error and its causes) and when.
-async fn readyz_why(ca: &[u8], addr: SocketAddr) -> Result<(), String> {
-    let client = baton_testbed::http_client(Some(ca)).map_err(|e| e.to_string())?;
-    let started = std::time::Instant::now();
-    let answer = client
-        .get(format!("https://{addr}/readyz"))
-        .timeout(Duration::from_millis(500))
-        .send()
-        .await;
-    let ms = started.elapsed().as_millis();
-    match answer {
-        Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(format!("status {} after {ms} ms", r.status())),
-        Err(e) => {
-            let mut why = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                why = format!("{why}: {cause}");
-                source = cause.source();
-            }
-            Err(format!("{why} after {ms} ms"))
-        }
-    }
 }

@@ -34,15 +34,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::SinkExt as _;
 use futures::StreamExt as _;
+use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{WatchStreamExt as _, reflector::store::Writer};
-use futures::SinkExt as _;
-use futures::channel::mpsc;
 use tokio::sync::watch;
 
 use super::health::LogThrottle;

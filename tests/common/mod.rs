@@ -294,12 +294,34 @@ pub async fn mirror_has_ingress(client: &kube::Client) -> bool {
         .is_some_and(|i| !i.is_empty())
 }
 
+/// `GET https://<addr>/readyz` on a new connection (500 ms at most) answered 2xx.
 pub async fn readyz(ca: &[u8], addr: std::net::SocketAddr) -> bool {
-    let client = baton_testbed::http_client(Some(ca)).unwrap();
-    matches!(
-        client.get(format!("https://{addr}/readyz")).timeout(Duration::from_millis(500)).send().await,
-        Ok(r) if r.status().is_success()
-    )
+    readyz_why(ca, addr).await.is_ok()
+}
+
+/// [`readyz`], saying why not: the status, or the error and its causes, and after how long.
+pub async fn readyz_why(ca: &[u8], addr: std::net::SocketAddr) -> Result<(), String> {
+    let client = baton_testbed::http_client(Some(ca)).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let answer = client
+        .get(format!("https://{addr}/readyz"))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    let ms = started.elapsed().as_millis();
+    match answer {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("status {} after {ms} ms", r.status())),
+        Err(e) => {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                why = format!("{why}: {cause}");
+                source = cause.source();
+            }
+            Err(format!("{why} after {ms} ms"))
+        }
+    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (the simulator's `unix_ms`, a Lease's times).
