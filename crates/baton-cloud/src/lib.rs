@@ -19,7 +19,9 @@ pub mod cherry;
 pub mod cloud;
 pub mod error;
 pub mod fence;
+pub mod hetzner;
 pub mod model;
+pub mod provider;
 pub mod tags;
 pub mod term;
 
@@ -31,4 +33,5 @@ pub use cloud::Cloud;
 pub use error::{CloudError, Op};
 pub use fence::{CallTerm, Fence, InFlight, Lead, Sending};
 pub use limiter::Priority;
+pub use provider::CloudKind;
 pub use term::Leadership;
