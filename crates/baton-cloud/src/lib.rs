@@ -15,7 +15,7 @@
 //! [`model`] holds the API's JSON objects, used by both sides; [`tags`] the FIP tags baton shares
 //! with the Cherry CCM.
 
-pub mod cherry;
+pub mod client;
 pub mod cloud;
 pub mod error;
 pub mod fence;
@@ -28,7 +28,11 @@ pub mod term;
 mod limiter;
 mod store;
 
-pub use cherry::{Attempt, CallObserver, CherryClient, ClientConfig};
+pub use client::{Attempt, CallObserver, CloudClient, ClientConfig};
+
+/// The client, as Cherry Servers users and tests have always named it (a [`CloudClient`] whose
+/// configuration says [`CloudKind::Cherry`], the default).
+pub type CherryClient = CloudClient;
 pub use cloud::Cloud;
 pub use error::{CloudError, Op};
 pub use fence::{CallTerm, Fence, InFlight, Lead, Sending};

@@ -11,6 +11,13 @@
 //! budget in any window. A `Retry-After` from the API pauses the whole gate ([`RateGate::defer`]),
 //! since the limit is per source address, not per caller. Time is `tokio::time`, so tests run on
 //! paused time.
+//!
+//! An API that announces its bucket in `RateLimit-*` headers (Hetzner Cloud: 3,600 requests an
+//! hour, refilled at one a second, bursts allowed) is followed too ([`RateGate::observe_budget`]):
+//! the gate keeps an estimate of the requests left, refilled at the announced rate and set again
+//! from every answer, and grants a normal call only while more than `reserve` are left, an urgent
+//! one while any is. Normal work therefore slows to the refill rate before the bucket is empty,
+//! and a failover still finds requests left.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -41,9 +48,51 @@ impl Priority {
     }
 }
 
+/// The API's request bucket as last announced, and what was spent since.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    /// Requests left at `at`.
+    left: f64,
+    at: Instant,
+    /// The bucket's size.
+    limit: f64,
+    /// Requests added per second.
+    refill_per_s: f64,
+    /// Left for urgent calls only.
+    reserve: f64,
+}
+
+impl Budget {
+    fn left_at(&self, now: Instant) -> f64 {
+        (self.left + now.saturating_duration_since(self.at).as_secs_f64() * self.refill_per_s).min(self.limit)
+    }
+
+    /// How long a call of `priority` waits for the bucket; zero: it may go now.
+    fn wait(&self, priority: Priority, now: Instant) -> Duration {
+        let floor = match priority {
+            Priority::Urgent => 0.0,
+            Priority::Normal => self.reserve,
+        };
+        let missing = floor + 1.0 - self.left_at(now);
+        if missing <= 0.0 {
+            Duration::ZERO
+        } else if self.refill_per_s > 0.0 {
+            Duration::from_secs_f64(missing / self.refill_per_s)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+
+    fn spend(&mut self, now: Instant) {
+        self.left = self.left_at(now) - 1.0;
+        self.at = now;
+    }
+}
+
 #[derive(Debug)]
 struct State {
     next_slot: Instant,
+    budget: Option<Budget>,
     next_ticket: u64,
     urgent: VecDeque<u64>,
     normal: VecDeque<u64>,
@@ -100,6 +149,7 @@ impl RateGate {
             interval,
             state: Mutex::new(State {
                 next_slot: Instant::now(),
+                budget: None,
                 next_ticket: 0,
                 urgent: VecDeque::new(),
                 normal: VecDeque::new(),
@@ -117,13 +167,17 @@ impl RateGate {
 
     /// Waits for a grant. Cancel-safe: dropping the future gives the place up.
     pub(crate) async fn acquire(&self, priority: Priority) {
-        let Some(interval) = self.interval else {
-            // Unlimited, but a Retry-After pause still applies.
-            let wait = self.lock().next_slot.saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
+        let interval = match self.interval {
+            Some(interval) => interval,
+            None if self.lock().budget.is_none() => {
+                // Unlimited, but a Retry-After pause still applies.
+                let wait = self.lock().next_slot.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                return;
             }
-            return;
+            None => Duration::ZERO,
         };
         let mut ticket = {
             let mut s = self.lock();
@@ -145,15 +199,19 @@ impl RateGate {
                 let mut s = self.lock();
                 if s.is_head(priority, ticket.id) {
                     let now = Instant::now();
-                    if now >= s.next_slot {
+                    let for_budget = s.budget.map_or(Duration::ZERO, |b| b.wait(priority, now));
+                    if now >= s.next_slot && for_budget.is_zero() {
                         s.next_slot = now + interval;
+                        if let Some(budget) = s.budget.as_mut() {
+                            budget.spend(now);
+                        }
                         s.queue(priority).pop_front();
                         ticket.armed = false;
                         drop(s);
                         self.changed.notify_waiters();
                         return;
                     }
-                    Some(s.next_slot - now)
+                    Some(s.next_slot.saturating_duration_since(now).max(for_budget))
                 } else {
                     None
                 }
@@ -200,6 +258,32 @@ impl RateGate {
     /// after the last grant); queued callers may push it further.
     pub(crate) fn next_grant(&self) -> Instant {
         self.lock().next_slot
+    }
+
+    /// Follows the API's bucket from an answer's `RateLimit-*` headers: `limit` requests, `left`
+    /// of them now, full again at Unix time `reset_unix` (`now_unix` is this machine's Unix time).
+    /// Normal calls keep `reserve` requests for urgent ones. The refill rate is what the headers
+    /// imply (`(limit - left) / (reset - now)`), one a second when they imply none.
+    pub(crate) fn observe_budget(&self, limit: u64, left: u64, reset_unix: u64, now_unix: u64, reserve: u32) {
+        #[allow(clippy::cast_precision_loss)] // request counts
+        let (limit, left) = (limit as f64, left as f64);
+        let refill_per_s = if reset_unix > now_unix && limit > left {
+            #[allow(clippy::cast_precision_loss)]
+            let secs = (reset_unix - now_unix) as f64;
+            ((limit - left) / secs).max(0.01)
+        } else {
+            1.0
+        };
+        let mut s = self.lock();
+        s.budget = Some(Budget {
+            left,
+            at: Instant::now(),
+            limit,
+            refill_per_s,
+            reserve: f64::from(reserve).min(limit / 2.0),
+        });
+        drop(s);
+        self.changed.notify_waiters();
     }
 
     /// Pauses every caller until `until` (a `Retry-After` from the API).

@@ -169,3 +169,37 @@ async fn acquire_until_gives_up_as_soon_as_the_term_ends() {
         "at the change, not at `until`"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bucket_near_empty_slows_normal_calls_to_its_refill_and_keeps_a_reserve_for_urgent_ones() {
+    let gate = Arc::new(RateGate::new(None));
+    let start = Instant::now();
+    // 12 left of 3,600, full again in 3,588 s: one a second; 10 kept for urgent calls.
+    gate.observe_budget(3600, 12, 1_000_000 + 3588, 1_000_000, 10);
+    gate.acquire(Priority::Normal).await; // 11 left
+    gate.acquire(Priority::Normal).await; // 10 left: the reserve
+    assert_eq!(Instant::now(), start);
+    // Urgent calls still go at once.
+    for _ in 0..5 {
+        gate.acquire(Priority::Urgent).await;
+    }
+    assert_eq!(Instant::now(), start);
+    // 5 left, 10 reserved: a normal call waits until 11 are there (6 refills).
+    gate.acquire(Priority::Normal).await;
+    let waited = Instant::now() - start;
+    assert!(
+        waited >= Duration::from_secs(6) && waited < Duration::from_millis(6_100),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_bucket_lets_calls_burst() {
+    let gate = Arc::new(RateGate::new(None));
+    gate.observe_budget(3600, 3600, 1_000_000, 1_000_000, 100);
+    let start = Instant::now();
+    for _ in 0..500 {
+        gate.acquire(Priority::Normal).await;
+    }
+    assert_eq!(Instant::now(), start);
+}

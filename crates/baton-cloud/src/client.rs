@@ -1,7 +1,9 @@
-//! The Cherry Servers API client: the production [`Cloud`].
+//! The production [`Cloud`]: one client for every cloud baton drives. What is the same for all
+//! of them lives here (rate gate, IP store, retries, fence, read-back); what each API calls things
+//! and how it answers lives in [`cherry`] and [`hetzner`] (chosen by [`ClientConfig::cloud`]).
 //!
 //! ```text
-//!  caller ──► CherryClient (clone = same Arc<Inner>)
+//!  caller ──► CloudClient (clone = same Arc<Inner>)
 //!               │  ips(), ips_tagged(), cached_ip(): IpStore (write-through, resynced,
 //!               │  replaced on a new term of the handle's Leadership)
 //!               ▼
@@ -11,12 +13,12 @@
 //!                     Retry-After or exponential backoff with jitter
 //! ```
 //!
-//! A handle may carry a [`Fence`] ([`CherryClient::fenced`]): each of its writes is then sent
+//! A handle may carry a [`Fence`] ([`CloudClient::fenced`]): each of its writes is then sent
 //! only in the term its call began in and before that term's deadline, checked after the gate's
 //! grant of every attempt; an attempt that left gets the full request timeout, and is counted in
-//! the handle's [`InFlight`] ([`CherryClient::counting`]) until it ends. A write to one IP whose
+//! the handle's [`InFlight`] ([`CloudClient::counting`]) until it ends. A write to one IP whose
 //! outcome is unknown is resolved by reading the IP back before anything is sent again. A handle
-//! may carry a [`Leadership`] ([`CherryClient::led_by`]): its reads of the IP list then wait for a
+//! may carry a [`Leadership`] ([`CloudClient::led_by`]): its reads of the IP list then wait for a
 //! list fetched in the current term.
 
 use std::collections::{BTreeSet, HashMap};
@@ -128,7 +130,7 @@ pub enum Attempt {
     Transport(&'static str),
 }
 
-/// Told of every attempt a [`CherryClient`] sends (first tries and retries): the operation,
+/// Told of every attempt a [`CloudClient`] sends (first tries and retries): the operation,
 /// how it ended and how long it waited for the rate limit first. For metrics; must not block.
 pub trait CallObserver: Send + Sync {
     /// One attempt of `op`, sent in `priority`, ended with `outcome` after `queued` in the
@@ -138,7 +140,7 @@ pub trait CallObserver: Send + Sync {
 
 /// The Cherry Servers API client. Cheap to clone; clones share the rate limit and the IP cache.
 #[derive(Clone)]
-pub struct CherryClient {
+pub struct CloudClient {
     inner: Arc<Inner>,
     priority: Priority,
     /// When set, writes are sent only in the term their call began in, before its deadline.
@@ -160,16 +162,16 @@ struct Inner {
     max_retries: u32,
     backoff_base: Duration,
     backoff_cap: Duration,
-    /// Told of every attempt sent (metrics); set once by [`CherryClient::observe`].
+    /// Told of every attempt sent (metrics); set once by [`CloudClient::observe`].
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     /// One create protocol at a time per tag set, so two callers asking for the same FIP at
     /// once cannot both miss the look-up and both create.
     creating: std::sync::Mutex<HashMap<Tags, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-impl std::fmt::Debug for CherryClient {
+impl std::fmt::Debug for CloudClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CherryClient")
+        f.debug_struct("CloudClient")
             .field("base_url", &self.inner.base.as_str())
             .field("project_id", &self.inner.project)
             .field("api_key", &self.inner.api_key)
@@ -179,7 +181,7 @@ impl std::fmt::Debug for CherryClient {
     }
 }
 
-impl CherryClient {
+impl CloudClient {
     /// Builds a client. Fails on an empty key, a bad URL or rate, or an unusable CA file.
     pub fn new(config: ClientConfig) -> Result<Self, CloudError> {
         let ClientConfig {
@@ -890,7 +892,7 @@ impl CherryClient {
 }
 
 #[async_trait]
-impl Cloud for CherryClient {
+impl Cloud for CloudClient {
     async fn project(&self) -> Result<Project, CloudError> {
         let id = self.inner.project.to_string();
         let object = Object(format!("project {id}"));

@@ -29,7 +29,7 @@ fn base_url_keeps_prefix_and_drops_v1() {
 fn urls_encode_segments() {
     let mut cfg = ClientConfig::new(Secret::new("k"), 1);
     cfg.base_url = Url::parse("http://h/p/v1").unwrap();
-    let c = CherryClient::new(cfg).unwrap();
+    let c = CloudClient::new(cfg).unwrap();
     assert_eq!(c.url(&["ips", "a/b?c"]).as_str(), "http://h/p/v1/ips/a%2Fb%3Fc");
     assert_eq!(
         c.url(&["projects", "1", "ips"]).as_str(),
@@ -60,7 +60,7 @@ fn backoff_grows_with_jitter_and_cap() {
     let mut cfg = ClientConfig::new(Secret::new("k"), 1);
     cfg.backoff_base = Duration::from_secs(1);
     cfg.backoff_cap = Duration::from_secs(30);
-    let c = CherryClient::new(cfg).unwrap();
+    let c = CloudClient::new(cfg).unwrap();
     for attempt in 0..10 {
         let full = Duration::from_secs(1u64 << attempt).min(Duration::from_secs(30));
         let d = c.backoff(attempt);
@@ -70,26 +70,26 @@ fn backoff_grows_with_jitter_and_cap() {
 
 #[test]
 fn config_is_validated_and_debug_hides_the_key() {
-    assert!(CherryClient::new(ClientConfig::new(Secret::new(""), 1)).is_err());
+    assert!(CloudClient::new(ClientConfig::new(Secret::new(""), 1)).is_err());
     let mut cfg = ClientConfig::new(Secret::new("k"), 1);
     cfg.requests_per_second = Some(0.0);
-    assert!(CherryClient::new(cfg).is_err());
+    assert!(CloudClient::new(cfg).is_err());
     let mut cfg = ClientConfig::new(Secret::new("super-secret-key-123"), 1);
     cfg.extra_ca_pem = Some(b"not a pem".to_vec());
-    let err = CherryClient::new(cfg.clone()).unwrap_err();
+    let err = CloudClient::new(cfg.clone()).unwrap_err();
     assert!(!format!("{err} {err:?}").contains("super-secret-key-123"));
     cfg.extra_ca_pem = None;
     assert!(!format!("{cfg:?}").contains("super-secret-key-123"));
-    let c = CherryClient::new(cfg).unwrap();
+    let c = CloudClient::new(cfg).unwrap();
     assert!(!format!("{c:?}").contains("super-secret-key-123"));
 }
 
 /// A client whose writes are never sent in these tests (fenced): nothing listens there.
-fn unreachable_client() -> CherryClient {
+fn unreachable_client() -> CloudClient {
     let mut cfg = ClientConfig::new(Secret::new("k"), 1);
     cfg.base_url = Url::parse("http://127.0.0.1:9/").unwrap();
     cfg.requests_per_second = Some(4.0);
-    CherryClient::new(cfg).unwrap()
+    CloudClient::new(cfg).unwrap()
 }
 
 fn fence_at(deadline: Option<tokio::time::Instant>) -> Arc<dyn Fence> {
@@ -142,7 +142,7 @@ async fn a_paused_gate_past_the_deadline() {
 }
 
 /// Whether a call of `op` that began now on `c` would give up before waiting `delay`.
-fn gives_up(c: &CherryClient, op: Op, delay: Duration) -> bool {
+fn gives_up(c: &CloudClient, op: Op, delay: Duration) -> bool {
     c.gives_up_before_retry(c.term_for(op).as_ref(), delay)
 }
 
