@@ -470,7 +470,8 @@ impl crate::kube::client::ApiObserver for Metrics {
 impl baton_cloud::CallObserver for Metrics {
     fn attempt(
         &self,
-        op: baton_cloud::Op,
+        _op: baton_cloud::Op,
+        route: &'static str,
         priority: baton_cloud::Priority,
         outcome: baton_cloud::Attempt,
         queued: Duration,
@@ -480,10 +481,7 @@ impl baton_cloud::CallObserver for Metrics {
             baton_cloud::Attempt::Transport(kind) => kind.to_owned(),
         };
         self.cloud_requests
-            .get_or_create(&CloudLabel {
-                route: op.route(),
-                status,
-            })
+            .get_or_create(&CloudLabel { route, status })
             .inc();
         self.cloud_wait
             .get_or_create(&PriorityLabel {

@@ -45,8 +45,11 @@ use crate::model::{
     ApiErrorBody, CreateIpRequest, IpAddress, IpId, IpList, Project, ProjectId, Region, Server, ServerId,
     Tags, TargetedTo, UpdateIpRequest, UpdateProjectRequest, UpdateServerRequest,
 };
+use crate::provider::CloudKind;
 use crate::store::{IpStore, State, reads};
 use crate::term::Leadership;
+
+mod hetzner;
 
 /// The public API endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -59,6 +62,8 @@ pub const USER_AGENT: &str = concat!("baton/", env!("CARGO_PKG_VERSION"));
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ClientConfig {
+    /// Which API the endpoint speaks.
+    pub cloud: CloudKind,
     /// API endpoint (`base-url`); a trailing `/v1` is tolerated.
     pub base_url: Url,
     /// The API key (sent as `Authorization: Bearer`).
@@ -88,6 +93,12 @@ pub struct ClientConfig {
     pub user_agent: String,
     /// Extra trusted CA certificates (PEM), added to the public web roots.
     pub extra_ca_pem: Option<Vec<u8>>,
+    /// An API that announces its request bucket (`RateLimit-*`): requests kept for urgent calls.
+    pub budget_reserve: u32,
+    /// An asynchronous action (Hetzner's assign) is looked at this often while it runs.
+    pub action_poll: Duration,
+    /// An action still running after this long is read back as of unknown outcome.
+    pub action_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -96,6 +107,7 @@ impl ClientConfig {
     /// 60 s and allowed to lag 2 s behind the writes.
     pub fn new(api_key: Secret, project_id: impl Into<ProjectId>) -> Self {
         Self {
+            cloud: CloudKind::Cherry,
             // A constant that parses.
             base_url: Url::parse(DEFAULT_BASE_URL).unwrap_or_else(|_| unreachable!()),
             api_key,
@@ -110,6 +122,23 @@ impl ClientConfig {
             ip_list_lag: Duration::from_secs(2),
             user_agent: USER_AGENT.to_owned(),
             extra_ca_pem: None,
+            budget_reserve: 100,
+            action_poll: Duration::from_millis(100),
+            action_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Hetzner Cloud (`https://api.hetzner.cloud/v1`) with the project's API token. No spacing of
+    /// requests: the API's bucket (3,600 an hour, bursts allowed) is followed from its
+    /// `RateLimit-*` headers, 100 requests kept for failover. Retries, timeouts and the IP list
+    /// as for Cherry.
+    pub fn hetzner(token: Secret) -> Self {
+        Self {
+            cloud: CloudKind::Hetzner,
+            // A constant that parses.
+            base_url: Url::parse(crate::hetzner::DEFAULT_BASE_URL).unwrap_or_else(|_| unreachable!()),
+            requests_per_second: None,
+            ..Self::new(token, 0)
         }
     }
 
@@ -133,9 +162,9 @@ pub enum Attempt {
 /// Told of every attempt a [`CloudClient`] sends (first tries and retries): the operation,
 /// how it ended and how long it waited for the rate limit first. For metrics; must not block.
 pub trait CallObserver: Send + Sync {
-    /// One attempt of `op`, sent in `priority`, ended with `outcome` after `queued` in the
-    /// rate gate.
-    fn attempt(&self, op: Op, priority: Priority, outcome: Attempt, queued: Duration);
+    /// One attempt of `op` (sent on `route`, e.g. `PUT /v1/ips/{id}`), sent in `priority`, ended
+    /// with `outcome` after `queued` in the rate gate.
+    fn attempt(&self, op: Op, route: &'static str, priority: Priority, outcome: Attempt, queued: Duration);
 }
 
 /// The Cherry Servers API client. Cheap to clone; clones share the rate limit and the IP cache.
@@ -164,6 +193,10 @@ struct Inner {
     backoff_cap: Duration,
     /// Told of every attempt sent (metrics); set once by [`CloudClient::observe`].
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
+    cloud: CloudKind,
+    budget_reserve: u32,
+    action_poll: Duration,
+    action_timeout: Duration,
     /// One create protocol at a time per tag set, so two callers asking for the same FIP at
     /// once cannot both miss the look-up and both create.
     creating: std::sync::Mutex<HashMap<Tags, Arc<tokio::sync::Mutex<()>>>>,
@@ -185,6 +218,7 @@ impl CloudClient {
     /// Builds a client. Fails on an empty key, a bad URL or rate, or an unusable CA file.
     pub fn new(config: ClientConfig) -> Result<Self, CloudError> {
         let ClientConfig {
+            cloud,
             base_url,
             api_key,
             project_id,
@@ -198,6 +232,9 @@ impl CloudClient {
             ip_list_lag,
             user_agent,
             extra_ca_pem,
+            budget_reserve,
+            action_poll,
+            action_timeout,
         } = config;
         if api_key.is_empty() {
             return Err(CloudError::Config("the API key is empty".into()));
@@ -239,6 +276,10 @@ impl CloudClient {
                 backoff_cap,
                 creating: std::sync::Mutex::new(HashMap::new()),
                 observer: std::sync::OnceLock::new(),
+                cloud,
+                budget_reserve,
+                action_poll,
+                action_timeout,
             }),
             priority: Priority::Normal,
             fence: None,
@@ -404,13 +445,44 @@ impl CloudClient {
 
     fn observed(&self, op: Op, outcome: Attempt, queued: Duration) {
         if let Some(observer) = self.inner.observer.get() {
-            observer.attempt(op, self.priority, outcome, queued);
+            observer.attempt(op, op.route_on(self.inner.cloud), self.priority, outcome, queued);
         }
     }
 
     /// The configured project.
     pub fn project_id(&self) -> ProjectId {
         self.inner.project
+    }
+
+    /// The cloud this client speaks to.
+    pub fn cloud(&self) -> CloudKind {
+        self.inner.cloud
+    }
+
+    /// Follows the API's bucket from an answer's `RateLimit-*` headers (Hetzner sends them on
+    /// every answer); a 429 without them empties the estimate.
+    fn follow_budget(&self, headers: &HeaderMap, status: StatusCode) {
+        let number = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let (Some(limit), Some(left)) = (number("ratelimit-limit"), number("ratelimit-remaining")) else {
+            return;
+        };
+        let now_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let reset = number("ratelimit-reset").unwrap_or(now_unix);
+        let left = if status == StatusCode::TOO_MANY_REQUESTS {
+            0
+        } else {
+            left
+        };
+        self.inner
+            .gate
+            .observe_budget(limit, left, reset, now_unix, self.inner.budget_reserve);
     }
 
     fn url(&self, segments: &[&str]) -> Url {
@@ -531,6 +603,7 @@ impl CloudClient {
             .headers()
             .get(header::RETRY_AFTER)
             .and_then(parse_retry_after);
+        self.follow_budget(resp.headers(), status);
         let bytes = resp.bytes().await.map_err(transport)?;
         debug!(
             op = op.as_str(),
@@ -558,6 +631,18 @@ impl CloudClient {
         retry_after: Option<Duration>,
         body: &[u8],
     ) -> CloudError {
+        if self.inner.cloud == CloudKind::Hetzner
+            && let Ok(crate::hetzner::model::ErrorBody { error }) = serde_json::from_slice(body)
+        {
+            return CloudError::Coded {
+                op,
+                object: object.clone(),
+                status: status.as_u16(),
+                code: error.code,
+                message: self.mask(&error.message),
+                retry_after,
+            };
+        }
         if let Ok(ApiErrorBody { code, message }) = serde_json::from_slice::<ApiErrorBody>(body) {
             CloudError::Api {
                 op,
@@ -673,6 +758,9 @@ impl CloudClient {
     }
 
     async fn list_ips_uncached(&self) -> Result<Vec<IpAddress>, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_list_ips().await;
+        }
         let object = Object(format!("project {}", self.inner.project));
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
         self.call(Op::ListIps, &object, Method::GET, url, None::<&()>, None)
@@ -681,6 +769,9 @@ impl CloudClient {
 
     /// Retarget or unassign: a PUT whose success is the IP's target being `wanted`.
     async fn update_ip(&self, op: Op, id: &IpId, wanted: Option<ServerId>) -> Result<IpAddress, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_move_ip(op, id, wanted).await;
+        }
         let req = UpdateIpRequest {
             targeted_to: Some(TargetedTo(wanted)),
             ..Default::default()
@@ -724,7 +815,7 @@ impl CloudClient {
         body: Option<Vec<u8>>,
         shows: impl Fn(&IpAddress) -> bool,
     ) -> Result<Option<IpAddress>, CloudError> {
-        let url = self.url(&["ips", id.as_str()]);
+        let url = self.ip_url(id);
         let term = self.term_for(op);
         let deleting = method == Method::DELETE;
         let mut attempt = 0;
@@ -801,12 +892,23 @@ impl CloudClient {
         }
     }
 
+    /// The path of one IP.
+    fn ip_url(&self, id: &IpId) -> Url {
+        match self.inner.cloud {
+            CloudKind::Cherry => self.url(&["ips", id.as_str()]),
+            CloudKind::Hetzner => self.url(&["floating_ips", id.as_str()]),
+        }
+    }
+
     async fn post_ip(
         &self,
         object: &Object,
         body: &[u8],
         term: Option<&CallTerm>,
     ) -> Result<IpAddress, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_post_ip(object, body, term).await;
+        }
         let url = self.url(&["projects", &self.inner.project.to_string(), "ips"]);
         let bytes = self
             .send_once(Op::CreateIp, object, &Method::POST, &url, Some(body), term)
@@ -826,7 +928,10 @@ impl CloudClient {
             debug!(ip = %found.id, "create_ip: found by tags, not creating");
             return Ok(found);
         }
-        let body = encode(Op::CreateIp, object, request)?;
+        let body = match self.inner.cloud {
+            CloudKind::Cherry => encode(Op::CreateIp, object, request)?,
+            CloudKind::Hetzner => Self::h_create_body(object, request)?,
+        };
         let mut attempt = 0;
         let mut last: Option<CloudError> = None;
         loop {
@@ -894,6 +999,15 @@ impl CloudClient {
 #[async_trait]
 impl Cloud for CloudClient {
     async fn project(&self) -> Result<Project, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            // A token belongs to one project, which the API does not show: nothing to read.
+            return Ok(Project {
+                id: ProjectId(0),
+                name: "hetzner".into(),
+                bgp: crate::model::ProjectBgp::default(),
+                href: String::new(),
+            });
+        }
         let id = self.inner.project.to_string();
         let object = Object(format!("project {id}"));
         self.call(
@@ -908,6 +1022,9 @@ impl Cloud for CloudClient {
     }
 
     async fn enable_project_bgp(&self) -> Result<Project, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return Err(no_bgp(Op::EnableProjectBgp, "project"));
+        }
         let term = self.term_for(Op::EnableProjectBgp);
         let project = self.project().await?;
         if project.bgp.enabled {
@@ -932,6 +1049,9 @@ impl Cloud for CloudClient {
     }
 
     async fn server(&self, id: ServerId) -> Result<Server, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_server(id).await;
+        }
         let sid = id.to_string();
         let object = Object(format!("server {sid}"));
         self.call(
@@ -946,6 +1066,9 @@ impl Cloud for CloudClient {
     }
 
     async fn servers(&self) -> Result<Vec<Server>, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_servers().await;
+        }
         let pid = self.inner.project.to_string();
         let object = Object(format!("project {pid}"));
         let url = self.url(&["projects", &pid, "servers"]);
@@ -954,6 +1077,9 @@ impl Cloud for CloudClient {
     }
 
     async fn update_server_bgp(&self, id: ServerId, enabled: bool) -> Result<Server, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return Err(no_bgp(Op::UpdateServerBgp, &format!("server {id}")));
+        }
         let term = self.term_for(Op::UpdateServerBgp);
         let current = self.server(id).await?;
         if current.bgp.enabled == enabled {
@@ -1005,17 +1131,21 @@ impl Cloud for CloudClient {
 
     async fn ip(&self, id: &IpId) -> Result<IpAddress, CloudError> {
         let object = Object(format!("ip {id}"));
-        match self
-            .call::<IpAddress>(
-                Op::GetIp,
-                &object,
-                Method::GET,
-                self.url(&["ips", id.as_str()]),
-                None::<&()>,
-                None,
-            )
-            .await
-        {
+        let read = match self.inner.cloud {
+            CloudKind::Cherry => {
+                self.call::<IpAddress>(
+                    Op::GetIp,
+                    &object,
+                    Method::GET,
+                    self.ip_url(id),
+                    None::<&()>,
+                    None,
+                )
+                .await
+            }
+            CloudKind::Hetzner => self.h_get_ip(id).await,
+        };
+        match read {
             Ok(ip) => {
                 self.inner.store.upsert(&ip);
                 Ok(ip)
@@ -1090,6 +1220,9 @@ impl Cloud for CloudClient {
     }
 
     async fn regions(&self) -> Result<Vec<Region>, CloudError> {
+        if self.inner.cloud == CloudKind::Hetzner {
+            return self.h_regions().await;
+        }
         let object = Object("regions".into());
         self.call(
             Op::ListRegions,
@@ -1104,6 +1237,15 @@ impl Cloud for CloudClient {
 
     fn invalidate_ips(&self) {
         self.inner.store.require_since(tokio::time::Instant::now());
+    }
+}
+
+/// What a cloud without customer BGP answers to a BGP call.
+fn no_bgp(op: Op, object: &str) -> CloudError {
+    CloudError::InvalidRequest {
+        op,
+        object: Object(object.to_owned()),
+        reason: "Hetzner Cloud offers no BGP; baton moves Floating IPs through the API there".into(),
     }
 }
 

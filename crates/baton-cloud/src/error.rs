@@ -31,6 +31,8 @@ pub enum Op {
     DeleteIp,
     /// `GET /v1/regions`.
     ListRegions,
+    /// Reads an asynchronous action (Hetzner Cloud).
+    GetAction,
 }
 
 impl Op {
@@ -49,11 +51,32 @@ impl Op {
             Self::UnassignIp => "unassign_ip",
             Self::DeleteIp => "delete_ip",
             Self::ListRegions => "list_regions",
+            Self::GetAction => "get_action",
         }
     }
 
-    /// The HTTP route of the operation, with its path parameters left as `{id}` (a metric label
-    /// of bounded cardinality).
+    /// The HTTP route of the operation on `cloud` (see [`Op::route`]).
+    pub fn route_on(self, cloud: crate::CloudKind) -> &'static str {
+        if cloud == crate::CloudKind::Cherry {
+            return self.route();
+        }
+        match self {
+            Self::GetProject | Self::EnableProjectBgp | Self::UpdateServerBgp => "none",
+            Self::GetServer => "GET /v1/servers/{id}",
+            Self::ListServers => "GET /v1/servers",
+            Self::ListIps => "GET /v1/floating_ips",
+            Self::GetIp => "GET /v1/floating_ips/{id}",
+            Self::CreateIp => "POST /v1/floating_ips",
+            Self::RetargetIp => "POST /v1/floating_ips/{id}/actions/assign",
+            Self::UnassignIp => "POST /v1/floating_ips/{id}/actions/unassign",
+            Self::DeleteIp => "DELETE /v1/floating_ips/{id}",
+            Self::ListRegions => "GET /v1/locations",
+            Self::GetAction => "GET /v1/actions/{id}",
+        }
+    }
+
+    /// The HTTP route of the operation on Cherry Servers, with its path parameters left as `{id}`
+    /// (a metric label of bounded cardinality).
     pub fn route(self) -> &'static str {
         match self {
             Self::GetProject => "GET /v1/projects/{id}",
@@ -67,6 +90,7 @@ impl Op {
             Self::RetargetIp | Self::UnassignIp => "PUT /v1/ips/{id}",
             Self::DeleteIp => "DELETE /v1/ips/{id}",
             Self::ListRegions => "GET /v1/regions",
+            Self::GetAction => "GET /v1/actions/{id}",
         }
     }
 
@@ -87,6 +111,7 @@ impl Op {
                 | Self::ListIps
                 | Self::GetIp
                 | Self::ListRegions
+                | Self::GetAction
         )
     }
 }
@@ -128,6 +153,53 @@ pub enum CloudError {
         retry_after: Option<Duration>,
     },
     /// The API answered with an error status and a body that is not a JSON error.
+    /// The API refused the call with a named error code (Hetzner Cloud's
+    /// `{"error": {"code": "locked", "message": …}}`).
+    #[error("{op} {object}: API error {status} {code}: {message}")]
+    Coded {
+        /// The operation.
+        op: Op,
+        /// What it was about.
+        object: Object,
+        /// HTTP status.
+        status: u16,
+        /// The API's code, e.g. `locked`, `conflict`, `not_found`.
+        code: String,
+        /// The API's text.
+        message: String,
+        /// `Retry-After`, if sent.
+        retry_after: Option<Duration>,
+    },
+    /// An asynchronous action the API accepted ended in `error` (Hetzner Cloud's actions): the
+    /// change did not happen.
+    #[error("{op} {object}: action {action} ({command}) failed: {code}: {message}")]
+    ActionFailed {
+        /// The operation.
+        op: Op,
+        /// What it was about.
+        object: Object,
+        /// The action's id.
+        action: u64,
+        /// The action's command, e.g. `assign_floating_ip`.
+        command: String,
+        /// The action's error code.
+        code: String,
+        /// The action's error text.
+        message: String,
+    },
+    /// An accepted action did not end within the client's time for it: whether it will is
+    /// unknown (the object is read back).
+    #[error("{op} {object}: action {action} still running after {waited:?}")]
+    ActionTimeout {
+        /// The operation.
+        op: Op,
+        /// What it was about.
+        object: Object,
+        /// The action's id.
+        action: u64,
+        /// How long the client followed it.
+        waited: Duration,
+    },
     #[error("{op} {object}: API error {status} with a non-JSON body: {snippet:?}")]
     UnexpectedBody {
         /// The operation.
@@ -201,7 +273,9 @@ impl CloudError {
     /// The HTTP status, if the API answered.
     pub fn status(&self) -> Option<u16> {
         match self {
-            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } => Some(*status),
+            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } | Self::Coded { status, .. } => {
+                Some(*status)
+            }
             _ => None,
         }
     }
@@ -211,6 +285,9 @@ impl CloudError {
         match self {
             Self::Api { op, .. }
             | Self::UnexpectedBody { op, .. }
+            | Self::Coded { op, .. }
+            | Self::ActionFailed { op, .. }
+            | Self::ActionTimeout { op, .. }
             | Self::Transport { op, .. }
             | Self::Decode { op, .. }
             | Self::InvalidRequest { op, .. }
@@ -224,6 +301,9 @@ impl CloudError {
         match self {
             Self::Api { object, .. }
             | Self::UnexpectedBody { object, .. }
+            | Self::Coded { object, .. }
+            | Self::ActionFailed { object, .. }
+            | Self::ActionTimeout { object, .. }
             | Self::Transport { object, .. }
             | Self::Decode { object, .. }
             | Self::InvalidRequest { object, .. }
@@ -253,7 +333,9 @@ impl CloudError {
     /// The `Retry-After` the API asked for.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Api { retry_after, .. } | Self::UnexpectedBody { retry_after, .. } => *retry_after,
+            Self::Api { retry_after, .. }
+            | Self::UnexpectedBody { retry_after, .. }
+            | Self::Coded { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -263,6 +345,13 @@ impl CloudError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Transport { .. } => true,
+            // 409 `conflict` and 423 `locked` (another action runs) pass; `protected` does not.
+            Self::Coded { status, code, .. } => {
+                is_retryable_status(*status)
+                    || *status == 409
+                    || code == "locked"
+                    || (*status >= 500 && *status != 501)
+            }
             _ => self.status().is_some_and(is_retryable_status),
         }
     }
@@ -271,28 +360,34 @@ impl CloudError {
     /// except a definite refusal (a 4xx other than 408, which the server answers before acting).
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Decode { .. } => true,
-            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } => {
+            Self::Transport { .. } | Self::Decode { .. } | Self::ActionTimeout { .. } => true,
+            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } | Self::Coded { status, .. } => {
                 *status == 408 || *status >= 500
             }
             // Fenced: this attempt was not sent; an earlier one may have been.
             Self::Fenced { after, .. } => after.as_ref().is_some_and(|e| e.outcome_unknown()),
-            Self::InvalidRequest { .. } | Self::Config(_) => false,
+            Self::ActionFailed { .. } | Self::InvalidRequest { .. } | Self::Config(_) => false,
         }
     }
 
     /// A stable category for metrics and Kubernetes Event reasons.
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } => match status {
-                401 => "unauthorized",
-                403 => "forbidden",
-                404 => "not_found",
-                429 => "rate_limited",
-                408 | 504 => "timeout",
-                500..=599 => "server_error",
-                _ => "rejected",
-            },
+            Self::Coded { code, .. } if code == "locked" => "locked",
+            Self::Coded { code, .. } if code == "conflict" => "conflict",
+            Self::ActionFailed { .. } => "action_failed",
+            Self::ActionTimeout { .. } => "timeout",
+            Self::Api { status, .. } | Self::UnexpectedBody { status, .. } | Self::Coded { status, .. } => {
+                match status {
+                    401 => "unauthorized",
+                    403 => "forbidden",
+                    404 => "not_found",
+                    429 => "rate_limited",
+                    408 | 504 => "timeout",
+                    500..=599 => "server_error",
+                    _ => "rejected",
+                }
+            }
             Self::Transport { kind, .. } => {
                 if *kind == "timeout" {
                     "timeout"
