@@ -503,7 +503,8 @@ func (s *suite) checkNotFound(ctx context.Context) error {
 }
 
 // checkInvalidInput: a label value the API refuses gives invalid_input, with the field named in
-// the error's details (hcloud.ErrorDetailsInvalidInput), and changes nothing.
+// the error's details (hcloud.ErrorDetailsInvalidInput), and changes nothing. The status is not
+// checked: hcloud-go goes by the code alone.
 func (s *suite) checkInvalidInput(ctx context.Context) error {
 	if s.probe == nil {
 		return errors.New("needs the probe Floating IP (floating-ip-create failed)")
@@ -513,6 +514,8 @@ func (s *suite) checkInvalidInput(ctx context.Context) error {
 	if err := invalidLabels("FloatingIP.Update", err, resp); err != nil {
 		return err
 	}
+	// hcloud-go reads the code, not the status; shown, not judged.
+	fmt.Fprintf(s.out, "  (invalid_input came with status %s)\n", status(resp))
 	got, _, err := s.client.FloatingIP.GetByID(ctx, s.probe.ID)
 	if err != nil || got == nil {
 		return fmt.Errorf("FloatingIP.GetByID(%d): (%v, %v)", s.probe.ID, fipID(got), err)
@@ -536,9 +539,6 @@ func (s *suite) checkInvalidInput(ctx context.Context) error {
 func invalidLabels(call string, err error, resp *hcloud.Response) error {
 	if !hcloud.IsError(err, hcloud.ErrorCodeInvalidInput) {
 		return fmt.Errorf("%s with a bad label value: got %v (%s), want an hcloud.Error with code invalid_input", call, errOrNil(err), status(resp))
-	}
-	if resp == nil || resp.StatusCode != http.StatusBadRequest {
-		return fmt.Errorf("%s with a bad label value: status %s, want 400", call, status(resp))
 	}
 	var apiErr hcloud.Error
 	errors.As(err, &apiErr)
