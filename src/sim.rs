@@ -1,4 +1,5 @@
-//! `baton sim`: the command line of the Cherry Servers API simulator (the `baton-sim` crate).
+//! `baton sim`: the command line of the cloud API simulator (the `baton-sim` crate): Cherry
+//! Servers by default, Hetzner Cloud with `--cloud hetzner`.
 //!
 //! ```text
 //!  flags / BATON_SIM_* ── SimArgs ── into_options ──► baton_sim::serve(options, shutdown)
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 
 use std::collections::BTreeMap;
 
-use baton_sim::{Faults, Latency, RouteFaults, SimError, SimOptions};
+use baton_sim::{CloudKind, Faults, HetznerSettings, Latency, Reassign, RouteFaults, SimError, SimOptions};
 use tracing::info;
 
 /// `baton sim` arguments. Every flag also reads a `BATON_SIM_*` variable.
@@ -20,6 +21,9 @@ pub struct SimArgs {
     /// Address to serve the API (and the `/_sim` admin endpoint) on.
     #[arg(long, env = "BATON_SIM_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// The API to speak: `cherry` (Cherry Servers) or `hetzner` (Hetzner Cloud).
+    #[arg(long, env = "BATON_SIM_CLOUD", value_name = "CLOUD", default_value = "cherry")]
+    pub cloud: CloudKind,
     /// Topology file (YAML or JSON); without it, the lab topology (see docs/simulator.md).
     #[arg(long, env = "BATON_SIM_TOPOLOGY")]
     pub topology: Option<PathBuf>,
@@ -114,6 +118,48 @@ pub struct SimArgs {
     /// follow the old route (the API answers at once).
     #[arg(long, env = "BATON_SIM_RETARGET_DELAY_MS", default_value_t = 0)]
     pub retarget_delay_ms: u64,
+    /// Hetzner: how long an assign or unassign action runs before it ends, in milliseconds
+    /// (`N`, `P50,P99` or percentiles, as `--latency-ms`); the FIP moves when it succeeds.
+    #[arg(long, env = "BATON_SIM_ACTION_MS", value_name = "SPEC", default_value = "500")]
+    pub action_ms: Latency,
+    /// Hetzner: fraction (0..=1) of assign/unassign actions that end in `error`, leaving the
+    /// FIP where it was.
+    #[arg(long, env = "BATON_SIM_ACTION_ERROR_RATE", default_value_t = 0.0)]
+    pub action_error_rate: f64,
+    /// Hetzner: servers (names or ids, comma-separated) every assign action to which ends in
+    /// `error`.
+    #[arg(
+        long,
+        env = "BATON_SIM_ACTION_FAIL_SERVERS",
+        value_name = "NAME,..",
+        value_delimiter = ','
+    )]
+    pub action_fail_servers: Vec<String>,
+    /// Hetzner: an assign of a FIP assigned to another server moves it (`direct`) or answers
+    /// 422 `floating_ip_assigned` (`refuse`: unassign first).
+    #[arg(
+        long,
+        env = "BATON_SIM_REASSIGN",
+        value_name = "MODE",
+        default_value = "direct"
+    )]
+    pub reassign: Reassign,
+    /// Hetzner: requests in each API token's rate-limit bucket; 0 disables the limit.
+    #[arg(
+        long,
+        env = "BATON_SIM_HETZNER_BUCKET",
+        value_name = "N",
+        default_value_t = 3_600
+    )]
+    pub hetzner_bucket: u64,
+    /// Hetzner: requests added to a bucket per second; 0 disables the limit.
+    #[arg(
+        long,
+        env = "BATON_SIM_HETZNER_REFILL_PER_S",
+        value_name = "F",
+        default_value_t = 1.0
+    )]
+    pub hetzner_refill_per_s: f64,
 }
 
 impl SimArgs {
@@ -122,6 +168,7 @@ impl SimArgs {
     pub fn into_options(self) -> SimOptions {
         let Self {
             listen,
+            cloud,
             topology,
             state,
             api_key,
@@ -143,6 +190,12 @@ impl SimArgs {
             allow_delete_attached,
             seed,
             retarget_delay_ms,
+            action_ms,
+            action_error_rate,
+            action_fail_servers,
+            reassign,
+            hetzner_bucket,
+            hetzner_refill_per_s,
         } = self;
         let routes: BTreeMap<String, RouteFaults> = route_latency_ms
             .into_iter()
@@ -171,8 +224,18 @@ impl SimArgs {
             seed,
             retarget_delay_ms,
         };
+        let hetzner = HetznerSettings {
+            action_ms,
+            action_error_rate,
+            action_fail_servers,
+            reassign,
+            bucket: hetzner_bucket,
+            refill_per_s: hetzner_refill_per_s,
+        };
         SimOptions {
             listen,
+            cloud,
+            hetzner,
             topology,
             state,
             api_key,

@@ -119,3 +119,44 @@ fn latency_flags_take_distributions_per_route() {
         "{err}"
     );
 }
+
+#[test]
+fn the_cloud_and_the_hetzner_settings_map_to_options() {
+    let options = Cli::try_parse_from(["sim"]).unwrap().sim.into_options();
+    assert_eq!(options.cloud, CloudKind::Cherry);
+    assert_eq!(options.hetzner, HetznerSettings::default());
+
+    let cli = Cli::try_parse_from([
+        "sim",
+        "--cloud",
+        "hetzner",
+        "--action-ms",
+        "300,900",
+        "--action-error-rate",
+        "0.1",
+        "--action-fail-servers",
+        "worker-1,600101",
+        "--reassign",
+        "refuse",
+        "--hetzner-bucket",
+        "10",
+        "--hetzner-refill-per-s",
+        "0.5",
+    ])
+    .unwrap();
+    let options = cli.sim.into_options();
+    assert_eq!(options.cloud, CloudKind::Hetzner);
+    assert_eq!(
+        options.hetzner,
+        HetznerSettings {
+            action_ms: Latency::p50_p99(300, 900),
+            action_error_rate: 0.1,
+            action_fail_servers: vec!["worker-1".into(), "600101".into()],
+            reassign: Reassign::Refuse,
+            bucket: 10,
+            refill_per_s: 0.5,
+        }
+    );
+    assert!(Cli::try_parse_from(["sim", "--cloud", "aws"]).is_err());
+    assert!(Cli::try_parse_from(["sim", "--reassign", "sometimes"]).is_err());
+}

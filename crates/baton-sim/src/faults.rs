@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
+use axum::response::{IntoResponse as _, Response};
+use http::{StatusCode, header};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -165,6 +167,14 @@ pub(crate) fn not_found_message(route: &str) -> &'static str {
     } else {
         "Not found"
     }
+}
+
+/// A proxy's HTML error page: an injected 5xx with a non-JSON body (`non_json_ratio`), the same
+/// in both dialects.
+pub(crate) fn proxy_html(status: u16) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");
+    (code, [(header::CONTENT_TYPE, "text/html")], body).into_response()
 }
 
 /// The faults of one route (`Faults::routes`); a field left out keeps the general setting.

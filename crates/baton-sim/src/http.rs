@@ -1,8 +1,9 @@
 //! The simulator's HTTP surface: the API under `/v1` (behind the fault/stats middleware) and the
-//! admin endpoint under `/_sim`.
+//! admin endpoint under `/_sim`. The Cherry dialect's routes are here; the Hetzner dialect's are
+//! in [`crate::hetzner::http`], behind the same middleware.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -13,64 +14,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use rand::Rng as _;
-use rand::rngs::StdRng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::faults::{Faults, RateLimiter, error_route_matches, not_found_message};
-use super::paths::FipPaths;
-use super::stats::{LogEntry, Recorder, route_template};
-use super::world::{ApiErr, World};
-
-/// State shared by all handlers.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) world: Mutex<World>,
-    pub(crate) faults: Mutex<Faults>,
-    pub(crate) rng: Mutex<StdRng>,
-    pub(crate) limiter: Mutex<RateLimiter>,
-    pub(crate) recorder: Mutex<Recorder>,
-    pub(crate) paths: FipPaths,
-    pub(crate) state_file: Option<std::path::PathBuf>,
-    pub(crate) started: Instant,
-    pub(crate) shutdown: CancellationToken,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Shared {
-    /// The counters, with the duplicates the world counted.
-    pub(crate) fn stats(&self) -> super::Stats {
-        let mut stats = lock(&self.recorder).stats.clone();
-        let world = lock(&self.world);
-        stats.duplicate_fips = world.duplicate_fips();
-        (stats.fips_created, stats.fips_deleted) = world.fips_created_deleted();
-        stats
-    }
-
-    /// Clears counters, log, rate-limit buckets and the duplicate count.
-    pub(crate) fn reset_stats(&self) {
-        lock(&self.recorder).reset();
-        lock(&self.limiter).reset();
-        lock(&self.world).reset_census();
-    }
-
-    /// After a successful write: route (or splice) what is targeted now, persist the state.
-    fn committed(&self, world: &World) {
-        let delay = Duration::from_millis(lock(&self.faults).retarget_delay_ms);
-        self.paths.sync(&world.forward_map(), delay);
-        if let Some(path) = &self.state_file
-            && let Err(error) = super::save_state(path, world)
-        {
-            warn!(path = %path.display(), %error, "cannot save the simulator state");
-        }
-    }
-}
+use super::cloud::CloudWorld;
+use super::faults::{Faults, error_route_matches, not_found_message, proxy_html};
+use super::guard::lock;
+use super::hetzner;
+use super::shared::Shared;
+use super::stats::{LogEntry, route_template};
+use super::world::ApiErr;
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     let api = Router::new()
@@ -87,9 +42,30 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             get(admin_faults).put(admin_set_faults).patch(admin_patch_faults),
         )
         .route("/_sim/state", get(admin_state));
-    api.merge(admin)
-        .fallback(|| async { api_error(404, "Not found") })
-        .with_state(shared)
+    let admin = if shared.hetzner.is_some() {
+        admin.route(
+            "/_sim/hetzner",
+            get(hetzner::http::admin_settings).patch(hetzner::http::admin_patch_settings),
+        )
+    } else {
+        admin
+    };
+    api.merge(admin).fallback(fallback).with_state(shared)
+}
+
+/// A path outside `/v1` and `/_sim`: 404 in the dialect's shape.
+async fn fallback(State(shared): State<Arc<Shared>>) -> Response {
+    refusal(&shared, 404, "Not found")
+}
+
+/// An answer the simulator makes itself (not its API's handlers): a rate-limited, hung or
+/// failed request, an unknown path; in the dialect's error shape.
+fn refusal(shared: &Shared, status: u16, message: &str) -> Response {
+    if shared.hetzner.is_some() {
+        hetzner::http::error_for_status(status, message)
+    } else {
+        api_error(status, message)
+    }
 }
 
 fn api_error(status: u16, message: &str) -> Response {
@@ -147,7 +123,7 @@ async fn faults_layer(
         arrived,
     };
     let faults = lock(&shared.faults).clone();
-    let template = route_template(&path);
+    let template = template(&shared, &path);
     let route = format!("{method} {template}");
     let applied = faults.for_route(&route);
     let write = matches!(
@@ -155,19 +131,9 @@ async fn faults_layer(
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
 
-    let (response, fault) = 'answer: {
-        if let Some(rate) = faults.rate_limit
-            && let Err(wait) = lock(&shared.limiter).check(peer.ip(), rate)
-        {
-            let mut resp = api_error(429, "Too Many Requests");
-            let secs = faults
-                .retry_after_secs
-                .unwrap_or_else(|| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
-                .max(1);
-            if faults.retry_after_secs.is_some() {
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
+    let (quota, refused) = rate_limit(&shared, &faults, &req, peer);
+    let (mut response, fault) = 'answer: {
+        if let Some(resp) = refused {
             break 'answer (resp, Some("rate_limited"));
         }
         let (dice, latency) = {
@@ -188,7 +154,7 @@ async fn faults_layer(
                 () = shared.shutdown.cancelled() => {}
                 () = tokio::time::sleep(Duration::from_secs(3600)) => {}
             }
-            break 'answer (api_error(503, "Service Unavailable"), Some("hang"));
+            break 'answer (refusal(&shared, 503, "Service Unavailable"), Some("hang"));
         }
         let processing = latency.mul_f64(faults.processing_ratio);
         let status = faults
@@ -199,7 +165,7 @@ async fn faults_layer(
         // Refused before acting: an injected error that is not a lost answer.
         if dice.error && !(write && dice.lost && status >= 500) {
             tokio::time::sleep(latency).await;
-            break 'answer (injected(status, dice.non_json, &template), Some("error"));
+            break 'answer (inject(&shared, status, dice.non_json, &template), Some("error"));
         }
         // Applied once received, in a task the client cannot cancel.
         let handled = tokio::spawn(async move {
@@ -211,13 +177,19 @@ async fn faults_layer(
         if dice.error {
             // The write happened; its answer is lost. (Only a 5xx: a 4xx such as 429 is a
             // refusal, answered before acting.)
-            break 'answer (injected(status, dice.non_json, &template), Some("lost_response"));
+            break 'answer (
+                inject(&shared, status, dice.non_json, &template),
+                Some("lost_response"),
+            );
         }
         match handled {
             Ok(resp) => (resp, None),
-            Err(_) => (api_error(500, "Internal Server Error"), None),
+            Err(_) => (refusal(&shared, 500, "Internal Server Error"), None),
         }
     };
+    if let Some(quota) = quota {
+        hetzner::http::rate_headers(response.headers_mut(), quota);
+    }
 
     let status = response.status().as_u16();
     debug!(%method, %path, status, fault, "sim request");
@@ -229,6 +201,57 @@ async fn faults_layer(
     }
     drop(record);
     response
+}
+
+/// The dialect's rate limit, before anything else: Cherry's per-address bucket
+/// (`Faults::rate_limit`; 429 with `Retry-After`), or Hetzner's per-token bucket (429
+/// `rate_limit_exceeded`), whose quota the `RateLimit-*` headers of every answer report.
+fn rate_limit(
+    shared: &Shared,
+    faults: &Faults,
+    req: &Request,
+    peer: SocketAddr,
+) -> (Option<hetzner::bucket::Quota>, Option<Response>) {
+    if let Some(h) = &shared.hetzner {
+        let quota = hetzner::http::take_quota(h, req.headers(), peer);
+        let refused = quota
+            .filter(|q| !q.allowed)
+            .map(|_| hetzner::http::error_for_status(429, "rate limit exceeded"));
+        return (quota, refused);
+    }
+    if let Some(rate) = faults.rate_limit
+        && let Err(wait) = lock(&shared.limiter).check(peer.ip(), rate)
+    {
+        let mut resp = api_error(429, "Too Many Requests");
+        let secs = faults
+            .retry_after_secs
+            .unwrap_or_else(|| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+            .max(1);
+        if faults.retry_after_secs.is_some() {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        return (None, Some(resp));
+    }
+    (None, None)
+}
+
+/// The route template of `path` in the dialect (the stats' and the fault settings' key).
+fn template(shared: &Shared, path: &str) -> String {
+    if shared.hetzner.is_some() {
+        hetzner::http::route_template(path)
+    } else {
+        route_template(path)
+    }
+}
+
+/// An injected error's answer in the dialect's shape.
+fn inject(shared: &Shared, status: u16, non_json: bool, route: &str) -> Response {
+    if shared.hetzner.is_some() {
+        hetzner::http::injected(status, non_json, route)
+    } else {
+        injected(status, non_json, route)
+    }
 }
 
 /// An injected error's answer: a 4xx comes from the API itself, answered as the API answers (JSON,
@@ -243,9 +266,7 @@ fn injected(status: u16, non_json: bool, route: &str) -> Response {
         };
         api_error(status, message)
     } else if non_json {
-        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        let body = format!("<html><head><title>{code}</title></head><body><h1>{code}</h1></body></html>");
-        (code, [(header::CONTENT_TYPE, "text/html")], body).into_response()
+        proxy_html(status)
     } else {
         api_error(status, "Injected failure")
     }
@@ -266,7 +287,7 @@ fn log_entry(shared: &Shared, peer: SocketAddr, req: &Request, arrived: Instant)
             .unwrap_or_default()
             .to_owned(),
         method: req.method().to_string(),
-        route: route_template(path),
+        route: template(shared, path),
         path: path.to_owned(),
         status: 499,
         fault: None,
@@ -347,9 +368,13 @@ async fn api(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if shared.hetzner.is_some() {
+        return hetzner::http::dispatch(&shared, &method, &uri, &headers, &body);
+    }
     dispatch(&shared, &method, &uri, &headers, &body).unwrap_or_else(|e| api_error(e.status, &e.message))
 }
 
+/// The Cherry dialect's routes.
 fn dispatch(
     shared: &Shared,
     method: &Method,
@@ -357,7 +382,10 @@ fn dispatch(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ApiErr> {
-    let mut world = lock(&shared.world);
+    let mut guard = lock(&shared.world);
+    let CloudWorld::Cherry(world) = &mut *guard else {
+        return Err(ApiErr::new(404, "Not found"));
+    };
     let authorized = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -370,27 +398,26 @@ fn dispatch(
         .into_owned()
         .collect();
     let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).skip(1).collect();
-    let write_done = |world: &World, resp: Response| {
-        if resp.status().is_success() {
-            shared.committed(world);
-        }
-        resp
-    };
-    let resp = match (method, segs.as_slice()) {
-        (&Method::GET, ["projects", pid]) => {
-            answer(StatusCode::OK, world.get_project(id_u64(pid, "Project")?))
-        }
+    // (answer, whether it is a write: a successful one is routed and persisted)
+    let (resp, write) = match (method, segs.as_slice()) {
+        (&Method::GET, ["projects", pid]) => (
+            answer(StatusCode::OK, world.get_project(id_u64(pid, "Project")?)),
+            false,
+        ),
         (&Method::PUT, ["projects", pid]) => {
             let pid = id_u64(pid, "Project")?;
-            let resp = answer(StatusCode::CREATED, world.update_project(pid, parse(body)?));
-            write_done(&world, resp)
+            (
+                answer(StatusCode::CREATED, world.update_project(pid, parse(body)?)),
+                true,
+            )
         }
         (&Method::GET, ["projects", pid, "servers"]) => {
             let search = query.iter().find(|(k, _)| k == "search").map(|(_, v)| v.as_str());
-            match world.list_servers(id_u64(pid, "Project")?, search) {
+            let resp = match world.list_servers(id_u64(pid, "Project")?, search) {
                 Ok(servers) => list(servers, &query),
                 Err(e) => api_error(e.status, &e.message),
-            }
+            };
+            (resp, false)
         }
         (&Method::GET, ["projects", pid, "ips"]) => {
             let types: Vec<String> = query
@@ -398,41 +425,49 @@ fn dispatch(
                 .filter(|(k, _)| k == "type[]" || k == "type")
                 .map(|(_, v)| v.clone())
                 .collect();
-            match world.list_ips(id_u64(pid, "Project")?, &types) {
+            let resp = match world.list_ips(id_u64(pid, "Project")?, &types) {
                 Ok(ips) => list(ips, &query),
                 Err(e) => api_error(e.status, &e.message),
-            }
+            };
+            (resp, false)
         }
         (&Method::POST, ["projects", pid, "ips"]) => {
             let pid = id_u64(pid, "Project")?;
-            let resp = answer(StatusCode::CREATED, world.create_ip(pid, parse(body)?));
-            write_done(&world, resp)
+            (
+                answer(StatusCode::CREATED, world.create_ip(pid, parse(body)?)),
+                true,
+            )
         }
-        (&Method::GET, ["servers", id]) => answer(StatusCode::OK, world.get_server(id_u64(id, "Server")?)),
+        (&Method::GET, ["servers", id]) => (
+            answer(StatusCode::OK, world.get_server(id_u64(id, "Server")?)),
+            false,
+        ),
         (&Method::PUT, ["servers", id]) => {
             let id = id_u64(id, "Server")?;
-            let resp = answer(StatusCode::CREATED, world.update_server(id, parse(body)?));
-            write_done(&world, resp)
+            (
+                answer(StatusCode::CREATED, world.update_server(id, parse(body)?)),
+                true,
+            )
         }
-        (&Method::GET, ["ips", id]) => answer(StatusCode::OK, world.get_ip(id)),
-        (&Method::PUT, ["ips", id]) => {
-            let resp = answer(StatusCode::OK, world.update_ip(id, parse(body)?));
-            write_done(&world, resp)
-        }
+        (&Method::GET, ["ips", id]) => (answer(StatusCode::OK, world.get_ip(id)), false),
+        (&Method::PUT, ["ips", id]) => (answer(StatusCode::OK, world.update_ip(id, parse(body)?)), true),
         (&Method::DELETE, ["ips", id]) => {
             let reject = lock(&shared.faults).reject_delete_attached;
             let resp = match world.delete_ip(id, reject) {
                 Ok(()) => StatusCode::NO_CONTENT.into_response(),
                 Err(e) => api_error(e.status, &e.message),
             };
-            write_done(&world, resp)
+            (resp, true)
         }
-        (&Method::GET, ["regions"]) => list(world.regions(), &query),
-        (&Method::GET, ["regions", key]) => answer(StatusCode::OK, world.region(key)),
-        (_, path) if known_path(path) => api_error(405, "Method not allowed"),
-        _ => api_error(404, "Not found"),
+        (&Method::GET, ["regions"]) => (list(world.regions(), &query), false),
+        (&Method::GET, ["regions", key]) => (answer(StatusCode::OK, world.region(key)), false),
+        (_, path) if known_path(path) => (api_error(405, "Method not allowed"), false),
+        _ => (api_error(404, "Not found"), false),
     };
-    drop(world);
+    if write && resp.status().is_success() {
+        shared.committed(&guard);
+    }
+    drop(guard);
     Ok(resp)
 }
 
@@ -466,7 +501,7 @@ pub(crate) fn apply_faults(shared: &Shared, faults: Faults) -> Result<(), String
     if let Some(seed) = faults.seed {
         *lock(&shared.rng) = rand::SeedableRng::seed_from_u64(seed);
     }
-    lock(&shared.world).list_lag = Duration::from_millis(faults.list_lag_ms);
+    lock(&shared.world).set_list_lag(Duration::from_millis(faults.list_lag_ms));
     *lock(&shared.faults) = faults;
     Ok(())
 }
@@ -504,7 +539,7 @@ async fn admin_patch_faults(State(shared): State<Arc<Shared>>, body: Bytes) -> R
 }
 
 async fn admin_state(State(shared): State<Arc<Shared>>) -> Response {
-    let mut state = match serde_json::to_value(&*lock(&shared.world)) {
+    let mut state = match lock(&shared.world).to_value() {
         Ok(v) => v,
         Err(e) => return api_error(500, &e.to_string()),
     };

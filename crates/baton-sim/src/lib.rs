@@ -1,5 +1,8 @@
 //! baton-sim: a stateful simulator of the Cherry Servers API, spoken over real HTTP. The
 //! production client (`baton-cloud`'s `CherryClient`) talks to it through its ordinary base URL.
+//! With [`SimBuilder::cloud`]`(CloudKind::Hetzner)` it speaks Hetzner Cloud's API instead
+//! ([`hetzner`]: Floating IPs moved by actions, label selectors, pages, a per-token bucket),
+//! over the same topology, faults, stats, state file and FIP routing.
 //!
 //! ```text
 //!  client ──HTTP──► /v1/...  ─► faults layer (429 / hang / latency / 5xx) ─► World (state)
@@ -14,25 +17,30 @@
 //! (the `baton sim` command fills them from its flags and passes its signal handler), and
 //! [`Sim::builder`] starts one in-process for tests and benchmarks. The routes, status codes,
 //! error bodies and quirks are those of the real API (`api.cherryservers.com/v1`); the list is in
-//! `docs/simulator.md`. The JSON objects are `baton-cloud`'s [`baton_cloud::model`], so the
-//! simulator and the client cannot disagree on a payload.
+//! `docs/simulator.md`. The JSON objects are `baton-cloud`'s [`baton_cloud::model`] (and
+//! [`baton_cloud::hetzner::model`]), so the simulator and the client cannot disagree on a payload.
 
+mod cloud;
 mod faults;
 mod forward;
+mod guard;
+pub mod hetzner;
 mod http;
 mod latency;
 mod paths;
 mod route;
+mod shared;
 mod stats;
 pub mod testing;
 mod topology;
 mod world;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use baton_cloud::CloudKind;
 use rand::SeedableRng as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -41,12 +49,14 @@ use tracing::info;
 use url::Url;
 
 pub use faults::{Faults, RouteFaults};
+pub use hetzner::{HetznerSettings, Reassign};
 pub use latency::Latency;
 pub use stats::{LogEntry, RouteStats, Stats};
 pub use topology::{TopoFip, TopoProject, TopoRegion, TopoServer, Topology};
 
-use self::http::{Shared, lock};
-use self::world::World;
+use self::cloud::CloudWorld;
+use self::guard::lock;
+use self::shared::Shared;
 
 /// Why the simulator could not start.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +81,9 @@ pub enum SimError {
     /// A fault setting is out of range.
     #[error("invalid fault setting: {0}")]
     Faults(String),
+    /// A Hetzner setting is out of range, or the simulator does not speak Hetzner.
+    #[error("invalid Hetzner setting: {0}")]
+    Hetzner(String),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -93,6 +106,8 @@ impl Sim {
     /// A builder with the default (lab) topology and default faults (only the 4 req/s limit).
     pub fn builder() -> SimBuilder {
         SimBuilder {
+            cloud: CloudKind::Cherry,
+            hetzner: HetznerSettings::default(),
             topology: Topology::default(),
             faults: Faults::default(),
             state_file: None,
@@ -106,6 +121,8 @@ impl Sim {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct SimBuilder {
+    cloud: CloudKind,
+    hetzner: HetznerSettings,
     topology: Topology,
     faults: Faults,
     state_file: Option<PathBuf>,
@@ -114,6 +131,19 @@ pub struct SimBuilder {
 }
 
 impl SimBuilder {
+    /// The API it speaks: Cherry Servers (the default) or Hetzner Cloud.
+    pub fn cloud(mut self, cloud: CloudKind) -> Self {
+        self.cloud = cloud;
+        self
+    }
+
+    /// The Hetzner dialect's settings (action time and outcome, reassign, rate-limit bucket);
+    /// ignored by the Cherry dialect.
+    pub fn hetzner(mut self, settings: HetznerSettings) -> Self {
+        self.hetzner = settings;
+        self
+    }
+
     /// Routes every targeted FIP as the cloud does: `<fip>/32 via <server primary IP> dev
     /// <dev>` in the simulator's network namespace (the lab's hub), so packets keep the FIP as
     /// their destination ([`route`] module). Off by default.
@@ -158,6 +188,8 @@ impl SimBuilder {
     #[allow(clippy::unused_async)] // async so a later version can load state without blocking
     pub async fn start(self, listener: TcpListener) -> Result<SimHandle, SimError> {
         let Self {
+            cloud,
+            hetzner,
             topology,
             faults,
             state_file,
@@ -165,9 +197,15 @@ impl SimBuilder {
             route_dev,
         } = self;
         faults.validate().map_err(SimError::Faults)?;
+        hetzner.validate().map_err(SimError::Hetzner)?;
         let mut world = match &state_file {
-            Some(path) if path.exists() => load_state(path)?,
-            _ => World::from_topology(&topology).map_err(|reason| SimError::Topology {
+            Some(path) if path.exists() => {
+                CloudWorld::load(path, cloud).map_err(|reason| SimError::State {
+                    path: path.clone(),
+                    reason,
+                })?
+            }
+            _ => CloudWorld::from_topology(cloud, &topology).map_err(|reason| SimError::Topology {
                 path: "<given>".into(),
                 reason,
             })?,
@@ -179,13 +217,13 @@ impl SimBuilder {
             None => rand::rngs::StdRng::from_os_rng(),
         };
         world.reset_census();
-        world.list_lag = Duration::from_millis(faults.list_lag_ms);
-        let api_key = world.api_key.clone();
+        world.set_list_lag(Duration::from_millis(faults.list_lag_ms));
+        let api_key = world.api_key().to_owned();
         let project_id = world.project_id();
-        let paths = paths::FipPaths::new(world.forward_ports.clone(), route_dev, shutdown.clone());
+        let paths = paths::FipPaths::new(world.forward_ports(), route_dev, shutdown.clone());
         paths.sync(&world.forward_map(), Duration::ZERO);
         if let Some(path) = &state_file
-            && let Err(reason) = save_state(path, &world)
+            && let Err(reason) = world.save(path)
         {
             return Err(SimError::State {
                 path: path.clone(),
@@ -197,6 +235,7 @@ impl SimBuilder {
             faults: Mutex::new(faults),
             rng: Mutex::new(rng),
             limiter: Mutex::new(faults::RateLimiter::default()),
+            hetzner: (cloud == CloudKind::Hetzner).then(|| hetzner::Runtime::new(hetzner)),
             recorder: Mutex::new(stats::Recorder::new(log_capacity)),
             paths,
             state_file,
@@ -210,7 +249,10 @@ impl SimBuilder {
                 .with_graceful_shutdown(token.cancelled_owned())
                 .await
         });
-        info!(%addr, project = project_id, "Cherry Servers API simulator listening");
+        match cloud {
+            CloudKind::Cherry => info!(%addr, project = project_id, "Cherry Servers API simulator listening"),
+            CloudKind::Hetzner => info!(%addr, "Hetzner Cloud API simulator listening"),
+        }
         Ok(SimHandle {
             addr,
             api_key,
@@ -250,9 +292,30 @@ impl SimHandle {
         &self.api_key
     }
 
-    /// The project id.
+    /// The project id (0 in the Hetzner dialect: a token is its project).
     pub fn project_id(&self) -> u64 {
         self.project_id
+    }
+
+    /// The API it speaks.
+    pub fn cloud(&self) -> CloudKind {
+        lock(&self.shared.world).kind()
+    }
+
+    /// The Hetzner dialect's settings (`None` in the Cherry dialect).
+    pub fn hetzner_settings(&self) -> Option<HetznerSettings> {
+        self.shared.hetzner.as_ref().map(|rt| lock(&rt.settings).clone())
+    }
+
+    /// Replaces the Hetzner dialect's settings (as `PATCH /_sim/hetzner` does); refused by the
+    /// Cherry dialect.
+    pub fn set_hetzner_settings(&self, settings: HetznerSettings) -> Result<(), SimError> {
+        let rt = self
+            .shared
+            .hetzner
+            .as_ref()
+            .ok_or_else(|| SimError::Hetzner("the simulator speaks Cherry".into()))?;
+        hetzner::http::apply_settings(rt, settings).map_err(SimError::Hetzner)
     }
 
     /// Counters since start or the last reset.
@@ -271,15 +334,18 @@ impl SimHandle {
     }
 
     /// An IP address as the world holds it now, read directly: no latency, no rate limit, not
-    /// logged (for harnesses that watch the cloud without using its request budget).
+    /// logged (for harnesses that watch the cloud without using its request budget). In the
+    /// Hetzner dialect `id` is a Floating IP's numeric id as text, and the FIP reads as the
+    /// shared model's: `targeted_to` is the server it is assigned to (once the assign action
+    /// succeeded), `tags` its labels, `region` its home location.
     pub fn peek_ip(&self, id: &str) -> Option<baton_cloud::model::IpAddress> {
-        lock(&self.shared.world).get_ip(id).ok()
+        lock(&self.shared.world).peek_ip(id)
     }
 
     /// Every IP address as the world holds it now (no list lag, latency or rate limit; not
-    /// logged).
+    /// logged); the Floating IPs only, in the Hetzner dialect.
     pub fn peek_ips(&self) -> Vec<baton_cloud::model::IpAddress> {
-        lock(&self.shared.world).current_ips()
+        lock(&self.shared.world).peek_ips()
     }
 
     /// The current faults.
@@ -334,29 +400,16 @@ impl Drop for SimHandle {
     }
 }
 
-fn load_state(path: &Path) -> Result<World, SimError> {
-    let err = |reason: String| SimError::State {
-        path: path.to_owned(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
-}
-
-/// Writes the state atomically (temp file + rename).
-pub(crate) fn save_state(path: &Path, world: &World) -> Result<(), String> {
-    let text = serde_json::to_vec_pretty(world).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, path).map_err(|e| e.to_string())
-}
-
 /// What `baton sim` runs: where to listen, the starting world and the faults. Plain options; the
 /// command line that fills them lives in the `baton` binary.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
     /// Address to serve the API (and the `/_sim` admin endpoint) on.
     pub listen: SocketAddr,
+    /// The API it speaks (Cherry Servers by default).
+    pub cloud: CloudKind,
+    /// The Hetzner dialect's settings (ignored by the Cherry dialect).
+    pub hetzner: HetznerSettings,
     /// Topology file (YAML or JSON); `None`: the lab topology ([`Topology::default`]).
     pub topology: Option<PathBuf>,
     /// Persist the state here after every write and resume from it on start.
@@ -379,6 +432,8 @@ impl SimOptions {
     fn into_builder(self) -> Result<(SimBuilder, SocketAddr), SimError> {
         let Self {
             listen,
+            cloud,
+            hetzner,
             topology,
             state,
             api_key,
@@ -409,7 +464,11 @@ impl SimOptions {
         if let Some(ports) = forward_ports {
             topo.forward_ports = ports;
         }
-        let mut builder = Sim::builder().topology(topo).faults(faults);
+        let mut builder = Sim::builder()
+            .cloud(cloud)
+            .hetzner(hetzner)
+            .topology(topo)
+            .faults(faults);
         if let Some(state) = state {
             builder = builder.state_file(state);
         }

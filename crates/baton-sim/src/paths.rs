@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::forward::Forwarder;
-use crate::http::lock;
+use crate::guard::lock;
 use crate::route::Routes;
 
 #[derive(Debug, Default)]

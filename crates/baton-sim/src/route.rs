@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 use tracing::{info, warn};
 
-use crate::http::lock;
+use crate::guard::lock;
 
 /// The routes of the targeted FIPs, in the simulator's own network namespace.
 #[derive(Debug)]

@@ -37,3 +37,14 @@ pub fn config(sim: &SimHandle, rate: Option<f64>) -> ClientConfig {
 pub fn client(sim: &SimHandle, rate: Option<f64>) -> CherryClient {
     CherryClient::new(config(sim, rate)).unwrap()
 }
+
+/// A Hetzner-dialect simulator on 127.0.0.1:<random> with the lab topology.
+pub async fn hetzner_sim(settings: crate::HetznerSettings, faults: Faults) -> SimHandle {
+    Sim::builder()
+        .cloud(crate::CloudKind::Hetzner)
+        .hetzner(settings)
+        .faults(faults)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}

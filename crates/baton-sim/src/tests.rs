@@ -3,6 +3,8 @@ use super::*;
 fn options() -> SimOptions {
     SimOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
+        cloud: CloudKind::Cherry,
+        hetzner: HetznerSettings::default(),
         topology: None,
         state: None,
         api_key: None,

@@ -112,14 +112,14 @@ struct IpChange {
 /// reset. A Service's FIP is found by its tags, so two FIPs with the same tags at once are a
 /// duplicate.
 #[derive(Debug, Clone, Default)]
-struct TagCensus {
+pub(crate) struct TagCensus {
     by_tags: HashMap<Tags, (u64, u64)>,
-    created: u64,
-    deleted: u64,
+    pub(crate) created: u64,
+    pub(crate) deleted: u64,
 }
 
 impl TagCensus {
-    fn add(&mut self, tags: &Tags) {
+    pub(crate) fn add(&mut self, tags: &Tags) {
         if tags.is_empty() {
             return;
         }
@@ -128,14 +128,14 @@ impl TagCensus {
         *peak = (*peak).max(*now);
     }
 
-    fn remove(&mut self, tags: &Tags) {
+    pub(crate) fn remove(&mut self, tags: &Tags) {
         if let Some((now, _)) = self.by_tags.get_mut(tags) {
             *now = now.saturating_sub(1);
         }
     }
 
     /// Peaks start again from what exists now.
-    fn reset<'a>(&mut self, fips: impl Iterator<Item = &'a Tags>) {
+    pub(crate) fn reset<'a>(&mut self, fips: impl Iterator<Item = &'a Tags>) {
         self.by_tags.clear();
         self.created = 0;
         self.deleted = 0;
@@ -145,7 +145,7 @@ impl TagCensus {
     }
 
     /// Σ over tag sets of (the most FIPs that carried it at once − 1).
-    fn duplicates(&self) -> u64 {
+    pub(crate) fn duplicates(&self) -> u64 {
         self.by_tags
             .values()
             .map(|(_, peak)| peak.saturating_sub(1))

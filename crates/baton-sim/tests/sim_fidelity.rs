@@ -161,6 +161,8 @@ async fn an_empty_forward_port_list_forwards_nothing() {
     let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let options = SimOptions {
         listen,
+        cloud: baton_sim::CloudKind::Cherry,
+        hetzner: baton_sim::HetznerSettings::default(),
         topology: None,
         state: None,
         api_key: None,

@@ -338,6 +338,17 @@ pub struct LocationList {
     pub meta: Option<Meta>,
 }
 
+/// `GET /v1/actions?id=...` (the only form left since 2025-01-30) and
+/// `GET /v1/floating_ips/{id}/actions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionList {
+    /// The actions asked for (an unknown id is left out).
+    pub actions: Vec<Action>,
+    /// Pagination.
+    #[serde(default)]
+    pub meta: Option<Meta>,
+}
+
 /// `{"floating_ip": {...}}`: `GET` and `PUT /v1/floating_ips/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FloatingIpAnswer {
