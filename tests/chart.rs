@@ -755,6 +755,7 @@ fn alerts_and_dashboard_use_only_metrics_baton_exports() {
     baton_cloud::CallObserver::attempt(
         &metrics,
         baton_cloud::Op::ListIps,
+        baton_cloud::Op::ListIps.route(),
         baton_cloud::Priority::Normal,
         baton_cloud::Attempt::Status(200),
         std::time::Duration::ZERO,

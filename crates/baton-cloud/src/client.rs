@@ -638,8 +638,8 @@ impl CloudClient {
                 op,
                 object: object.clone(),
                 status: status.as_u16(),
-                code: error.code,
-                message: self.mask(&error.message),
+                code: error.code.into(),
+                message: self.mask(&error.message).into(),
                 retry_after,
             };
         }

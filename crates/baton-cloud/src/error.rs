@@ -133,6 +133,29 @@ impl fmt::Display for Object {
 }
 
 /// An error from the cloud layer. The API key never appears in it.
+/// An action that ended in `error`: its id, command and the API's code and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionFailure {
+    /// The action's id.
+    pub id: u64,
+    /// Its command, e.g. `assign_floating_ip`.
+    pub command: String,
+    /// The error code.
+    pub code: String,
+    /// The error text.
+    pub message: String,
+}
+
+impl fmt::Display for ActionFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "action {} ({}) failed: {}: {}",
+            self.id, self.command, self.code, self.message
+        )
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CloudError {
@@ -164,28 +187,22 @@ pub enum CloudError {
         /// HTTP status.
         status: u16,
         /// The API's code, e.g. `locked`, `conflict`, `not_found`.
-        code: String,
+        code: Box<str>,
         /// The API's text.
-        message: String,
+        message: Box<str>,
         /// `Retry-After`, if sent.
         retry_after: Option<Duration>,
     },
     /// An asynchronous action the API accepted ended in `error` (Hetzner Cloud's actions): the
     /// change did not happen.
-    #[error("{op} {object}: action {action} ({command}) failed: {code}: {message}")]
+    #[error("{op} {object}: {action}")]
     ActionFailed {
         /// The operation.
         op: Op,
         /// What it was about.
         object: Object,
-        /// The action's id.
-        action: u64,
-        /// The action's command, e.g. `assign_floating_ip`.
-        command: String,
-        /// The action's error code.
-        code: String,
-        /// The action's error text.
-        message: String,
+        /// The action and its error.
+        action: Box<ActionFailure>,
     },
     /// An accepted action did not end within the client's time for it: whether it will is
     /// unknown (the object is read back).
@@ -349,7 +366,7 @@ impl CloudError {
             Self::Coded { status, code, .. } => {
                 is_retryable_status(*status)
                     || *status == 409
-                    || code == "locked"
+                    || &**code == "locked"
                     || (*status >= 500 && *status != 501)
             }
             _ => self.status().is_some_and(is_retryable_status),
@@ -373,8 +390,8 @@ impl CloudError {
     /// A stable category for metrics and Kubernetes Event reasons.
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Coded { code, .. } if code == "locked" => "locked",
-            Self::Coded { code, .. } if code == "conflict" => "conflict",
+            Self::Coded { code, .. } if &**code == "locked" => "locked",
+            Self::Coded { code, .. } if &**code == "conflict" => "conflict",
             Self::ActionFailed { .. } => "action_failed",
             Self::ActionTimeout { .. } => "timeout",
             Self::Api { status, .. } | Self::UnexpectedBody { status, .. } | Self::Coded { status, .. } => {

@@ -35,7 +35,7 @@ pub use client::{Attempt, CallObserver, ClientConfig, CloudClient};
 /// configuration says [`CloudKind::Cherry`], the default).
 pub type CherryClient = CloudClient;
 pub use cloud::Cloud;
-pub use error::{CloudError, Op};
+pub use error::{ActionFailure, CloudError, Op};
 pub use fence::{CallTerm, Fence, InFlight, Lead, Sending};
 pub use limiter::Priority;
 pub use provider::CloudKind;

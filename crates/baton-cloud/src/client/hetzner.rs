@@ -147,10 +147,12 @@ impl CloudClient {
                     return Err(CloudError::ActionFailed {
                         op,
                         object: object.clone(),
-                        action: action.id,
-                        command: action.command,
-                        code,
-                        message: self.mask(&message),
+                        action: Box::new(crate::error::ActionFailure {
+                            id: action.id,
+                            command: action.command,
+                            code,
+                            message: self.mask(&message),
+                        }),
                     });
                 }
                 _ => {}
@@ -228,7 +230,7 @@ impl CloudClient {
                 }
                 Err(CloudError::Coded { code, .. })
                     if wanted.is_some()
-                        && code == codes::FLOATING_IP_ASSIGNED
+                        && &*code == codes::FLOATING_IP_ASSIGNED
                         && attempt < self.inner.max_retries =>
                 {
                     // This API demands an unassign before an assign: only then two actions.
