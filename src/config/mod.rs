@@ -42,15 +42,43 @@ pub use self::sources::{
 };
 
 impl Config {
-    /// The Cherry Servers client settings (requires `apiKey` and `projectID`).
+    /// The cloud client's settings: Cherry Servers' (requires `apiKey` and `projectID`) or
+    /// Hetzner Cloud's (requires `HCLOUD_TOKEN`; its bucket is followed from the API's headers, so
+    /// `apiRateLimit` applies only when set explicitly).
     pub fn cloud_client_config(&self) -> Result<baton_cloud::ClientConfig, ConfigError> {
-        let mut c =
-            baton_cloud::ClientConfig::new(self.require_api_key()?.clone(), self.require_project_id()?);
-        c.base_url = self.base_url.clone();
-        c.requests_per_second = self.api_rate_limit;
+        let mut c = match self.cloud {
+            baton_cloud::CloudKind::Cherry => {
+                let mut c = baton_cloud::ClientConfig::new(
+                    self.require_api_key()?.clone(),
+                    self.require_project_id()?,
+                );
+                c.base_url = self.base_url.clone();
+                c.requests_per_second = self.api_rate_limit;
+                c
+            }
+            baton_cloud::CloudKind::Hetzner => {
+                let mut c = baton_cloud::ClientConfig::hetzner(self.require_hcloud_token()?.clone());
+                c.base_url = self.hcloud_endpoint.clone();
+                if self
+                    .sources
+                    .get(&Id::ApiRateLimit)
+                    .is_some_and(|s| *s != Source::Default)
+                {
+                    c.requests_per_second = self.api_rate_limit;
+                }
+                c
+            }
+        };
         c.request_timeout = self.api_timeout;
         c.user_agent = format!("baton/{}", env!("CARGO_PKG_VERSION"));
         Ok(c)
+    }
+
+    /// Hetzner Cloud's API token, or an error naming where to set it.
+    pub fn require_hcloud_token(&self) -> Result<&baton_core::Secret, ConfigError> {
+        self.hcloud_token
+            .as_ref()
+            .ok_or_else(|| ConfigError::missing(Id::HcloudToken))
     }
 
     /// How long a controller loop may spend in one unit of work before `/health` fails naming it:

@@ -12,6 +12,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use baton_cloud::CloudKind;
 use baton_core::duration::parse_duration;
 use baton_core::names::{is_dns1123_label, is_qualified_key};
 use baton_core::{FipTag, LabelSelector, LoadBalancerMode, Secret};
@@ -139,6 +140,19 @@ macro_rules! settings {
 }
 
 settings! {
+    Cloud cloud => cloud {
+        flag: "cloud", env: "BATON_CLOUD", file: "cloud", default: Some("cherry"), secret: false,
+        doc: "The cloud whose Floating IPs baton moves: cherry (Cherry Servers) or hetzner (Hetzner Cloud)",
+        parse: |v| v.parse::<CloudKind>().map_err(|e| e.to_string()), show: text },
+    HcloudToken hcloud_token => hcloud_token {
+        flag: "hcloud-token", env: "HCLOUD_TOKEN", file: "hcloudToken", default: None, secret: true,
+        doc: "Hetzner Cloud API token (with --cloud hetzner): from the environment (hcloud-cloud-controller-manager's Secret `hcloud`, key `token`) or the file only; `--hcloud-token` is refused",
+        parse: |v| Ok(Some(Secret::new(v))), show: redacted },
+    HcloudEndpoint hcloud_endpoint => hcloud_endpoint {
+        flag: "hcloud-endpoint", env: "HCLOUD_ENDPOINT", file: "hcloudEndpoint",
+        default: Some(baton_cloud::hetzner::DEFAULT_BASE_URL), secret: false,
+        doc: "Base URL of the Hetzner Cloud API (with --cloud hetzner)",
+        parse: parse_base_url, show: text },
     ApiKey api_key => api_key {
         flag: "api-key", env: "CHERRY_API_KEY", file: "apiKey", default: None, secret: true,
         doc: "Cherry Servers API key: from the environment or the file only (a flag would show in `ps` and /proc/<pid>/cmdline to every local user, so `--api-key` is refused)",
@@ -158,13 +172,7 @@ settings! {
     BaseUrl base_url => base_url {
         flag: "base-url", env: "CHERRY_BASE_URL", file: "base-url", default: Some(DEFAULT_BASE_URL), secret: false,
         doc: "Base URL of the Cherry Servers API",
-        parse: |v| {
-            let url = Url::parse(v).map_err(|e| e.to_string())?;
-            match url.scheme() {
-                "https" | "http" if url.has_host() => Ok(url),
-                _ => Err("must be an http(s) URL with a host".to_owned()),
-            }
-        }, show: text },
+        parse: parse_base_url, show: text },
     LoadBalancer load_balancer => load_balancer {
         flag: "load-balancer", env: "CHERRY_LOAD_BALANCER", file: "loadbalancer", default: None, secret: false,
         doc: "Load balancer implementation: kube-vip://, metallb:///<ns>/?bgp-peer-mode=native|frr|none, empty://?ip-annotation=<name>",
@@ -457,6 +465,12 @@ pub struct LeaseTiming {
 /// The effective configuration. Each field is filled by its row of the settings table.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
+    /// The cloud baton drives.
+    pub cloud: CloudKind,
+    /// Hetzner Cloud's API token.
+    pub hcloud_token: Option<Secret>,
+    /// Hetzner Cloud's API endpoint.
+    pub hcloud_endpoint: Url,
     pub api_key: Option<Secret>,
     pub project_id: Option<u64>,
     pub region: Option<String>,
@@ -507,6 +521,10 @@ impl Config {
     /// default always gets a value; the rest are `Option`s).
     pub(super) fn empty() -> Self {
         Self {
+            cloud: CloudKind::Cherry,
+            hcloud_token: None,
+            hcloud_endpoint: Url::parse(baton_cloud::hetzner::DEFAULT_BASE_URL)
+                .expect("the default Hetzner endpoint parses"),
             api_key: None,
             project_id: None,
             region: None,
@@ -539,6 +557,15 @@ fn parse_with<T>(value: &str, f: impl FnOnce(&str) -> Result<T, String>) -> Resu
 }
 
 // Value parsers shared by several rows.
+
+/// An http(s) URL with a host (an API's base URL).
+fn parse_base_url(v: &str) -> Result<Url, String> {
+    let url = Url::parse(v).map_err(|e| e.to_string())?;
+    match url.scheme() {
+        "https" | "http" if url.has_host() => Ok(url),
+        _ => Err("must be an http(s) URL with a host".to_owned()),
+    }
+}
 
 /// Parses a boolean the way Go's `strconv.ParseBool` does (the CCM uses it).
 fn parse_bool(v: &str) -> Result<bool, String> {

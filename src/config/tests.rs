@@ -40,6 +40,16 @@ fn write_file(dir: &Path, json: &serde_json::Value) -> std::path::PathBuf {
 /// is exhaustive: a new setting does not compile until it has samples here.
 fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
     match id {
+        Id::Cloud => (["hetzner", "cherry", "hcloud"], Some("aws")),
+        Id::HcloudToken => (["token-flag", "token-env", "token-file"], None),
+        Id::HcloudEndpoint => (
+            [
+                "http://127.0.0.1:4/v1",
+                "http://127.0.0.1:5/v1",
+                "https://hcloud.example/v1",
+            ],
+            Some("file:///x"),
+        ),
         Id::ApiKey => (["key-flag", "key-env", "key-file"], None),
         Id::ProjectId => (["111", "222", "333"], Some("12ab")),
         Id::Region => (["LT-Siauliai", "NL-Amsterdam", "DE-Frankfurt"], None),
@@ -405,7 +415,7 @@ fn settings_table_is_consistent() {
             s.file_key
         );
         assert!(
-            s.env.starts_with("CHERRY_") || s.env.starts_with("BATON_"),
+            s.env.starts_with("CHERRY_") || s.env.starts_with("BATON_") || s.env.starts_with("HCLOUD_"),
             "{}",
             s.env
         );

@@ -399,6 +399,14 @@ fn spawn_cloud_controllers(
     watches: &mut Watches,
     shutdown: &CancellationToken,
 ) {
+    if config.cloud == baton_cloud::CloudKind::Hetzner {
+        // Next to hcloud-cloud-controller-manager, which initialises the Nodes and serves the
+        // Services it is given: baton moves the control-plane Floating IP (docs/hetzner.md).
+        tracing::info!(
+            "Hetzner Cloud: baton serves the control-plane Floating IP; Service Floating IPs and Node initialisation are off"
+        );
+        return;
+    }
     sup.spawn(
         "services",
         super::service::run_services(Arc::clone(&shared), watches, shutdown.clone().cancelled_owned())

@@ -178,20 +178,24 @@ pub(super) fn candidates(
         .collect()
 }
 
-/// The Node of `server`: by provider ID, or (not yet initialised) by name = hostname, as the
-/// node controller matches them.
+/// The Node of `server`: by provider ID (`cherryservers://<id>`, a bare `<id>`, or Hetzner's
+/// `hcloud://<id>`: the cloud is the one configured), or (not yet initialised) by name = hostname,
+/// as the node controller matches them.
 pub(super) fn node_of<'a>(nodes: &'a [Arc<Node>], server: &Server) -> Option<&'a Arc<Node>> {
-    let provider_id = server.provider_id();
-    nodes
-        .iter()
-        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(&provider_id))
-        .or_else(|| {
-            nodes.iter().find(|n| {
-                n.spec.as_ref().and_then(|s| s.provider_id.as_ref()).is_none()
-                    && !server.hostname.is_empty()
-                    && n.metadata.name.as_deref() == Some(server.hostname.as_str())
-            })
+    let names_server = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(|p| p.parse::<baton_core::ProviderId>().ok())
+            .is_some_and(|p| p.server_id() == server.id.0)
+    };
+    nodes.iter().find(|n| names_server(n)).or_else(|| {
+        nodes.iter().find(|n| {
+            n.spec.as_ref().and_then(|s| s.provider_id.as_ref()).is_none()
+                && !server.hostname.is_empty()
+                && n.metadata.name.as_deref() == Some(server.hostname.as_str())
         })
+    })
 }
 
 pub(super) fn server_by_ip(servers: &[Server], ip: IpAddr) -> Option<&Server> {
