@@ -22,7 +22,7 @@ use baton_cloud::hetzner::model::{
     HetznerServer, Labels, Location, ServerPrivateNet, ServerPublicIpv4, ServerPublicIpv6, ServerPublicNet,
     ServerType, UpdateFloatingIpRequest, codes,
 };
-use baton_cloud::model::{IpAddress, IpId, IpType, Region, RegionId, ServerId, ServerSummary};
+use baton_cloud::model::IpAddress;
 
 use super::Reassign;
 use super::labels::{Selector, check_labels};
@@ -701,68 +701,31 @@ impl HetznerWorld {
 
     // ---- the shared model (harnesses) ----------------------------------------------------
 
-    /// A FIP as `baton-cloud`'s shared model reads it: the id as text, the labels as tags, the
-    /// home location as the region and the assigned server as `targeted_to`.
-    fn as_ip_address(&self, f: &FipRec) -> IpAddress {
-        let location = self.location(&f.home_location);
-        IpAddress {
-            id: IpId(f.id.to_string()),
-            address: f.ip,
-            address_family: if f.ip.is_ipv4() { 4 } else { 6 },
-            cidr: match f.ip {
-                IpAddr::V4(_) => format!("{}/32", f.ip),
-                IpAddr::V6(_) => format!("{}/64", f.ip),
-            },
-            gateway: None,
-            ip_type: IpType::FloatingIp,
-            region: location.map(|l| {
-                Box::new(Region {
-                    id: RegionId(l.id),
-                    name: l.name.clone(),
-                    slug: l.name.clone(),
-                    region_iso_2: l.country.clone(),
-                    location: l.city.clone(),
-                    href: format!("/locations/{}", l.id),
-                    bgp: baton_cloud::model::RegionBgp::default(),
-                })
-            }),
-            routed_to: None,
-            assigned_to: None,
-            targeted_to: f.server.and_then(|id| self.server(id)).map(|s| {
-                Box::new(ServerSummary {
-                    id: ServerId(s.id),
-                    name: Some(s.server_type.clone()),
-                    href: format!("/servers/{}", s.id),
-                    hostname: s.name.clone(),
-                    image: None,
-                    region: None,
-                    state: Some(s.status.clone()),
-                    spot_instance: false,
-                    project: None,
-                    bgp: None,
-                })
-            }),
-            project: None,
-            ptr_record: None,
-            a_record: None,
-            tags: f.labels.clone(),
-            ddos_scrubbing: false,
-            href: format!("/floating_ips/{}", f.id),
-            vlan_id: None,
+    /// A FIP as `baton-cloud`'s shared model reads it, converted as the client converts what the
+    /// API sends ([`baton_cloud::hetzner::ip_of`]: the id as text, the labels as tags, the home
+    /// location as the region, the assigned server as `targeted_to`), with the server's name as
+    /// `targeted_to.hostname`.
+    fn as_ip_address(&self, f: &FipRec) -> Option<IpAddress> {
+        let mut ip = baton_cloud::hetzner::ip_of(&self.render_fip(f))?;
+        if let Some(target) = ip.targeted_to.as_mut()
+            && let Some(s) = self.server(target.id.0)
+        {
+            target.hostname.clone_from(&s.name);
+            target.state = Some(s.status.clone());
         }
+        Some(ip)
     }
 
     /// One FIP in the shared model (`id` is the numeric id as text).
     pub(crate) fn peek_ip(&self, id: &str) -> Option<IpAddress> {
-        let f = self.fip(id.parse().ok()?)?;
-        Some(self.as_ip_address(f))
+        self.as_ip_address(self.fip(id.parse().ok()?)?)
     }
 
     /// Every FIP in the shared model, by id.
     pub(crate) fn peek_ips(&self) -> Vec<IpAddress> {
         let mut fips: Vec<&FipRec> = self.fips.iter().collect();
         fips.sort_by_key(|f| f.id);
-        fips.into_iter().map(|f| self.as_ip_address(f)).collect()
+        fips.into_iter().filter_map(|f| self.as_ip_address(f)).collect()
     }
 
     // ---- writes --------------------------------------------------------------------------

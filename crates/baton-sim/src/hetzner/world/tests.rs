@@ -2,6 +2,7 @@ use rstest::rstest;
 
 use super::*;
 use crate::TopoFip;
+use baton_cloud::model::ServerId;
 
 const NOW: u64 = 1_738_238_400; // 2025-01-30T12:00:00Z
 
