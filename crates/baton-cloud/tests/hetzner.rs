@@ -1,6 +1,7 @@
 //! The production client speaking Hetzner Cloud's API to the simulator's Hetzner dialect over
 //! HTTP: Floating IPs across pages, a move as one assign action followed to its end, the errors
 //! and the rate limit.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns too: a failure is a test failure
 
 mod common;
 
