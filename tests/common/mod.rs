@@ -66,6 +66,18 @@ pub async fn routed_sim(faults: Faults, topology: Topology) -> SimHandle {
         .expect("simulator")
 }
 
+/// [`routed_sim`] speaking Hetzner Cloud's API with `settings`.
+pub async fn routed_hetzner_sim(settings: baton_sim::HetznerSettings, faults: Faults) -> SimHandle {
+    Sim::builder()
+        .cloud(baton_cloud::CloudKind::Hetzner)
+        .hetzner(settings)
+        .faults(faults)
+        .route_fips(baton_testbed::node::BRIDGE)
+        .bind(std::net::SocketAddr::new(baton_testbed::node::LAB_HOST, 0))
+        .await
+        .expect("simulator")
+}
+
 /// A simulator on loopback.
 pub async fn sim(faults: Faults, topology: Topology) -> SimHandle {
     Sim::builder()
@@ -226,11 +238,18 @@ pub async fn apply_shipped_manifests(client: &kube::Client, files: &[&str]) {
     }
 }
 
-/// A client of `sim` without a rate limit (the test's view of the cloud).
+/// A client of `sim` without a rate limit (the test's view of the cloud), in the simulator's
+/// dialect.
 pub fn unlimited_client(sim: &SimHandle) -> CherryClient {
-    let mut cfg = baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
-        .with_base_url(sim.base_url());
+    let mut cfg = match sim.cloud() {
+        baton_cloud::CloudKind::Cherry => {
+            baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
+        }
+        baton_cloud::CloudKind::Hetzner => baton_cloud::ClientConfig::hetzner(baton_core::Secret::new(sim.api_key())),
+    }
+    .with_base_url(sim.base_url());
     cfg.requests_per_second = None;
+    cfg.action_poll = std::time::Duration::from_millis(20);
     CherryClient::new(cfg).unwrap()
 }
 
@@ -240,7 +259,10 @@ pub async fn control_plane_fip(sim: &SimHandle, tag: (&str, &str), server: u64) 
     let cloud = unlimited_client(sim);
     let fip = cloud
         .create_ip(baton_cloud::model::CreateIpRequest {
-            region: "LT-Siauliai".into(),
+            region: match sim.cloud() {
+                baton_cloud::CloudKind::Cherry => "LT-Siauliai".into(),
+                baton_cloud::CloudKind::Hetzner => "fsn1".into(),
+            },
             tags: baton_cloud::model::Tags::from([(tag.0.to_owned(), tag.1.to_owned())]),
             ..Default::default()
         })

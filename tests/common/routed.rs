@@ -49,13 +49,28 @@ impl Routed {
     /// Starts the lab (`n` nodes), the simulator with `faults`, the FIP on cp-0, and an agent
     /// on every node.
     pub async fn start(baton: &str, n: u8, faults: Faults, tag: &str) -> Self {
+        Self::start_on(None, baton, n, faults, tag).await
+    }
+
+    /// [`Routed::start`] on Hetzner Cloud (`Some(settings)`: the simulator's Hetzner dialect with
+    /// those settings; the replicas get `BATON_CLOUD=hetzner` and `HCLOUD_*`) or Cherry (`None`).
+    pub async fn start_on(
+        hetzner: Option<baton_sim::HetznerSettings>,
+        baton: &str,
+        n: u8,
+        faults: Faults,
+        tag: &str,
+    ) -> Self {
         let cp = ControlPlane::start(Options {
             nodes: true,
             ..Options::servers(n)
         })
         .await
         .unwrap();
-        let sim = super::routed_sim(faults, Topology::default()).await;
+        let sim = match hetzner {
+            Some(settings) => super::routed_hetzner_sim(settings, faults).await,
+            None => super::routed_sim(faults, Topology::default()).await,
+        };
         let (cloud, fip) = super::control_plane_fip(&sim, ("cluster", tag), CP[0]).await;
         let history = LeaseHistory::record(
             (0..usize::from(n)).map(|i| cp.client(i).unwrap()).collect(),
@@ -100,14 +115,21 @@ impl Routed {
         self.sim.log(0).last().map_or(0, |e| e.seq + 1)
     }
 
-    /// The FIP's successful retargets sent by controller replicas, from log sequence `from` on.
+    /// The FIP's successful retargets sent by controller replicas, from log sequence `from` on
+    /// (a `PUT` of the IP on Cherry, an assign action on Hetzner).
     pub fn moves(&self, from: u64) -> Vec<LogEntry> {
-        let path = format!("/v1/ips/{}", self.fip.id.as_str());
+        let (method, path) = match self.sim.cloud() {
+            baton_cloud::CloudKind::Cherry => ("PUT", format!("/v1/ips/{}", self.fip.id.as_str())),
+            baton_cloud::CloudKind::Hetzner => (
+                "POST",
+                format!("/v1/floating_ips/{}/actions/assign", self.fip.id.as_str()),
+            ),
+        };
         self.sim
             .log(from)
             .into_iter()
             .filter(|e| {
-                e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
+                e.method == method && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
             })
             .collect()
     }
@@ -318,11 +340,17 @@ impl Replica<'_> {
         } else {
             cmd.env_remove("NODE_NAME");
         }
-        cmd.env("CHERRY_API_KEY", bed.sim.api_key())
-            .env("CHERRY_PROJECT_ID", bed.sim.project_id().to_string())
-            .env("CHERRY_FIP_TAG", format!("cluster={}", bed.tag))
-            .env("CHERRY_BASE_URL", bed.sim.base_url().as_str())
-            .envs(env);
+        match bed.sim.cloud() {
+            baton_cloud::CloudKind::Cherry => cmd
+                .env("CHERRY_API_KEY", bed.sim.api_key())
+                .env("CHERRY_PROJECT_ID", bed.sim.project_id().to_string())
+                .env("CHERRY_BASE_URL", bed.sim.base_url().as_str()),
+            baton_cloud::CloudKind::Hetzner => cmd
+                .env("BATON_CLOUD", "hetzner")
+                .env("HCLOUD_TOKEN", bed.sim.api_key())
+                .env("HCLOUD_ENDPOINT", format!("{}v1", bed.sim.base_url())),
+        };
+        cmd.env("CHERRY_FIP_TAG", format!("cluster={}", bed.tag)).envs(env);
         bed.nodes_of.lock().unwrap().insert(identity, node);
         cmd.spawn().unwrap()
     }
