@@ -245,7 +245,9 @@ pub fn unlimited_client(sim: &SimHandle) -> CherryClient {
         baton_cloud::CloudKind::Cherry => {
             baton_cloud::ClientConfig::new(baton_core::Secret::new(sim.api_key()), sim.project_id())
         }
-        baton_cloud::CloudKind::Hetzner => baton_cloud::ClientConfig::hetzner(baton_core::Secret::new(sim.api_key())),
+        baton_cloud::CloudKind::Hetzner => {
+            baton_cloud::ClientConfig::hetzner(baton_core::Secret::new(sim.api_key()))
+        }
     }
     .with_base_url(sim.base_url());
     cfg.requests_per_second = None;
