@@ -63,7 +63,12 @@ fn the_control_plane_fip_moves_by_one_assign_action_per_failure() {
         bed.wait_fip_answers_from_other_than(0).await;
         let first = t0.elapsed();
         let holder = bed.holder().unwrap();
-        assert_eq!(bed.moves(from).len(), 1, "one assign for one failure\n{}", bed.logs());
+        assert_eq!(
+            bed.moves(from).len(),
+            1,
+            "one assign for one failure\n{}",
+            bed.logs()
+        );
         assert_eq!(
             sent(&bed, from, "POST /v1/floating_ips/{id}/actions/unassign"),
             0,
@@ -85,15 +90,28 @@ fn the_control_plane_fip_moves_by_one_assign_action_per_failure() {
             if bed.holder().is_some_and(|h| h != holder && h != 0) && bed.fip_answers().await {
                 break;
             }
-            assert!(Instant::now() < deadline, "the FIP did not move off cp-{holder}\n{}", bed.logs());
+            assert!(
+                Instant::now() < deadline,
+                "the FIP did not move off cp-{holder}\n{}",
+                bed.logs()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         eprintln!(
             "hetzner: the FIP answered again {:?} after cp-{holder} was powered off",
             t1.elapsed()
         );
-        assert_eq!(bed.moves(from).len(), 1, "one assign for one failure\n{}", bed.logs());
-        assert!(bed.nonleader_writes(1_700).is_empty(), "{:?}", bed.nonleader_writes(1_700));
+        assert_eq!(
+            bed.moves(from).len(),
+            1,
+            "one assign for one failure\n{}",
+            bed.logs()
+        );
+        assert!(
+            bed.nonleader_writes(1_700).is_empty(),
+            "{:?}",
+            bed.nonleader_writes(1_700)
+        );
         assert_eq!(bed.sim.stats().with_status(429), 0);
     });
 }

@@ -350,7 +350,8 @@ impl Replica<'_> {
                 .env("HCLOUD_TOKEN", bed.sim.api_key())
                 .env("HCLOUD_ENDPOINT", format!("{}v1", bed.sim.base_url())),
         };
-        cmd.env("CHERRY_FIP_TAG", format!("cluster={}", bed.tag)).envs(env);
+        cmd.env("CHERRY_FIP_TAG", format!("cluster={}", bed.tag))
+            .envs(env);
         bed.nodes_of.lock().unwrap().insert(identity, node);
         cmd.spawn().unwrap()
     }
