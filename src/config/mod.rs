@@ -41,6 +41,10 @@ pub use self::sources::{
     CLOUD_CONFIG_ENV, Env, ProcessEnv, Section, cloud_config_path, flag_value, flag_values,
 };
 
+/// On Hetzner Cloud: the Service annotation baton writes a Service FIP's address to (and reads a
+/// bring-your-own address from, with `spec.loadBalancerIP`).
+pub const HETZNER_IP_ANNOTATION: &str = "baton.dev/floating-ips";
+
 impl Config {
     /// The cloud client's settings: Cherry Servers' (requires `apiKey` and `projectID`) or
     /// Hetzner Cloud's (requires `HCLOUD_TOKEN`; its bucket is followed from the API's headers, so

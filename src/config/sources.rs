@@ -105,10 +105,35 @@ impl Config {
                 });
             }
         }
+        cfg.sources = raw.sources();
+        if cfg.cloud == baton_cloud::CloudKind::Hetzner {
+            match cfg.load_balancer {
+                // Hetzner Cloud has no customer BGP: a Service FIP is routed to a healthy node
+                // by the cloud's API (baton's placement), published in an annotation and the
+                // Service's ingress, as `empty://` does.
+                None => {
+                    cfg.load_balancer = Some(baton_core::LoadBalancerMode::Empty {
+                        ip_annotation: super::HETZNER_IP_ANNOTATION.to_owned(),
+                    });
+                }
+                Some(ref mode) => {
+                    let source = cfg
+                        .sources
+                        .get(&Id::LoadBalancer)
+                        .cloned()
+                        .unwrap_or(Source::Unset);
+                    errors.push(InvalidValue {
+                        key: Id::LoadBalancer.setting().file_key,
+                        source,
+                        value: mode.to_string(),
+                        reason: "Hetzner Cloud offers no BGP: leave loadbalancer unset (baton routes each Service FIP to a healthy node)".to_owned(),
+                    });
+                }
+            }
+        }
         if !errors.is_empty() {
             return Err(ConfigError::Invalid(errors));
         }
-        cfg.sources = raw.sources();
         cfg.unknown_file_keys = raw.unknown_file_keys;
         Ok(cfg)
     }

@@ -10,7 +10,8 @@
 //!        │               └─ mirror: kube-system/<prefix>-kubernetes-external and its endpoints
 //!        ├─► service    plan (scope, requested IP, decide) + budget ─► FIP per Service
 //!        ├─► bgp        service::budget + bgp::plan ─► project/server BGP, node annotations, MetalLB
-//!        └─► node       plan (addresses, labels, lifecycle) ─► Node initialised / tainted / deleted
+//!        ├─► node       plan (addresses, labels, lifecycle) ─► Node initialised / tainted / deleted
+//!        └─► routing    (Hetzner: no BGP) Service FIPs ─► a healthy node (kube-proxy /healthz)
 //!
 //!  kit: timed writes, the leader check, the retry rule, backoff; context: client, cloud, config,
 //!  Events, metrics; health: supervised tasks, /health and /ready.
@@ -29,6 +30,7 @@ pub mod lease;
 pub mod metrics;
 pub mod mirror;
 pub mod node;
+pub mod routing;
 pub mod run;
 pub mod service;
 pub mod standalone;

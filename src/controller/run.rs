@@ -370,7 +370,14 @@ fn spawn_controllers(
 ) -> tokio::sync::oneshot::Receiver<Result<(), endpoint::EndpointError>> {
     let mut watches = Watches::new(&ctx.client).counted(Arc::clone(&ctx.metrics));
     let config = Arc::clone(&ctx.config);
-    spawn_cloud_controllers(sup, &config, Arc::new(ctx.clone()), &mut watches, shutdown);
+    let urgent = Arc::clone(&opts.urgent_cloud);
+    spawn_cloud_controllers(
+        sup,
+        &config,
+        (Arc::new(ctx.clone()), urgent),
+        &mut watches,
+        shutdown,
+    );
     let (result_tx, result_rx) = tokio::sync::oneshot::channel();
     let endpoints = endpoint::run(ctx, &mut watches, opts, shutdown.clone());
     sup.spawn(
@@ -395,25 +402,26 @@ fn spawn_controllers(
 fn spawn_cloud_controllers(
     sup: &Supervisor,
     config: &Config,
-    shared: Arc<Context>,
+    (shared, urgent): (Arc<Context>, Arc<dyn Cloud>),
     watches: &mut Watches,
     shutdown: &CancellationToken,
 ) {
-    if config.cloud == baton_cloud::CloudKind::Hetzner {
-        // Next to hcloud-cloud-controller-manager, which initialises the Nodes and serves the
-        // Services it is given: baton moves the control-plane Floating IP (docs/hetzner.md).
-        tracing::info!(
-            "Hetzner Cloud: baton serves the control-plane Floating IP; Service Floating IPs and Node initialisation are off"
-        );
-        return;
-    }
     sup.spawn(
         "services",
         super::service::run_services(Arc::clone(&shared), watches, shutdown.clone().cancelled_owned())
             .instrument(tracing::info_span!("services")),
     );
+    let hetzner = config.cloud == baton_cloud::CloudKind::Hetzner;
     // Without a load balancer run_bgp returns at once (not a failure): spawn it only with one.
-    if config.load_balancer.is_some() {
+    // Hetzner Cloud has no BGP: its Service FIPs are routed to a healthy node instead.
+    if hetzner {
+        tracing::info!("Hetzner Cloud: no BGP; Service FIPs are routed to healthy nodes");
+        sup.spawn(
+            "routing",
+            super::routing::run_routing(Arc::clone(&shared), urgent, watches, shutdown.clone())
+                .instrument(tracing::info_span!("routing")),
+        );
+    } else if config.load_balancer.is_some() {
         sup.spawn(
             "bgp",
             super::bgp::run_bgp(Arc::clone(&shared), watches, shutdown.clone().cancelled_owned())
@@ -421,6 +429,11 @@ fn spawn_cloud_controllers(
         );
     } else {
         tracing::info!("no loadbalancer configured: BGP is off");
+    }
+    // Next to hcloud-cloud-controller-manager, which initialises the Nodes (docs/hetzner.md).
+    if hetzner {
+        tracing::info!("Hetzner Cloud: Node initialisation is left to hcloud-cloud-controller-manager");
+        return;
     }
     sup.spawn(
         "nodes",

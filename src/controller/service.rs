@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 use baton_cloud::CloudError;
 use baton_cloud::model::{CreateIpRequest, IpAddress, IpId, IpType, Tags};
 use baton_cloud::tags::{
-    CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags, service_tag,
+    CLUSTER_KEY, SERVICE_KEY, USAGE_KEY, USAGE_VALUE, matches_all, service_fip_tags_on, service_tag_on,
 };
 use baton_core::LoadBalancerMode;
 use baton_core::duration::format_duration;
@@ -337,6 +337,27 @@ impl ServiceContext {
         self.base.config.load_balancer.as_ref()
     }
 
+    /// The cloud baton drives.
+    fn cloud(&self) -> baton_cloud::CloudKind {
+        self.base.config.cloud
+    }
+
+    /// What the planner reads off `svc`, on this cloud (on Hetzner only a Service of baton's class
+    /// is baton's).
+    fn facts(&self, svc: &Service) -> ServiceFacts {
+        let mut facts = facts_of(svc);
+        facts.needs_class = self.cloud() == baton_cloud::CloudKind::Hetzner;
+        facts
+    }
+
+    /// Whether `ip` is routed to a server by someone other than baton. On Cherry Servers baton's
+    /// Service FIPs are announced by BGP, never routed: a routed one was routed by an operator and
+    /// is not baton's to release. On Hetzner Cloud baton routes its own Service FIPs to a node
+    /// (their tags say whose they are), so being routed says nothing.
+    fn routed_by_operator(&self, ip: &IpAddress) -> bool {
+        self.cloud() == baton_cloud::CloudKind::Cherry && ip.target().is_some()
+    }
+
     fn mirror(&self) -> (&str, &str) {
         (self.mirror.0.as_str(), self.mirror.1.as_str())
     }
@@ -372,7 +393,7 @@ impl ServiceContext {
         if limit.is_none() || self.mode().is_none() || self.store.wait_until_ready().await.is_err() {
             return false;
         }
-        let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| facts_of(s)).collect();
+        let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| self.facts(s)).collect();
         // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
         // for the cloud anyway).
         let never_announced = match self.base.cloud.ips().await {
@@ -475,7 +496,7 @@ async fn run(
             }
             seen = Some(version);
             let mirror = svc_ctx.mirror();
-            let all: Vec<ServiceFacts> = store.state().iter().map(|s| facts_of(s)).collect();
+            let all: Vec<ServiceFacts> = store.state().iter().map(|s| svc_ctx.facts(s)).collect();
             // The control-plane addresses the Services show (the mirror's and every endpoint
             // Service's loadBalancerIP), without a cloud read: a Service asking for one of them
             // (the CCM's leftover mirror, say) is never given an address, so it is not pending.
@@ -533,7 +554,7 @@ async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String
         .state()
         .into_iter()
         .map(|svc| {
-            let tag = service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any());
+            let tag = service_tag_on(ctx.cloud(), &svc.namespace().unwrap_or_default(), &svc.name_any());
             (tag, svc)
         })
         .collect();
@@ -544,14 +565,14 @@ async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String
             continue;
         };
         let svc = ip.tags.get(SERVICE_KEY).and_then(|t| by_tag.get(t));
-        let facts = svc.map(|s| facts_of(s));
+        let facts = svc.map(|s| ctx.facts(s));
         if !grace::still_unwanted(facts.as_ref(), ip.address, ctx.mode(), ctx.mirror()) {
             ctx.holds().wanted(id);
             info!(fip = %ip.id, address = %ip.address, "held Floating IP wanted again: kept");
             continue;
         }
         if !is_cluster_service_fip(ip, &ctx.base.cluster_id)
-            || ip.target().is_some()
+            || ctx.routed_by_operator(ip)
             || is_control_plane_fip(ctx, ip)
         {
             ctx.holds().wanted(id);
@@ -697,7 +718,13 @@ impl<'a> Sweeper<'a> {
             .store
             .state()
             .iter()
-            .map(|svc| service_tag(&svc.namespace().unwrap_or_default(), &svc.name_any()))
+            .map(|svc| {
+                service_tag_on(
+                    self.ctx.cloud(),
+                    &svc.namespace().unwrap_or_default(),
+                    &svc.name_any(),
+                )
+            })
             .collect();
         for tag in &self.owners {
             self.last_seen.insert(tag.clone(), now);
@@ -723,7 +750,7 @@ impl<'a> Sweeper<'a> {
         let cluster = &ctx.base.cluster_id;
         let tagged: Vec<TaggedFip> = ips
             .iter()
-            .filter(|ip| is_cluster_service_fip(ip, cluster) && ip.target().is_none())
+            .filter(|ip| is_cluster_service_fip(ip, cluster) && !ctx.routed_by_operator(ip))
             .filter_map(|ip| {
                 Some(TaggedFip {
                     id: ip.id.to_string(),
@@ -756,7 +783,7 @@ impl<'a> Sweeper<'a> {
                 fip: fip.as_ref().map(|ip| FipNow {
                     same_owner_tag: is_cluster_service_fip(ip, cluster)
                         && ip.tags.get(SERVICE_KEY) == Some(&candidate.service_tag),
-                    routed: ip.target().is_some(),
+                    routed: ctx.routed_by_operator(ip),
                     control_plane: is_control_plane_fip(ctx, ip),
                 }),
                 owner: self.owner(&candidate.service_tag),
@@ -840,7 +867,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
         debug!("the watch has not shown baton's last write yet; waiting for it");
         return Ok(Action::requeue(AHEAD_WAIT));
     }
-    let facts = facts_of(&svc);
+    let facts = ctx.facts(&svc);
     debug!(
         deleting = facts.deleting,
         finalizer = facts.has_finalizer,
@@ -970,7 +997,7 @@ async fn warn_event(ctx: &ServiceContext, svc: &Service, reason: &str, err: &Ser
 
 /// The Service's three FIP tags.
 fn tags_of(ctx: &ServiceContext, facts: &ServiceFacts) -> Tags {
-    service_fip_tags(&facts.namespace, &facts.name, &ctx.base.cluster_id)
+    service_fip_tags_on(ctx.cloud(), &facts.namespace, &facts.name, &ctx.base.cluster_id)
 }
 
 fn is_ours(ip: &IpAddress, tags: &Tags) -> bool {
@@ -1080,7 +1107,7 @@ async fn release(
     ip: &IpAddress,
 ) -> Result<bool, ServiceError> {
     let tags = tags_of(ctx, facts);
-    if !is_ours(ip, &tags) || ip.target().is_some() || is_control_plane_fip(ctx, ip) {
+    if !is_ours(ip, &tags) || ctx.routed_by_operator(ip) || is_control_plane_fip(ctx, ip) {
         warn!(fip = %ip.id, address = %ip.address, "not releasing a Floating IP that is routed to a server or is not baton's");
         ctx.base
             .event(
@@ -1151,7 +1178,7 @@ async fn remove_ccm_finalizer(
 
 /// Apply: make sure the Service has its FIP and shows it.
 async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceError> {
-    let facts = facts_of(svc);
+    let facts = ctx.facts(svc);
     let Some(mode) = ctx.mode() else {
         return Ok(Action::await_change());
     };
@@ -1545,7 +1572,7 @@ async fn roles_for(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<FipRole
         None => Vec::new(),
     };
     ips.extend(ctx.base.cloud.ips_at(&asked).await.map_err(cloud_err)?);
-    let services: Vec<ServiceFacts> = ctx.control_plane.objects().iter().map(|s| facts_of(s)).collect();
+    let services: Vec<ServiceFacts> = ctx.control_plane.objects().iter().map(|s| ctx.facts(s)).collect();
     Ok(FipRoles::of(
         ctx.base.config.fip_tag.as_ref(),
         &ips,
@@ -1621,7 +1648,7 @@ async fn clear_ingress(ctx: &ServiceContext, facts: &ServiceFacts) -> Result<(),
 /// (tolerates an Apply that never ran: then there is nothing to release). Returns how many were
 /// released.
 async fn cleanup(svc: &Service, ctx: &ServiceContext) -> Result<usize, ServiceError> {
-    let facts = facts_of(svc);
+    let facts = ctx.facts(svc);
     let record = Record::read(&facts);
     let found = find_ours(ctx, &facts, record.as_ref()).await?;
     let grace = if found.is_empty() {

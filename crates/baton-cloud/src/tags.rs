@@ -24,6 +24,31 @@ pub fn service_tag(namespace: &str, name: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(digest)
 }
 
+/// The `service` tag on `cloud`: [`service_tag`] on Cherry Servers; on Hetzner Cloud, whose label
+/// values allow only `[A-Za-z0-9._-]` and 63 characters, the first 62 hex digits of the same
+/// SHA-256.
+pub fn service_tag_on(cloud: crate::CloudKind, namespace: &str, name: &str) -> String {
+    match cloud {
+        crate::CloudKind::Cherry => service_tag(namespace, name),
+        crate::CloudKind::Hetzner => {
+            let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+            let hex = digest.iter().fold(String::with_capacity(64), |mut hex, b| {
+                use std::fmt::Write as _;
+                let _ = write!(hex, "{b:02x}");
+                hex
+            });
+            hex[..62].to_owned()
+        }
+    }
+}
+
+/// The three tags (Hetzner: labels) of a Service's FIP on `cloud`.
+pub fn service_fip_tags_on(cloud: crate::CloudKind, namespace: &str, name: &str, cluster_uid: &str) -> Tags {
+    let mut tags = service_fip_tags(namespace, name, cluster_uid);
+    tags.insert(SERVICE_KEY.to_owned(), service_tag_on(cloud, namespace, name));
+    tags
+}
+
 /// The three tags of a Service's FIP.
 pub fn service_fip_tags(namespace: &str, name: &str, cluster_uid: &str) -> Tags {
     Tags::from([

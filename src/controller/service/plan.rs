@@ -36,8 +36,12 @@ pub const FIP_ID_ANNOTATION: &str = "baton.dev/fip-id";
 pub const FIP_ADDRESS_ANNOTATION: &str = "baton.dev/fip-address";
 /// Opt-out: `"false"` leaves the Service to someone else (Cherry CCM PR #272).
 pub const MANAGED_ANNOTATION: &str = "cherryservers.com/loadbalancer-managed";
-/// baton's `spec.loadBalancerClass`; Services without a class are managed too.
+/// baton's `spec.loadBalancerClass`; Services without a class are managed too (on Cherry Servers).
 pub const LOAD_BALANCER_CLASS: &str = "baton.dev/cherryservers";
+/// The `spec.loadBalancerClass` of a Service whose FIP the cloud routes to a healthy node (no
+/// BGP); on Hetzner Cloud the only Services baton serves: a Service without a class is
+/// hcloud-cloud-controller-manager's (a Hetzner Load Balancer).
+pub const FLOATING_IP_CLASS: &str = "baton.dev/floating-ip";
 /// MetalLB's IP annotation (written in MetalLB mode, read for bring-your-own IP).
 pub const METALLB_IPS_ANNOTATION: &str = "metallb.io/loadBalancerIPs";
 /// MetalLB's legacy IP annotation (read only).
@@ -70,6 +74,9 @@ pub struct ServiceFacts {
     pub created: i64,
     /// `metadata.resourceVersion` as read.
     pub resource_version: String,
+    /// Only a Service naming one of baton's classes is baton's (Hetzner Cloud: a Service without
+    /// a class is the cloud's own controller's).
+    pub needs_class: bool,
 }
 
 /// Reads the facts the planner needs off a Service.
@@ -89,6 +96,7 @@ pub fn facts_of(svc: &Service) -> ServiceFacts {
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
         resource_version: svc.metadata.resource_version.clone().unwrap_or_default(),
+        needs_class: false,
         has_finalizer: svc.finalizers().iter().any(|f| f == FINALIZER),
         ingress_ips: svc
             .status
@@ -118,6 +126,9 @@ pub enum Ignored {
     NotLoadBalancer,
     /// Another `loadBalancerClass`.
     OtherClass(String),
+    /// No `loadBalancerClass`, where a class is needed (Hetzner Cloud: such a Service is
+    /// hcloud-cloud-controller-manager's).
+    NoClass,
     /// A control-plane endpoint (`baton.dev/control-plane-endpoint: "true"`, or the mirror
     /// Service itself): never touched by this controller.
     ControlPlaneEndpoint,
@@ -148,10 +159,12 @@ pub fn scope(svc: &ServiceFacts, mirror: (&str, &str)) -> Scope {
     if svc.type_.as_deref() != Some("LoadBalancer") {
         return Scope::Ignored(Ignored::NotLoadBalancer);
     }
-    if let Some(class) = &svc.class
-        && class != LOAD_BALANCER_CLASS
-    {
-        return Scope::Ignored(Ignored::OtherClass(class.clone()));
+    match &svc.class {
+        Some(class) if class != LOAD_BALANCER_CLASS && class != FLOATING_IP_CLASS => {
+            return Scope::Ignored(Ignored::OtherClass(class.clone()));
+        }
+        None if svc.needs_class => return Scope::Ignored(Ignored::NoClass),
+        _ => {}
     }
     if svc
         .annotation(MANAGED_ANNOTATION)
@@ -310,7 +323,10 @@ pub fn clears_ccm_finalizer(svc: &ServiceFacts, has_ccm_finalizer: bool, mirror:
     has_ccm_finalizer
         && svc.deleting
         && !svc.has_finalizer
-        && !matches!(scope(svc, mirror), Scope::Ignored(Ignored::OtherClass(_)))
+        && !matches!(
+            scope(svc, mirror),
+            Scope::Ignored(Ignored::OtherClass(_) | Ignored::NoClass)
+        )
 }
 
 /// Whether `svc` is a Service baton manages that still waits for its address (no ingress, not

@@ -93,6 +93,32 @@ fn scope_table(#[case] svc: ServiceFacts, #[case] want: Scope) {
     assert_eq!(scope(&svc, MIRROR), want);
 }
 
+/// Hetzner Cloud: only a Service naming baton's class is baton's; a classless one is
+/// hcloud-cloud-controller-manager's, and its cleanup finalizer is not baton's to clear.
+#[test]
+fn where_a_class_is_needed_a_classless_service_is_left_to_the_clouds_controller() {
+    let mut svc = lb("default", "web");
+    svc.needs_class = true;
+    assert_eq!(scope(&svc, MIRROR), Scope::Ignored(Ignored::NoClass));
+    svc.class = Some(FLOATING_IP_CLASS.into());
+    assert_eq!(scope(&svc, MIRROR), Scope::Managed);
+    svc.class = Some("example.com/other".into());
+    assert_eq!(
+        scope(&svc, MIRROR),
+        Scope::Ignored(Ignored::OtherClass("example.com/other".into()))
+    );
+    let mut leaving = lb("default", "web");
+    leaving.needs_class = true;
+    leaving.deleting = true;
+    assert!(!clears_ccm_finalizer(&leaving, true, MIRROR));
+    leaving.needs_class = false;
+    assert!(clears_ccm_finalizer(&leaving, true, MIRROR));
+    // On Cherry Servers baton's floating-ip class is served as well.
+    let mut cherry = lb("default", "web");
+    cherry.class = Some(FLOATING_IP_CLASS.into());
+    assert_eq!(scope(&cherry, MIRROR), Scope::Managed);
+}
+
 #[rstest]
 #[case::nothing(metallb(), lb("d", "s"), Ok(None))]
 #[case::metallb_new(metallb(), with(lb("d", "s"), &[(METALLB_IPS_ANNOTATION, "192.0.2.7")]), Ok(Some("192.0.2.7")))]

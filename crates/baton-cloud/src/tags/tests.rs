@@ -29,3 +29,21 @@ fn matching_needs_all_pairs_and_a_non_empty_selector() {
     let partial = Tags::from([(USAGE_KEY.to_owned(), USAGE_VALUE.to_owned())]);
     assert!(matches_all(&have, &partial));
 }
+
+#[test]
+fn on_hetzner_the_service_label_is_the_same_hash_in_62_hex_digits() {
+    // printf 'default/nginx' | sha256sum | cut -c1-62
+    let label = service_tag_on(crate::CloudKind::Hetzner, "default", "nginx");
+    assert_eq!(
+        label,
+        "97b467292f24e3ca06dd0bf73f1c7c17310c8f75f713973c24f388cf22d659d6"[..62]
+    );
+    assert!(label.chars().all(|c| c.is_ascii_hexdigit()));
+    let tags = service_fip_tags_on(crate::CloudKind::Hetzner, "default", "nginx", "uid-1");
+    assert_eq!(tags[SERVICE_KEY], label);
+    assert_eq!(tags[USAGE_KEY], USAGE_VALUE);
+    assert_eq!(
+        service_fip_tags_on(crate::CloudKind::Cherry, "default", "nginx", "uid-1"),
+        service_fip_tags("default", "nginx", "uid-1")
+    );
+}

@@ -1,0 +1,268 @@
+//! Service FIP routing (Hetzner Cloud, no BGP): every Service FIP baton reserved is routed to a
+//! healthy node, and moved when that node fails, like the control-plane FIP.
+//!
+//! ```text
+//!  Nodes (watch) ── plan::is_eligible ── its server (provider ID hcloud://<id>, or name) ──┐
+//!  kube-proxy http://<node address>:10256/healthz (rise/fall, every healthCheckInterval) ──┤
+//!  the shared IP list: FIPs tagged usage + cluster ───────────────────────────────────────┤
+//!                                                                                        ▼
+//!                         plan::plan ──► retarget_ip (urgent when the node is down), leader only
+//! ```
+//!
+//! The cloud delivers a routed FIP with its address as the destination; the Service's ingress
+//! is that address in VIP mode, so kube-proxy (or its replacement) on the node forwards the
+//! packets to the Service's endpoints. kube-proxy's `/healthz` (port 10256) is what cloud load
+//! balancers check for the same purpose: it fails when the node stops forwarding, is tainted
+//! for deletion, or is gone.
+
+mod plan;
+
+pub use plan::*;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_cloud::Cloud;
+use baton_cloud::model::{IpType, Server, ServerId, Tags};
+use baton_cloud::tags::{CLUSTER_KEY, USAGE_KEY, USAGE_VALUE};
+use baton_core::ProviderId;
+use baton_core::health::{Health, Thresholds};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt as _;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Context;
+use super::watches::{Cache, Watches};
+use crate::probe::{Check, ProbeSettings, Prober};
+
+/// kube-proxy's health port (`healthzBindAddress`, default `0.0.0.0:10256`).
+pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
+/// A pass runs at least this often (and at once when a probe's verdict changes).
+const TICK: Duration = Duration::from_millis(250);
+/// The project's servers are read again this often (and when a Node names an unknown one).
+const SERVERS_REFRESH: Duration = Duration::from_secs(600);
+
+/// Runs until `shutdown`: routes the cluster's Service FIPs to healthy nodes while this replica
+/// leads.
+pub fn run_routing(
+    ctx: Arc<Context>,
+    urgent: Arc<dyn Cloud>,
+    watches: &mut Watches,
+    shutdown: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let nodes = watches.nodes();
+    async move {
+        let hc = &ctx.config.health_check;
+        let settings = ProbeSettings {
+            path: "/healthz".into(),
+            server_name: String::new(),
+            ca_der: Vec::new(),
+            interval: hc.interval,
+            timeout: hc.timeout,
+            thresholds: Thresholds {
+                rise: hc.rise,
+                fall: hc.fall,
+            },
+        };
+        let prober = Prober::with_check(settings.clone(), Arc::new(()), kube_proxy_check(settings.timeout));
+        let mut routing = Routing {
+            ctx,
+            urgent,
+            nodes,
+            prober,
+            servers: Vec::new(),
+            servers_at: None,
+        };
+        let mut health = routing.prober.subscribe();
+        loop {
+            if let Err(e) = routing.pass().await {
+                warn!(error = %e, "routing Service FIPs: the cloud cannot be read; trying again");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(TICK) => {}
+                _ = health.changed() => {}
+            }
+        }
+    }
+}
+
+/// `GET http://<target>/healthz` answers 200.
+fn kube_proxy_check(timeout: Duration) -> Check {
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .ok();
+    Arc::new(move |target: SocketAddr| {
+        let client = client.clone();
+        Box::pin(async move {
+            let Some(client) = client else { return false };
+            client
+                .get(format!("http://{target}/healthz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+    })
+}
+
+struct Routing {
+    ctx: Arc<Context>,
+    urgent: Arc<dyn Cloud>,
+    nodes: Cache<Node>,
+    prober: Prober,
+    servers: Vec<Server>,
+    servers_at: Option<Instant>,
+}
+
+impl Routing {
+    /// One pass: probe the eligible nodes; as the leader, move what the plan says.
+    async fn pass(&mut self) -> Result<(), baton_cloud::CloudError> {
+        let eligible: Vec<Arc<Node>> = self
+            .nodes
+            .state()
+            .into_iter()
+            .filter(|n| is_eligible(n))
+            .collect();
+        let targets: BTreeMap<String, SocketAddr> = eligible
+            .iter()
+            .filter_map(|n| {
+                Some((
+                    n.name_any(),
+                    SocketAddr::new(node_address(n)?, KUBE_PROXY_HEALTH_PORT),
+                ))
+            })
+            .collect();
+        let addrs: Vec<SocketAddr> = targets
+            .values()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if let Err(e) = self.prober.set_targets(&addrs) {
+            warn!(error = %e, "cannot probe the nodes");
+        }
+        if !self.ctx.leader.is_leader() {
+            return Ok(());
+        }
+        let tags = Tags::from([
+            (USAGE_KEY.to_owned(), USAGE_VALUE.to_owned()),
+            (CLUSTER_KEY.to_owned(), self.ctx.cluster_id.clone()),
+        ]);
+        let fips: Vec<_> = self
+            .ctx
+            .cloud
+            .ips_tagged(&tags)
+            .await?
+            .into_iter()
+            .filter(|ip| ip.ip_type == IpType::FloatingIp && !self.is_control_plane(ip))
+            .collect();
+        if fips.is_empty() {
+            return Ok(());
+        }
+        self.refresh_servers(&eligible).await?;
+        let candidates: Vec<Candidate> = eligible
+            .iter()
+            .filter_map(|n| {
+                let server = server_of(n, &self.servers)?;
+                let health = targets
+                    .get(&n.name_any())
+                    .map_or(Health::Unknown, |a| self.prober.health(a));
+                Some(Candidate {
+                    server,
+                    node: n.name_any(),
+                    health,
+                })
+            })
+            .collect();
+        let now: Vec<_> = fips.iter().map(|ip| (ip.id.clone(), ip.target())).collect();
+        for m in plan(&now, &candidates) {
+            let Some(fip) = fips.iter().find(|ip| ip.id == m.fip) else {
+                continue;
+            };
+            let node = candidates
+                .iter()
+                .find(|c| c.server == m.to)
+                .map_or("?", |c| c.node.as_str());
+            // A move off a failed node is a failover: the urgent lane.
+            let cloud = if m.why == Why::NodeDown {
+                &self.urgent
+            } else {
+                &self.ctx.cloud
+            };
+            match cloud.retarget_ip(&m.fip, m.to).await {
+                Ok(_) => info!(
+                    fip = %m.fip,
+                    address = %fip.address,
+                    node,
+                    server = m.to.0,
+                    from = m.from.map(|s| s.0),
+                    why = m.why.as_str(),
+                    "Service Floating IP routed"
+                ),
+                Err(e) if e.is_fenced() => return Ok(()),
+                Err(e) => {
+                    warn!(fip = %m.fip, address = %fip.address, node, error = %e, "cannot route the Service Floating IP")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `ip` is the control-plane FIP (the endpoint loop's, never this loop's).
+    fn is_control_plane(&self, ip: &baton_cloud::model::IpAddress) -> bool {
+        self.ctx
+            .config
+            .fip_tag
+            .as_ref()
+            .is_some_and(|t| t.matches(ip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+    }
+
+    /// Reads the project's servers when due, or when an eligible Node names none of them.
+    async fn refresh_servers(&mut self, eligible: &[Arc<Node>]) -> Result<(), baton_cloud::CloudError> {
+        let due = self.servers_at.is_none_or(|t| t.elapsed() >= SERVERS_REFRESH);
+        let unknown = eligible.iter().any(|n| server_of(n, &self.servers).is_none());
+        // An unknown Node rereads at most every 10 s.
+        let may_reread = self
+            .servers_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        if due || (unknown && may_reread) {
+            self.servers = self.ctx.cloud.servers().await?;
+            self.servers_at = Some(Instant::now());
+            debug!(servers = self.servers.len(), "servers read");
+        }
+        Ok(())
+    }
+}
+
+/// The Node's server: by the id its provider ID names, else by name (the server's name).
+fn server_of(node: &Node, servers: &[Server]) -> Option<ServerId> {
+    if let Some(id) = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(|p| p.parse::<ProviderId>().ok())
+    {
+        return servers.iter().find(|s| s.id.0 == id.server_id()).map(|s| s.id);
+    }
+    let name = node.name_any();
+    servers.iter().find(|s| s.hostname == name).map(|s| s.id)
+}
+
+/// The address kube-proxy's health check is reached on: the Node's InternalIP, else ExternalIP.
+fn node_address(node: &Node) -> Option<IpAddr> {
+    let addresses = node.status.as_ref()?.addresses.as_ref()?;
+    ["InternalIP", "ExternalIP"].iter().find_map(|kind| {
+        addresses
+            .iter()
+            .find(|a| a.type_ == *kind)
+            .and_then(|a| a.address.parse().ok())
+    })
+}
