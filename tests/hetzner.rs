@@ -75,7 +75,7 @@ fn the_control_plane_fip_moves_by_one_assign_action_per_failure() {
             "a move is never an unassign then an assign"
         );
         assert!(
-            sent(&bed, from, "GET /v1/actions/{id}") >= 1,
+            sent(&bed, from, "GET /v1/actions") >= 1,
             "the action was followed to its end"
         );
         eprintln!("hetzner: the FIP answered again {first:?} after the holder's API server was killed");

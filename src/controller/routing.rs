@@ -29,6 +29,7 @@ use baton_cloud::model::{IpType, Server, ServerId, Tags};
 use baton_cloud::tags::{CLUSTER_KEY, USAGE_KEY, USAGE_VALUE};
 use baton_core::ProviderId;
 use baton_core::health::{Health, Thresholds};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 use tokio::time::Instant;
@@ -43,6 +44,8 @@ use crate::probe::{Check, ProbeSettings, Prober};
 pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
 /// A pass runs at least this often (and at once when a probe's verdict changes).
 const TICK: Duration = Duration::from_millis(250);
+/// Moves sent at once (each waits for its action).
+const MOVES_AT_ONCE: usize = 32;
 /// The project's servers are read again this often (and when a Node names an unknown one).
 const SERVERS_REFRESH: Duration = Duration::from_secs(600);
 
@@ -183,36 +186,37 @@ impl Routing {
             })
             .collect();
         let now: Vec<_> = fips.iter().map(|ip| (ip.id.clone(), ip.target())).collect();
-        for m in plan(&now, &candidates) {
-            let Some(fip) = fips.iter().find(|ip| ip.id == m.fip) else {
-                continue;
-            };
-            let node = candidates
-                .iter()
-                .find(|c| c.server == m.to)
-                .map_or("?", |c| c.node.as_str());
-            // A move off a failed node is a failover: the urgent lane.
-            let cloud = if m.why == Why::NodeDown {
-                &self.urgent
-            } else {
-                &self.ctx.cloud
-            };
-            match cloud.retarget_ip(&m.fip, m.to).await {
-                Ok(_) => info!(
-                    fip = %m.fip,
-                    address = %fip.address,
-                    node,
-                    server = m.to.0,
-                    from = m.from.map(|s| s.0),
-                    why = m.why.as_str(),
-                    "Service Floating IP routed"
-                ),
-                Err(e) if e.is_fenced() => return Ok(()),
-                Err(e) => {
-                    warn!(fip = %m.fip, address = %fip.address, node, error = %e, "cannot route the Service Floating IP")
+        let moves = plan(&now, &candidates);
+        // Concurrently: each move waits for its action (about half a second on Hetzner), and the
+        // client polls every running action in one read.
+        futures::stream::iter(moves)
+            .for_each_concurrent(MOVES_AT_ONCE, |m| {
+                let address = fips.iter().find(|ip| ip.id == m.fip).map(|ip| ip.address);
+                let node = candidates
+                    .iter()
+                    .find(|c| c.server == m.to)
+                    .map_or_else(|| "?".to_owned(), |c| c.node.clone());
+                // A move off a failed node is a failover: the urgent lane.
+                let cloud = if m.why == Why::NodeDown { &self.urgent } else { &self.ctx.cloud };
+                async move {
+                    match cloud.retarget_ip(&m.fip, m.to).await {
+                        Ok(_) => info!(
+                            fip = %m.fip,
+                            address = ?address,
+                            node,
+                            server = m.to.0,
+                            from = m.from.map(|s| s.0),
+                            why = m.why.as_str(),
+                            "Service Floating IP routed"
+                        ),
+                        Err(e) if e.is_fenced() => debug!(fip = %m.fip, "not routed: no longer the leader"),
+                        Err(e) => {
+                            warn!(fip = %m.fip, address = ?address, node, error = %e, "cannot route the Service Floating IP");
+                        }
+                    }
                 }
-            }
-        }
+            })
+            .await;
         Ok(())
     }
 

@@ -194,6 +194,8 @@ struct Inner {
     /// Told of every attempt sent (metrics); set once by [`CloudClient::observe`].
     observer: std::sync::OnceLock<Arc<dyn CallObserver>>,
     cloud: CloudKind,
+    /// Hetzner: the actions being followed, polled together.
+    running: hetzner::Running,
     budget_reserve: u32,
     action_poll: Duration,
     action_timeout: Duration,
@@ -277,6 +279,7 @@ impl CloudClient {
                 creating: std::sync::Mutex::new(HashMap::new()),
                 observer: std::sync::OnceLock::new(),
                 cloud,
+                running: hetzner::Running::default(),
                 budget_reserve,
                 action_poll,
                 action_timeout,

@@ -344,6 +344,12 @@ impl IpStore {
         self.record(Change::Upsert(Arc::new(ip.clone())));
     }
 
+    /// One IP as the store holds it now, without a fetch (what a write's answer is applied to
+    /// when the API answers with less than the whole IP).
+    pub(crate) fn peek(&self, id: &IpId) -> Option<Arc<IpAddress>> {
+        reads::get(id)(&mut self.lock())
+    }
+
     /// A delete that succeeded (or found the IP gone).
     pub(crate) fn remove(&self, id: &IpId) {
         self.record(Change::Remove(id.clone()));

@@ -12,7 +12,15 @@
 //! that the API accepted is followed to its end; while it runs it counts as a write in flight (a
 //! graceful release waits for it). An action that ends in `error` is surfaced with its code and
 //! the FIP is read back; one that outlives `action_timeout` is of unknown outcome and read back.
+//!
+//! Every action a client follows is polled together ([`Running`]): one caller at a time reads
+//! `GET /actions?id=…&id=…` for all of them (as hcloud-go's waiter does), the others take their
+//! action from that round. A thousand moves at once cost one read per round, not a thousand: the
+//! API's bucket (3,600 requests an hour) is for moves, not for watching them. After a success the
+//! IP is the one the store holds with its new server: no read of its own.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use http::Method;
@@ -24,15 +32,83 @@ use crate::cloud::Cloud as _;
 use crate::error::{CloudError, Object, Op};
 use crate::fence::{CallTerm, InFlight};
 use crate::hetzner::model::{
-    ACTION_ERROR, ACTION_SUCCESS, Action, ActionAnswer, AssignRequest, CreateFloatingIpAnswer,
+    ACTION_ERROR, ACTION_SUCCESS, Action, ActionAnswer, ActionList, AssignRequest, CreateFloatingIpAnswer,
     CreateFloatingIpRequest, FloatingIpAnswer, FloatingIpList, LocationList, Meta, ServerAnswer, ServerList,
     codes,
 };
 use crate::hetzner::{ip_of, region_of, server_of};
-use crate::model::{CreateIpRequest, IpAddress, IpId, Region, Server, ServerId};
+use crate::limiter::Priority;
+use crate::model::{CreateIpRequest, IpAddress, IpId, Region, Server, ServerId, ServerSummary};
 
 /// The largest page the API sends.
 const PER_PAGE: &str = "50";
+/// Actions asked for in one `GET /actions?id=…` (a short URL).
+const ACTIONS_PER_READ: usize = 50;
+
+/// The actions this client follows, polled together: one round at a time reads every one of
+/// them; each follower takes its own action's state from the latest round.
+#[derive(Debug, Default)]
+pub(crate) struct Running {
+    state: Mutex<RunState>,
+    /// A round ended.
+    polled: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct RunState {
+    /// Followers per action id.
+    waiting: BTreeMap<u64, usize>,
+    /// The latest state of each action a round read, and when that round began.
+    results: HashMap<u64, (tokio::time::Instant, Action)>,
+    /// A round is under way.
+    polling: bool,
+    /// When the last round began.
+    last_round: Option<tokio::time::Instant>,
+}
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One follower of an action: leaves the set when dropped (also when its call is cancelled).
+struct Following<'a> {
+    running: &'a Running,
+    id: u64,
+}
+
+impl<'a> Following<'a> {
+    fn new(running: &'a Running, id: u64) -> Self {
+        *running.lock().waiting.entry(id).or_default() += 1;
+        Self { running, id }
+    }
+}
+
+impl Drop for Following<'_> {
+    fn drop(&mut self) {
+        let mut state = self.running.lock();
+        if let Some(n) = state.waiting.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                state.waiting.remove(&self.id);
+                state.results.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// Ends a round even if the round's future is dropped.
+struct Round<'a>(&'a Running);
+
+impl Drop for Round<'_> {
+    fn drop(&mut self) {
+        self.0.lock().polling = false;
+        self.0.polled.notify_waiters();
+    }
+}
 
 impl CloudClient {
     /// Every page of a list: `per_page=50`, following `meta.pagination.next_page`.
@@ -136,6 +212,7 @@ impl CloudClient {
     async fn h_follow(&self, op: Op, object: &Object, mut action: Action) -> Result<(), CloudError> {
         let started = tokio::time::Instant::now();
         let mut pause = self.inner.action_poll;
+        let following = Following::new(&self.inner.running, action.id);
         loop {
             match action.status.as_str() {
                 ACTION_SUCCESS => return Ok(()),
@@ -166,17 +243,113 @@ impl CloudClient {
                     waited,
                 });
             }
+            let since = tokio::time::Instant::now();
             tokio::time::sleep(pause).await;
             // Quick while a move is expected to land (about a second), then at most every second.
             if started.elapsed() > Duration::from_secs(2) {
                 pause = (pause * 3 / 2).min(Duration::from_secs(1)).max(pause);
             }
-            let url = self.url(&["actions", &action.id.to_string()]);
-            let answer: ActionAnswer = self
+            if let Some(now) = self.h_poll(object, &following, since).await? {
+                action = now;
+            }
+        }
+    }
+
+    /// The action's state from a round that began at or after `since`: taken from such a round
+    /// if one ran (another follower's), else from the one under way, else from a round this
+    /// caller reads itself. `None`: the round did not show it (read again next time).
+    async fn h_poll(
+        &self,
+        object: &Object,
+        following: &Following<'_>,
+        since: tokio::time::Instant,
+    ) -> Result<Option<Action>, CloudError> {
+        let running = &self.inner.running;
+        loop {
+            let ended = running.polled.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let ids: Vec<u64> = {
+                let mut state = running.lock();
+                if let Some((at, _)) = state.results.get(&following.id)
+                    && *at >= since
+                {
+                    return Ok(state.results.remove(&following.id).map(|(_, a)| a));
+                }
+                if state.polling {
+                    Vec::new()
+                } else if state.last_round.is_some_and(|at| at >= since) {
+                    // A round since then did not show this action.
+                    return Ok(None);
+                } else {
+                    state.polling = true;
+                    state.last_round = Some(tokio::time::Instant::now());
+                    state.waiting.keys().copied().collect()
+                }
+            };
+            if ids.is_empty() {
+                // Another caller's round: its end wakes this one (or a second passes).
+                let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
+                continue;
+            }
+            let began = tokio::time::Instant::now();
+            let _round = Round(running);
+            let read = self.h_read_actions(object, &ids).await?;
+            let mut state = running.lock();
+            let mine = read.iter().find(|a| a.id == following.id).cloned();
+            for action in read {
+                if action.id != following.id && state.waiting.contains_key(&action.id) {
+                    state.results.insert(action.id, (began, action));
+                }
+            }
+            return Ok(mine);
+        }
+    }
+
+    /// `GET /actions?id=…` for `ids`, in reads of [`ACTIONS_PER_READ`], in the urgent lane (a
+    /// failover may be among them; these reads are few).
+    async fn h_read_actions(&self, object: &Object, ids: &[u64]) -> Result<Vec<Action>, CloudError> {
+        let urgent = self.with_priority(Priority::Urgent);
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ACTIONS_PER_READ) {
+            let mut url = self.url(&["actions"]);
+            {
+                let mut query = url.query_pairs_mut();
+                for id in chunk {
+                    query.append_pair("id", &id.to_string());
+                }
+            }
+            let list: ActionList = urgent
                 .call(Op::GetAction, object, Method::GET, url, None::<&()>, None)
                 .await?;
-            action = answer.action;
+            out.extend(list.actions);
         }
+        Ok(out)
+    }
+
+    /// The IP after a move to `wanted` succeeded: the store's copy with its new server (no read),
+    /// or, if the store does not hold it, read from the API.
+    async fn h_moved(&self, id: &IpId, wanted: Option<ServerId>) -> Result<IpAddress, CloudError> {
+        let Some(held) = self.inner.store.peek(id) else {
+            return self.ip(id).await;
+        };
+        let mut ip = IpAddress::clone(&held);
+        ip.targeted_to = wanted.map(|server| {
+            Box::new(ServerSummary {
+                id: server,
+                name: None,
+                href: format!("/servers/{server}"),
+                hostname: String::new(),
+                image: None,
+                region: None,
+                state: None,
+                spot_instance: false,
+                project: None,
+                bgp: None,
+            })
+        });
+        self.inner.store.upsert(&ip);
+        Ok(ip)
     }
 
     /// Sends one assign (`Some(server)`) or unassign action in `term` and follows it.
@@ -220,7 +393,7 @@ impl CloudClient {
         let mut last: Option<CloudError> = None;
         loop {
             let err = match self.h_act(op, &object, id, wanted, term.as_ref()).await {
-                Ok(()) => return self.ip(id).await,
+                Ok(()) => return self.h_moved(id, wanted).await,
                 Err(e) if e.is_fenced() => {
                     let e = fenced_after(e, last);
                     if e.outcome_unknown() {
