@@ -85,6 +85,20 @@
 //! - `duplicate_writes`: retarget PUTs beyond one per failure (sent, whatever their answer), plus
 //!   the simulator's count of FIPs that ever carried the same tags as another (a second create
 //!   for one Service).
+//!
+//! **Clouds.** `--cloud cherry` (the default) is the above: a retarget is Cherry's
+//! `PUT /v1/ips/{id}`, routed when the simulator receives it. `--cloud hetzner` runs the same
+//! classes on the simulator's Hetzner Cloud dialect, the replicas with `BATON_CLOUD=hetzner`,
+//! `HCLOUD_TOKEN` and `HCLOUD_ENDPOINT`: a retarget is an assign action
+//! (`POST /v1/floating_ips/{id}/actions/assign`) that runs `--action-ms` (a latency spec, 500 ms
+//! by default), and the FIP is routed to its new node only when the action has succeeded, so
+//! "after the call" includes the action's run. `retargets` counts the successful assign
+//! requests sent by replicas; every line ends with `unassigns=<n>` (unassign actions of the FIP
+//! sent by replicas over the class; a move must be one assign) and
+//! `cloud=hetzner action_ms=<spec>`. `busy`'s rate limit is Hetzner's own bucket (3,600 requests
+//! refilled at 1/s, one per token, which every replica shares) instead of Cherry's 4/s, and the
+//! Services `busy` and `rolling-update` create carry `spec.loadBalancerClass:
+//! baton.dev/floating-ip`, the class baton serves on Hetzner.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // a benchmark harness: a panic is the report
 // Plot arithmetic on small counts (runs, pixels): the casts cannot lose anything that matters.
@@ -106,9 +120,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton::controller::lease::LeaseConfig;
-use baton_cloud::CherryClient;
 use baton_cloud::model::IpAddress;
-use baton_sim::{Faults, SimHandle, Topology};
+use baton_cloud::{CherryClient, CloudKind};
+use baton_sim::{Faults, HetznerSettings, SimHandle, Topology};
 use baton_testbed::{ADMIN_TOKEN, ControlPlane, Options, Profile, SlowApi, lab};
 use common::leases::{LeaseHistory, LeaseVersion};
 use tokio::process::Child;
@@ -133,6 +147,8 @@ const PLACEMENT_WAIT: Duration = Duration::from_secs(30);
 /// `leader-only`: the failure lasts this long (a new leader within the lease duration, then
 /// settling) before the node is healed.
 const LEADER_ONLY_WINDOW: Duration = Duration::from_secs(8);
+/// The `spec.loadBalancerClass` of the Services baton serves on Hetzner Cloud.
+const HETZNER_SERVICE_CLASS: &str = "baton.dev/floating-ip";
 const GREY: [&str; 4] = ["etcd-stall", "slow-api", "slow-cloud", "rolling-update"];
 
 /// Lease timings given to every replica (`--lease D,DEADLINE,INTERVAL` in ms), instead of the
@@ -178,6 +194,11 @@ struct Args {
     lease: Option<Lease>,
     /// `etcd-stall`: the stall lengths.
     stalls_ms: Vec<u64>,
+    /// The cloud the simulator speaks and the replicas drive (`--cloud`).
+    cloud: CloudKind,
+    /// Hetzner: how long an assign (or unassign) action runs before it ends (`--action-ms`, a
+    /// latency spec as `--latency-ms`); the lab's route changes when it has succeeded.
+    action_ms: baton_sim::Latency,
 }
 
 impl Args {
@@ -201,7 +222,10 @@ fn args() -> Args {
         replot: None,
         lease: None,
         stalls_ms: vec![700, 1500, 3000],
+        cloud: CloudKind::Cherry,
+        action_ms: 500.into(),
     };
+    let mut action_ms_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().expect("flag value");
@@ -226,6 +250,11 @@ fn args() -> Args {
             "--bin" => a.bin = value(),
             "--replot" => a.replot = Some(value()),
             "--lease" => a.lease = Some(value().parse().unwrap_or_else(|e: String| panic!("{e}"))),
+            "--cloud" => a.cloud = value().parse().unwrap_or_else(|e| panic!("--cloud: {e}")),
+            "--action-ms" => {
+                a.action_ms = value().parse().expect("--action-ms N or P50,P99");
+                action_ms_given = true;
+            }
             "--stalls-ms" => {
                 a.stalls_ms = value()
                     .split(',')
@@ -233,10 +262,14 @@ fn args() -> Args {
                     .collect();
             }
             other => panic!(
-                "unknown flag {other}; flags: --class CLASS|all|grey --runs N --latency-ms N|P50,P99 --lease D,DEADLINE,INTERVAL (ms) --stalls-ms MS,.. --svg-dir DIR --bin PATH --replot LOG"
+                "unknown flag {other}; flags: --class CLASS|all|grey --runs N --cloud cherry|hetzner --action-ms N|P50,P99 (hetzner) --latency-ms N|P50,P99 --lease D,DEADLINE,INTERVAL (ms) --stalls-ms MS,.. --svg-dir DIR --bin PATH --replot LOG"
             ),
         }
     }
+    assert!(
+        !action_ms_given || a.cloud == CloudKind::Hetzner,
+        "--action-ms is Hetzner's assign action time: it needs --cloud hetzner"
+    );
     if a.replot.is_some() {
         return a;
     }
@@ -295,6 +328,8 @@ struct Report {
     duplicate_writes: usize,
     client_gap_ms: f64,
     extra: String,
+    /// Hetzner: unassign actions of the FIP sent by replicas (0 expected).
+    unassigns: usize,
 }
 
 impl Report {
@@ -355,16 +390,25 @@ fn main() {
             }
         });
         for report in reports {
-            print_report(&class, &report, a.svg_dir.as_deref());
+            print_report(&class, &report, &a);
         }
     }
 }
 
-fn print_report(class: &str, report: &Report, svg_dir: Option<&str>) {
+fn print_report(class: &str, report: &Report, a: &Args) {
+    let svg_dir = a.svg_dir.as_deref();
     let grey = format!(
         "lease_transitions={} leaderless_ms={} duplicate_writes={}",
         report.lease_transitions, report.leaderless_ms, report.duplicate_writes
     );
+    // At the very end, and only on Hetzner: a Cherry line reads as it always did.
+    let cloud = match a.cloud {
+        CloudKind::Cherry => String::new(),
+        CloudKind::Hetzner => format!(
+            " unassigns={} cloud=hetzner action_ms={}",
+            report.unassigns, a.action_ms
+        ),
+    };
     let gap = report
         .runs
         .iter()
@@ -372,7 +416,7 @@ fn print_report(class: &str, report: &Report, svg_dir: Option<&str>) {
         .fold(report.client_gap_ms, f64::max);
     if report.runs.is_empty() {
         println!(
-            "failover class={class}{} windows={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}",
+            "failover class={class}{} windows={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}{cloud}",
             report.label,
             report.windows,
             report.false_moves,
@@ -409,7 +453,7 @@ fn print_report(class: &str, report: &Report, svg_dir: Option<&str>) {
             eprintln!("wrote {path}");
         }
         println!(
-            "failover class={class}{} p50_ms={p50:.0} p99_ms={p99:.0} max_ms={max:.0} runs={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}",
+            "failover class={class}{} p50_ms={p50:.0} p99_ms={p99:.0} max_ms={max:.0} runs={} false_moves={} retargets={} nonleader_writes={} client_gap_max_ms={gap:.0} {grey}{}{cloud}",
             report.label,
             report.runs.len(),
             report.false_moves,
@@ -420,15 +464,38 @@ fn print_report(class: &str, report: &Report, svg_dir: Option<&str>) {
     }
 }
 
-/// Successful PUTs of `fip` sent by a controller replica, from log sequence `from` on.
+/// The request that retargets `fip` in the simulator's dialect: Cherry's `PUT /v1/ips/{id}`,
+/// Hetzner's assign action `POST /v1/floating_ips/{id}/actions/assign`.
+fn retarget_request(sim: &SimHandle, fip: &IpAddress) -> (&'static str, String) {
+    match sim.cloud() {
+        CloudKind::Cherry => ("PUT", format!("/v1/ips/{}", fip.id.as_str())),
+        CloudKind::Hetzner => (
+            "POST",
+            format!("/v1/floating_ips/{}/actions/assign", fip.id.as_str()),
+        ),
+    }
+}
+
+/// Successful retargets of `fip` (PUTs on Cherry, assign actions on Hetzner) sent by a
+/// controller replica, from log sequence `from` on.
 fn retargets(sim: &SimHandle, fip: &IpAddress, from: u64) -> Vec<baton_sim::LogEntry> {
-    let path = format!("/v1/ips/{}", fip.id.as_str());
+    let (method, path) = retarget_request(sim, fip);
     sim.log(from)
         .into_iter()
         .filter(|e| {
-            e.method == "PUT" && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
+            e.method == method && e.path == path && e.status < 300 && e.user_agent.contains("controller/")
         })
         .collect()
+}
+
+/// Hetzner: every unassign action of `fip` a controller replica sent, whatever its answer (a
+/// move is one assign; an unassign would take the FIP off every node first).
+fn unassign_count(sim: &SimHandle, fip: &IpAddress) -> usize {
+    let path = format!("/v1/floating_ips/{}/actions/unassign", fip.id.as_str());
+    sim.log(0)
+        .iter()
+        .filter(|e| e.method == "POST" && e.path == path && e.user_agent.contains("controller/"))
+        .count()
 }
 
 fn next_seq(sim: &SimHandle) -> u64 {
@@ -470,7 +537,9 @@ impl Bed {
         .await
         .unwrap();
         let faults = match class {
-            "busy" => Faults {
+            // Cherry's documented limit, 4 requests/s per address (429 beyond). Hetzner's is the
+            // per-token bucket (3,600, refilled at 1/s), which its dialect always enforces.
+            "busy" if a.cloud == CloudKind::Cherry => Faults {
                 latency_ms: a.latency.clone(),
                 rate_limit: Some(4.0),
                 ..Faults::none()
@@ -485,7 +554,21 @@ impl Bed {
                 ..Faults::none()
             },
         };
-        let sim = common::routed_sim(faults, Topology::default()).await;
+        let sim = match a.cloud {
+            CloudKind::Cherry => common::routed_sim(faults, Topology::default()).await,
+            CloudKind::Hetzner => {
+                let settings = HetznerSettings {
+                    action_ms: a.action_ms.clone(),
+                    ..HetznerSettings::default()
+                };
+                common::routed_hetzner_sim(settings, faults).await
+            }
+        };
+        if a.cloud == CloudKind::Hetzner && matches!(class, "busy" | "rolling-update") {
+            // baton routes each Service FIP to a Ready Node whose kube-proxy is healthy: without
+            // Nodes the churn's FIPs would be created and never routed.
+            ready_nodes(&cp).await;
+        }
         let agents: Vec<Child> = (0..3).map(|i| start_agent(&cp, &a.bin, i)).collect();
         let (cloud, fip) = common::control_plane_fip(&sim, ("cluster", "bench-cp"), CP[0]).await;
         let history = LeaseHistory::record(
@@ -575,6 +658,7 @@ impl Bed {
             );
         }
         report.nonleader_writes = bad.len();
+        report.unassigns = unassign_count(&self.sim, &self.fip);
         let dup = usize::try_from(self.sim.stats().duplicate_fips.saturating_sub(dup_before)).unwrap();
         report.duplicate_writes += dup;
         self.client.stop();
@@ -609,11 +693,26 @@ impl Fleet {
             .unwrap();
         let mut controller = cp.node_command(&format!("cp-{i}"), &self.bin).unwrap();
         if churn {
-            // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
-            controller
-                .env("CHERRY_REGION_NAME", "LT-Siauliai")
-                .env("CHERRY_LOAD_BALANCER", "kube-vip://");
+            match sim.cloud() {
+                // A FIP for every LoadBalancer Service, handed to kube-vip (an annotation).
+                CloudKind::Cherry => controller
+                    .env("CHERRY_REGION_NAME", "LT-Siauliai")
+                    .env("CHERRY_LOAD_BALANCER", "kube-vip://"),
+                // A FIP for every Service of baton's class, in the lab's location, routed by
+                // baton to a healthy node (Hetzner has no BGP: no load balancer is configured).
+                CloudKind::Hetzner => controller.env("CHERRY_REGION_NAME", "fsn1"),
+            };
         }
+        match sim.cloud() {
+            CloudKind::Cherry => controller
+                .env("CHERRY_API_KEY", "sim-token")
+                .env("CHERRY_PROJECT_ID", "123456")
+                .env("CHERRY_BASE_URL", sim.base_url().as_str()),
+            CloudKind::Hetzner => controller
+                .env("BATON_CLOUD", "hetzner")
+                .env("HCLOUD_TOKEN", sim.api_key())
+                .env("HCLOUD_ENDPOINT", format!("{}v1", sim.base_url())),
+        };
         if let Some(l) = self.lease {
             controller
                 .env("BATON_LEASE_DURATION", format!("{}ms", l.duration))
@@ -626,10 +725,7 @@ impl Fleet {
             .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(["--identity", identity, "--admin-listen", "off"])
             .args(["--node-name", &format!("cp-{i}")])
-            .env("CHERRY_API_KEY", "sim-token")
-            .env("CHERRY_PROJECT_ID", "123456")
             .env("CHERRY_FIP_TAG", "cluster=bench-cp")
-            .env("CHERRY_BASE_URL", sim.base_url().as_str())
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
@@ -675,17 +771,19 @@ async fn etcd_stalls(a: Args) -> Vec<Report> {
     if let Some(last) = reports.last_mut() {
         // Counted over the whole class.
         last.nonleader_writes = total.nonleader_writes;
+        last.unassigns = total.unassigns;
         last.duplicate_writes += total.duplicate_writes;
     }
     reports
 }
 
-/// Every PUT of `fip` a controller replica sent from log sequence `from` on, whatever its answer.
+/// Every retarget of `fip` (a PUT on Cherry, an assign on Hetzner) a controller replica sent
+/// from log sequence `from` on, whatever its answer.
 fn put_count(sim: &SimHandle, fip: &IpAddress, from: u64) -> usize {
-    let path = format!("/v1/ips/{}", fip.id.as_str());
+    let (method, path) = retarget_request(sim, fip);
     sim.log(from)
         .iter()
-        .filter(|e| e.method == "PUT" && e.path == path && e.user_agent.contains("controller/"))
+        .filter(|e| e.method == method && e.path == path && e.user_agent.contains("controller/"))
         .count()
 }
 
@@ -699,6 +797,8 @@ async fn run_class(class: String, a: Args) -> Report {
         tokio::spawn(churn_services(
             (0..3).map(|i| bed.cp.client(i).unwrap()).collect(),
             Arc::clone(&created),
+            // On Hetzner baton serves the Services of its own class only.
+            (a.cloud == CloudKind::Hetzner).then_some(HETZNER_SERVICE_CLASS),
         ))
     });
     if churning {
@@ -833,10 +933,14 @@ async fn run_class(class: String, a: Args) -> Report {
             retargets: moves.len(),
         };
         eprintln!(
-            "{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s), {sent} PUT(s) sent",
+            "{class} run {}: {:.0} ms, victim cp-{victim}, {} retarget(s), {sent} {} sent",
             run + 1,
             total_ms,
-            moves.len()
+            moves.len(),
+            match bed.sim.cloud() {
+                CloudKind::Cherry => "PUT(s)",
+                CloudKind::Hetzner => "assign(s)",
+            }
         );
         report.retargets += moves.len();
         report.false_moves += moves.len().saturating_sub(1);
@@ -857,7 +961,13 @@ async fn run_class(class: String, a: Args) -> Report {
             .sim
             .log(log_from)
             .iter()
-            .filter(|e| e.method == "POST" && e.path.ends_with("/ips") && e.status < 300)
+            .filter(|e| {
+                let create = match bed.sim.cloud() {
+                    CloudKind::Cherry => e.path.ends_with("/ips"),
+                    CloudKind::Hetzner => e.path == "/v1/floating_ips",
+                };
+                e.method == "POST" && create && e.status < 300
+            })
             .count();
         report.extra = format!(
             " services_created={} service_fips_created={fips_created} cloud_requests={} got_429={}",
@@ -865,6 +975,24 @@ async fn run_class(class: String, a: Args) -> Report {
             stats.requests.saturating_sub(stats_before.requests),
             stats.rate_limited.saturating_sub(stats_before.rate_limited)
         );
+        if bed.sim.cloud() == CloudKind::Hetzner {
+            // baton routes each Service FIP to a healthy node: assign actions of its own,
+            // through the same client and bucket as the control-plane FIP's.
+            let (_, cp_assign) = retarget_request(&bed.sim, &bed.fip);
+            let service_assigns = bed
+                .sim
+                .log(log_from)
+                .iter()
+                .filter(|e| {
+                    e.method == "POST"
+                        && e.route == "/v1/floating_ips/{id}/actions/assign"
+                        && e.path != cp_assign
+                        && e.status < 300
+                        && e.user_agent.contains("controller/")
+                })
+                .count();
+            let _ = write!(report.extra, " service_fip_assigns={service_assigns}");
+        }
     }
     bed.finish(&mut report, lease_ms, dup_before).await;
     report
@@ -1254,6 +1382,34 @@ fn logs_dir() -> std::path::PathBuf {
     .clone()
 }
 
+/// Hetzner, the churning classes: Nodes cp-0..2 as hcloud-cloud-controller-manager leaves them
+/// (provider ID `hcloud://<server id>`, the node's address as InternalIP), Ready. The lab's nodes
+/// run no kubelet, so the status is written once and nothing changes it; whether a node serves
+/// Service traffic is its kube-proxy's `/healthz`, which baton's Service FIP routing probes.
+async fn ready_nodes(cp: &ControlPlane) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let nodes: Api<Node> = Api::all(cp.client(0).unwrap());
+    for (i, server) in CP.iter().enumerate() {
+        let name = format!("cp-{i}");
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"providerID": format!("hcloud://{server}")}
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let status = serde_json::json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "addresses": [{"type": "InternalIP", "address": cp.addresses()[i].to_string()},
+                          {"type": "Hostname", "address": name}]
+        }});
+        nodes
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+}
+
 /// `baton agent` on node cp-i (the shipped DaemonSet's job): watches the control-plane endpoint
 /// Services through the node's API server and makes the node accept their FIPs.
 fn start_agent(cp: &ControlPlane, bin: &str, i: usize) -> Child {
@@ -1360,9 +1516,14 @@ impl H2Client {
     }
 }
 
-/// Creates a LoadBalancer Service every 250 ms and deletes the one 40 before it, through
-/// whichever API server answers (one of them is always failing).
-async fn churn_services(clients: Vec<kube::Client>, created: Arc<std::sync::atomic::AtomicU64>) {
+/// Creates a LoadBalancer Service every 250 ms (of `spec.loadBalancerClass` `class`, if given)
+/// and deletes the one 40 before it, through whichever API server answers (one of them is always
+/// failing).
+async fn churn_services(
+    clients: Vec<kube::Client>,
+    created: Arc<std::sync::atomic::AtomicU64>,
+    class: Option<&str>,
+) {
     use k8s_openapi::api::core::v1::{Namespace, Service};
     use kube::api::{Api, DeleteParams, PostParams};
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "busy"}})).unwrap();
@@ -1378,10 +1539,14 @@ async fn churn_services(clients: Vec<kube::Client>, created: Arc<std::sync::atom
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     for i in 0u64.. {
         tick.tick().await;
+        let mut spec = serde_json::json!({"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
+                                          "ports": [{"port": 80, "protocol": "TCP"}]});
+        if let Some(class) = class {
+            spec["loadBalancerClass"] = class.into();
+        }
         let svc: Service = serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("churn-{i}")},
-            "spec": {"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
-                     "ports": [{"port": 80, "protocol": "TCP"}]}
+            "spec": spec
         }))
         .unwrap();
         for c in &clients {
