@@ -265,6 +265,39 @@ fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client
         .map_err(ProbeError::Client)
 }
 
+/// `GET http://<target><path>` in plain HTTP: healthy on a 2xx answer within `timeout` (the
+/// routing loop's check of a node's kube-proxy, `/healthz` on port 10256).
+pub fn plain_http_check(path: &str, timeout: std::time::Duration) -> Result<Check, ProbeError> {
+    // reqwest is built with rustls and no default crypto provider: it needs a TLS config even for
+    // plain HTTP.
+    let tls = crate::kube::tls::client_config(&[]).map_err(ProbeError::Ca)?;
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .pool_max_idle_per_host(0)
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .no_proxy()
+        .build()
+        .map_err(ProbeError::Client)?;
+    let path = path.to_owned();
+    Ok(Arc::new(move |target: SocketAddr| {
+        let (client, url) = (client.clone(), format!("http://{target}{path}"));
+        Box::pin(async move {
+            match client.get(&url).send().await {
+                Ok(r) if r.status().is_success() => true,
+                Ok(r) => {
+                    tracing::debug!(status = %r.status(), "probe failed");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(reason = %error_chain(&e), "probe failed");
+                    false
+                }
+            }
+        })
+    }))
+}
+
 /// `GET https://<server_name>:<port><path>`, connected to `target`: healthy on a 2xx answer.
 fn readyz(s: &ProbeSettings, target: SocketAddr) -> Result<Check, ProbeError> {
     let client = probe_client(s, target)?;

@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use super::watches::{Cache, Watches};
-use crate::probe::{Check, ProbeSettings, Prober};
+use crate::probe::{ProbeSettings, Prober};
 
 /// kube-proxy's health port (`healthzBindAddress`, default `0.0.0.0:10256`).
 pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
@@ -71,7 +71,14 @@ pub fn run_routing(
                 fall: hc.fall,
             },
         };
-        let prober = Prober::with_check(settings.clone(), Arc::new(()), kube_proxy_check(settings.timeout));
+        let check = match crate::probe::plain_http_check("/healthz", settings.timeout) {
+            Ok(check) => check,
+            Err(e) => {
+                warn!(error = %e, "cannot build the nodes' health check; Service FIPs are not routed");
+                return;
+            }
+        };
+        let prober = Prober::with_check(settings.clone(), Arc::new(()), check);
         let mut routing = Routing {
             ctx,
             urgent,
@@ -79,6 +86,7 @@ pub fn run_routing(
             prober,
             servers: Vec::new(),
             servers_at: None,
+            last_report: None,
         };
         let mut health = routing.prober.subscribe();
         loop {
@@ -94,28 +102,6 @@ pub fn run_routing(
     }
 }
 
-/// `GET http://<target>/healthz` answers 200.
-fn kube_proxy_check(timeout: Duration) -> Check {
-    let client = reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .build()
-        .ok();
-    Arc::new(move |target: SocketAddr| {
-        let client = client.clone();
-        Box::pin(async move {
-            let Some(client) = client else { return false };
-            client
-                .get(format!("http://{target}/healthz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-    })
-}
-
 struct Routing {
     ctx: Arc<Context>,
     urgent: Arc<dyn Cloud>,
@@ -123,6 +109,8 @@ struct Routing {
     prober: Prober,
     servers: Vec<Server>,
     servers_at: Option<Instant>,
+    /// What [`Routing::report`] said last.
+    last_report: Option<String>,
 }
 
 impl Routing {
@@ -187,6 +175,7 @@ impl Routing {
             .collect();
         let now: Vec<_> = fips.iter().map(|ip| (ip.id.clone(), ip.target())).collect();
         let moves = plan(&now, &candidates);
+        self.report(&now, &candidates, &eligible, moves.len());
         // Concurrently: each move waits for its action (about half a second on Hetzner), and the
         // client polls every running action in one read.
         futures::stream::iter(moves)
@@ -218,6 +207,50 @@ impl Routing {
             })
             .await;
         Ok(())
+    }
+
+    /// Says (once per change) what the nodes look like when a FIP needs a node and none is
+    /// healthy: each candidate's health, and the eligible Nodes without a known server.
+    fn report(
+        &mut self,
+        fips: &[(baton_cloud::model::IpId, Option<ServerId>)],
+        candidates: &[Candidate],
+        eligible: &[Arc<Node>],
+        moves: usize,
+    ) {
+        let unplaced = fips
+            .iter()
+            .filter(|(_, at)| {
+                at.is_none_or(|s| !candidates.iter().any(|c| c.server == s && c.health == Health::Up))
+            })
+            .count();
+        let view = if unplaced > moves {
+            let nodes: Vec<String> = candidates
+                .iter()
+                .map(|c| format!("{}={:?}", c.node, c.health))
+                .collect();
+            let unknown: Vec<String> = eligible
+                .iter()
+                .filter(|n| server_of(n, &self.servers).is_none())
+                .map(|n| n.name_any())
+                .collect();
+            Some(format!(
+                "candidates [{}]; eligible Nodes with no server of the project: [{}]",
+                nodes.join(", "),
+                unknown.join(", ")
+            ))
+        } else {
+            None
+        };
+        if view != self.last_report {
+            if let Some(v) = &view {
+                warn!(
+                    waiting = unplaced - moves,
+                    "Service Floating IPs wait for a healthy node: {v}"
+                );
+            }
+            self.last_report = view;
+        }
     }
 
     /// Whether `ip` is the control-plane FIP (the endpoint loop's, never this loop's).

@@ -199,15 +199,36 @@ pub async fn apply_rbac_and_cloud_secret(client: &kube::Client, sim: &SimHandle,
 
 /// [`apply_rbac_and_cloud_secret`] with the keys of `extra` (an object) in `cloud-sa.json`
 /// instead of `fipTag` (e.g. `{"loadbalancer": "metallb:///"}`).
+///
+/// On a Hetzner simulator: `cloud: hetzner` and the endpoint in `cloud-sa.json`, the token in
+/// hcloud-cloud-controller-manager's Secret `hcloud` (key `token`), as docs/hetzner.md installs it.
 pub async fn apply_rbac_and_cloud_config(client: &kube::Client, sim: &SimHandle, extra: &serde_json::Value) {
     use k8s_openapi::api::core::v1::Secret;
-    let mut cloud_sa = serde_json::json!({
-        "apiKey": sim.api_key(),
-        "projectID": sim.project_id(),
-        "region": "LT-Siauliai",
-        "base-url": sim.base_url().as_str(),
-        "apiRateLimit": 0,
-    });
+    let mut cloud_sa = match sim.cloud() {
+        baton_cloud::CloudKind::Cherry => serde_json::json!({
+            "apiKey": sim.api_key(),
+            "projectID": sim.project_id(),
+            "region": "LT-Siauliai",
+            "base-url": sim.base_url().as_str(),
+            "apiRateLimit": 0,
+        }),
+        baton_cloud::CloudKind::Hetzner => {
+            let hcloud: Secret = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "hcloud", "namespace": "kube-system"},
+                "stringData": {"token": sim.api_key()},
+            }))
+            .unwrap();
+            Api::<Secret>::namespaced(client.clone(), "kube-system")
+                .create(&PostParams::default(), &hcloud)
+                .await
+                .unwrap();
+            serde_json::json!({
+                "cloud": "hetzner",
+                "hcloudEndpoint": format!("{}v1", sim.base_url()),
+                "region": "fsn1",
+            })
+        }
+    };
     for (k, v) in extra.as_object().into_iter().flatten() {
         cloud_sa[k] = v.clone();
     }

@@ -562,7 +562,8 @@ clientConnection:
 mode: {mode}
 hostnameOverride: {name}
 bindAddress: {ip}
-healthzBindAddress: 127.0.0.1:10256
+# Kubernetes' default: load balancers check a node's kube-proxy here (baton on Hetzner does).
+healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
 clusterCIDR: {cluster}
 detectLocalMode: ClusterCIDR
