@@ -43,6 +43,9 @@ struct Outcome {
     moved: Option<IpAddress>,
     /// Run the loop again at once.
     again: bool,
+    /// A probe target whose history belongs to the FIP's old holder (reset once every endpoint
+    /// of the pass is done).
+    reset: Option<SocketAddr>,
 }
 
 /// One iteration's view, shared by the endpoints handled in it.
@@ -62,6 +65,7 @@ impl Step<'_> {
     const AGAIN: Outcome = Outcome {
         moved: None,
         again: true,
+        reset: None,
     };
 
     /// Handles every endpoint; returns whether the loop should run again at once.
@@ -72,16 +76,48 @@ impl Step<'_> {
         prober: &mut Prober,
         cloud_view: &mut CloudView,
     ) -> Result<bool, EndpointError> {
+        // The endpoints at once: a move waits for the cloud (on Hetzner Cloud, for an action of
+        // about half a second), and the FIPs of one failed holder (`api`, `api-int`) must not wait
+        // for each other.
+        let mut taken: Vec<(String, EndpointState)> = endpoints
+            .iter()
+            .map(|ep| {
+                let key = ep.fip.id.as_str().to_owned();
+                let state = states.remove(&key).unwrap_or_default();
+                (key, state)
+            })
+            .collect();
+        let results = {
+            let shared: &Prober = prober;
+            let runs = endpoints
+                .iter()
+                .zip(taken.iter_mut())
+                .map(|(ep, (_, state))| self.endpoint(ep, state, shared));
+            futures::future::join_all(runs).await
+        };
+        states.extend(taken);
         let mut again = false;
-        for ep in endpoints {
-            let state = states.entry(ep.fip.id.as_str().to_owned()).or_default();
-            let outcome = self.endpoint(ep, state, prober).await?;
-            if let Some(moved) = outcome.moved {
-                cloud_view.moved(moved);
+        let mut first_error = None;
+        for result in results {
+            match result {
+                Ok(outcome) => {
+                    if let Some(moved) = outcome.moved {
+                        cloud_view.moved(moved);
+                    }
+                    if let Some(target) = outcome.reset {
+                        prober.reset(&target)?;
+                    }
+                    again |= outcome.again;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
-            again |= outcome.again;
         }
-        Ok(again)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(again),
+        }
     }
 
     /// What `decide` and the rules against ping-pong go on for one endpoint, after reading the
@@ -191,7 +227,7 @@ impl Step<'_> {
         &self,
         ep: &EndpointRef,
         ep_state: &mut EndpointState,
-        prober: &mut Prober,
+        prober: &Prober,
     ) -> Result<Outcome, EndpointError> {
         let Self { ctx, metrics, .. } = *self;
         let state = ep_state;
@@ -289,7 +325,15 @@ impl Step<'_> {
         if moved.is_none() {
             self.keep_holder(ep, state);
         }
-        Ok(Outcome { moved, again: false })
+        // The FIP's probe history belongs to the old holder: started afresh after the pass.
+        let reset = moved
+            .as_ref()
+            .map(|_| SocketAddr::new(ep.fip.address, ep.fip_port));
+        Ok(Outcome {
+            moved,
+            again: false,
+            reset,
+        })
     }
 
     /// Retargets the FIP to `to` in one call (urgent priority), reads it back, and reports.
@@ -297,7 +341,7 @@ impl Step<'_> {
         &self,
         ep: &EndpointRef,
         state: &mut EndpointState,
-        prober: &mut Prober,
+        prober: &Prober,
         to: u64,
         reason: Reason,
     ) -> Result<Option<IpAddress>, EndpointError> {
@@ -337,8 +381,6 @@ impl Step<'_> {
                 state.stuck_reported = false;
                 state.hold.moved(Clocks::now(), from.map(|s| s.0), to, reason);
                 (state.seen, state.seen_holder) = (true, ip.target().map(|s| s.0));
-                // The FIP's probe history belongs to the old holder: start afresh.
-                prober.reset(&fip_target)?;
                 let confirmed = ip.target() == Some(ServerId(to));
                 tracing::info!(fip = %ep.fip.address, to, confirmed, recovered_ms = recovered.as_millis(), "control-plane FIP moved");
                 Some(ip)
