@@ -146,7 +146,10 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
             }
             report.pending_services = pending_services(&k, &config, &cloud_ips);
             report.bgp = bgp(&k, &config);
-            report.uninitialized_nodes = uninitialized(&k.nodes);
+            // On Hetzner Cloud the Nodes are hcloud-cloud-controller-manager's to initialise.
+            if config.cloud == baton_cloud::CloudKind::Cherry {
+                report.uninitialized_nodes = uninitialized(&k.nodes);
+            }
         }
         Err(error) => report.kubernetes.error = Some(error),
     }
@@ -160,7 +163,10 @@ async fn read_cloud(config: &Config, report: &mut Report) -> (Vec<IpAddress>, Ve
     let Ok(cloud_config) = config.cloud_client_config() else {
         report.cloud = SourceStatus {
             skipped: true,
-            error: Some("no apiKey / projectID configured".to_owned()),
+            error: Some(match config.cloud {
+                baton_cloud::CloudKind::Cherry => "no apiKey / projectID configured".to_owned(),
+                baton_cloud::CloudKind::Hetzner => "no HCLOUD_TOKEN configured".to_owned(),
+            }),
             ..SourceStatus::default()
         };
         return (Vec::new(), Vec::new());
