@@ -78,6 +78,13 @@ impl Config {
         Ok(c)
     }
 
+    /// Whether baton initialises Nodes: `initializeNodes`, or by default on Cherry Servers and
+    /// not on Hetzner Cloud (hcloud-cloud-controller-manager does it there).
+    pub fn initializes_nodes(&self) -> bool {
+        self.initialize_nodes
+            .unwrap_or(self.cloud == baton_cloud::CloudKind::Cherry)
+    }
+
     /// Hetzner Cloud's API token, or an error naming where to set it.
     pub fn require_hcloud_token(&self) -> Result<&baton_core::Secret, ConfigError> {
         self.hcloud_token

@@ -20,7 +20,7 @@ use clap::Args;
 use serde::Serialize;
 use url::Url;
 
-use self::display::{duration, duration_or_zero, list, optional, redacted, text, zero_if_none};
+use self::display::{auto_or_bool, duration, duration_or_zero, list, optional, redacted, text, zero_if_none};
 
 /// The official Cherry Servers API.
 pub const DEFAULT_BASE_URL: &str = "https://api.cherryservers.com";
@@ -224,6 +224,13 @@ settings! {
         flag: "adopt-fips", env: "BATON_ADOPT_FIPS", file: "adoptFips", default: None, secret: false,
         doc: "Floating IP addresses that are this cluster's although untagged, comma-separated: control-plane endpoints may route them (the explicit step to adopt a FIP; without it baton routes, unassigns or deletes only FIPs with this cluster's tags)",
         parse: parse_addresses, show: list },
+    InitializeNodes initialize_nodes => initialize_nodes {
+        flag: "initialize-nodes", env: "BATON_INITIALIZE_NODES", file: "initializeNodes", default: Some("auto"), secret: false,
+        doc: "Initialise Nodes as a cloud controller manager does (provider ID, addresses, labels, the uninitialized taint): true, false, or auto (true on Cherry Servers; false on Hetzner Cloud, where hcloud-cloud-controller-manager does it)",
+        parse: |v| match v {
+            "auto" => Ok(None),
+            v => parse_bool(v).map(Some).map_err(|e| format!("{e}, or auto")),
+        }, show: auto_or_bool },
     ApiServerPort api_server_port => api_server_port {
         flag: "api-server-port", env: "CHERRY_API_SERVER_PORT", file: "apiServerPort", default: Some("0"), secret: false,
         doc: "API server port on the Floating IP; 0 = the kube-apiserver's own port",
@@ -480,6 +487,8 @@ pub struct Config {
     pub annotations: Annotations,
     #[serde(serialize_with = "display_opt")]
     pub fip_tag: Option<FipTag>,
+    /// Whether the node controller runs; `None`: by the cloud (see [`Config::initializes_nodes`]).
+    pub initialize_nodes: Option<bool>,
     pub api_server_port: u16,
     /// Namespaces allowed to hold control-plane endpoint Services (besides the bootstrap's).
     pub control_plane_namespaces: std::collections::BTreeSet<String>,
@@ -532,6 +541,7 @@ impl Config {
             load_balancer: None,
             annotations: Annotations::default(),
             fip_tag: None,
+            initialize_nodes: None,
             api_server_port: 0,
             control_plane_namespaces: std::collections::BTreeSet::new(),
             adopt_fips: std::collections::BTreeSet::new(),
@@ -647,6 +657,10 @@ mod display {
 
     pub(super) fn optional<T: fmt::Display>(v: &Option<T>) -> Option<String> {
         v.as_ref().map(ToString::to_string)
+    }
+
+    pub(super) fn auto_or_bool(v: &Option<bool>) -> Option<String> {
+        Some(v.map_or_else(|| "auto".to_owned(), |b| b.to_string()))
     }
 
     pub(super) fn zero_if_none<T: fmt::Display>(v: &Option<T>) -> Option<String> {

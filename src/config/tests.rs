@@ -79,6 +79,7 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
         ),
         Id::AnnotationFipRegion => (["a.io/region", "b.io/region", "c.io/region"], Some("bad key/x/y")),
         Id::FipTag => (["cp=flag", "cp=env", "cp=file"], Some("=novalue")),
+        Id::InitializeNodes => (["true", "false", "auto"], Some("sometimes")),
         Id::ApiServerPort => (["6443", "443", "8443"], Some("70000")),
         Id::ControlPlaneNamespaces => (["apps", "kube-system,tenants", "infra"], Some("Bad_NS")),
         Id::AdoptFips => (

@@ -421,7 +421,11 @@ async fn initialise(
         .into_iter()
         .filter(|t| t.key != UNINITIALIZED_TAINT)
         .collect();
-    let provider_id = ProviderId::from(server.id).to_string();
+    let provider_id = match ctx.base.config.cloud {
+        baton_cloud::CloudKind::Cherry => ProviderId::from(server.id),
+        baton_cloud::CloudKind::Hetzner => ProviderId::hcloud(server.id),
+    }
+    .to_string();
     // resourceVersion: the taint list is replaced whole, so only on the version it was read from.
     let patch = json!({
         "metadata": {"labels": cloud_labels(&server), "resourceVersion": updated.resource_version()},

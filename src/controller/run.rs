@@ -430,9 +430,10 @@ fn spawn_cloud_controllers(
     } else {
         tracing::info!("no loadbalancer configured: BGP is off");
     }
-    // Next to hcloud-cloud-controller-manager, which initialises the Nodes (docs/hetzner.md).
-    if hetzner {
-        tracing::info!("Hetzner Cloud: Node initialisation is left to hcloud-cloud-controller-manager");
+    // Next to hcloud-cloud-controller-manager, which initialises the Nodes (docs/hetzner.md),
+    // unless told to (`initializeNodes`).
+    if !config.initializes_nodes() {
+        tracing::info!("Node initialisation is off (initializeNodes)");
         return;
     }
     sup.spawn(
