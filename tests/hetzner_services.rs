@@ -35,54 +35,6 @@ const BATON: &str = env!("CARGO_BIN_EXE_baton");
 /// The simulator's servers cp-0 and cp-1.
 const CP: [u64; 2] = [600_101, 600_102];
 
-/// The workload: baton's image serving the simulator's HTTP API on the pod network.
-fn web_deployment() -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "apps"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{
-                    "name": "web",
-                    "image": format!("baton:{}", env!("CARGO_PKG_VERSION")),
-                    "imagePullPolicy": "Never",
-                    "args": ["sim", "--listen", "0.0.0.0:8080"],
-                    "ports": [{"containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/_sim/health", "port": 8080}, "periodSeconds": 1},
-                }]},
-            },
-        },
-    }))
-    .unwrap()
-}
-
-/// A LoadBalancer Service for the workload, port 80 → 8080, of `class` (if any).
-fn web_service(name: &str, class: Option<&str>) -> Service {
-    let mut spec = json!({
-        "type": "LoadBalancer",
-        "selector": {"app": "web"},
-        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
-    });
-    if let Some(class) = class {
-        spec["loadBalancerClass"] = json!(class);
-    }
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "apps"}, "spec": spec})).unwrap()
-}
-
-/// `GET http://<fip>:80/_sim/health` from the hub: the body, or why nothing answered.
-async fn health(fip: IpAddr) -> Result<String, String> {
-    let client = baton_testbed::http_client(None).map_err(|e| e.to_string())?;
-    let resp = client
-        .get(format!("http://{fip}:80/_sim/health"))
-        .timeout(Duration::from_millis(500))
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    resp.text().await.map_err(|e| e.to_string())
-}
-
 async fn within<T, F, Fut>(timeout: Duration, what: &str, diag: &dyn Fn() -> String, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -177,19 +129,22 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
         let logs = tempfile::tempdir().unwrap();
         let _replicas: Vec<_> = (0..2).map(|i| replica(&cp, &sim, i, logs.path())).collect();
         Api::<Deployment>::namespaced(admin.clone(), "apps")
-            .create(&PostParams::default(), &web_deployment())
+            .create(&PostParams::default(), &common::web::deployment())
             .await
             .unwrap();
         let services: Api<Service> = Api::namespaced(admin.clone(), "apps");
         services
             .create(
                 &PostParams::default(),
-                &web_service("web", Some("baton.dev/floating-ip")),
+                &common::web::service("web", None, Some("baton.dev/floating-ip"), &json!({})),
             )
             .await
             .unwrap();
         services
-            .create(&PostParams::default(), &web_service("hcloud-lb", None))
+            .create(
+                &PostParams::default(),
+                &common::web::service("hcloud-lb", None, None, &json!({})),
+            )
             .await
             .unwrap();
 
@@ -217,7 +172,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             Duration::from_secs(90),
             "http://<fip>:80/_sim/health",
             &|| diag(&cp, logs.path()),
-            || async { health(fip).await.ok() },
+            || async { common::web::health(fip, Duration::from_millis(500)).await.ok() },
         )
         .await;
         assert_eq!(body, "ok");
@@ -245,7 +200,8 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             &|| diag(&cp, logs.path()),
             || async {
                 let now = sim.peek_ip(ip.id.as_str())?.target()?;
-                (now != holder && health(fip).await.ok()? == "ok").then_some(())
+                (now != holder && common::web::health(fip, Duration::from_millis(500)).await.ok()? == "ok")
+                    .then_some(())
             },
         )
         .await;

@@ -69,58 +69,6 @@ const COUNTER_TABLE: &str = "table ip baton_workload {
 }
 ";
 
-/// The workload: baton's image serving the simulator's HTTP API on the pod network.
-fn web_deployment() -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "apps"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{
-                    "name": "web",
-                    "image": format!("baton:{}", env!("CARGO_PKG_VERSION")),
-                    "imagePullPolicy": "Never",
-                    "args": ["sim", "--listen", "0.0.0.0:8080"],
-                    "ports": [{"containerPort": 8080}],
-                    "readinessProbe": {"httpGet": {"path": "/_sim/health", "port": 8080}, "periodSeconds": 1},
-                }]},
-            },
-        },
-    }))
-    .unwrap()
-}
-
-/// A LoadBalancer Service for the workload, port 80 → 8080.
-fn web_service(name: &str, load_balancer_ip: Option<IpAddr>, annotations: &serde_json::Value) -> Service {
-    let mut spec = json!({
-        "type": "LoadBalancer",
-        "selector": {"app": "web"},
-        "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
-    });
-    if let Some(ip) = load_balancer_ip {
-        spec["loadBalancerIP"] = json!(ip.to_string());
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "apps", "annotations": annotations},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
-/// `GET http://<fip>:80/_sim/health` from the hub: the body, or why nothing answered.
-async fn health(fip: IpAddr) -> Result<String, String> {
-    let client = baton_testbed::http_client(None).map_err(|e| e.to_string())?;
-    let resp = client
-        .get(format!("http://{fip}:80/_sim/health"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    resp.text().await.map_err(|e| e.to_string())
-}
-
 /// The packets for port 80 of a FIP that reached lab node `name` (its `fip80` counter).
 async fn fip_packets(cp: &ControlPlane, name: &str) -> u64 {
     let out = cp
@@ -295,7 +243,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
 
         // The workload, on the pod network.
         Api::<Deployment>::namespaced(admin.clone(), "apps")
-            .create(&PostParams::default(), &web_deployment())
+            .create(&PostParams::default(), &common::web::deployment())
             .await
             .unwrap();
         let services: Api<Service> = Api::namespaced(admin.clone(), "apps");
@@ -314,9 +262,10 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         services
             .create(
                 &PostParams::default(),
-                &web_service(
+                &common::web::service(
                     "byo",
                     Some(byo.address),
+                    None,
                     &json!({"cherryservers.com/loadbalancer-managed": "false"}),
                 ),
             )
@@ -337,7 +286,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         );
         // Without an ingress nothing on cp-0 accepts the FIP, although its packets get there.
         let before = fip_packets(&cp, "cp-0").await;
-        let refused = health(byo.address).await;
+        let refused = common::web::health(byo.address, Duration::from_secs(2)).await;
         assert!(
             refused.is_err(),
             "the FIP answered before the Service had an ingress: {refused:?}"
@@ -374,7 +323,11 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             Duration::from_secs(60),
             "http://<byo>:80/_sim/health through cp-0",
             &diag,
-            || async { health(byo.address).await.ok() },
+            || async {
+                common::web::health(byo.address, Duration::from_secs(2))
+                    .await
+                    .ok()
+            },
         )
         .await;
         assert_eq!(body, "ok");
@@ -412,14 +365,23 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             Duration::from_secs(30),
             "http://<byo>:80/_sim/health through cp-1",
             &diag,
-            || async { (health(byo.address).await.ok()? == "ok").then_some(()) },
+            || async {
+                (common::web::health(byo.address, Duration::from_secs(2))
+                    .await
+                    .ok()?
+                    == "ok")
+                    .then_some(())
+            },
         )
         .await;
         assert!(fip_packets(&cp, "cp-1").await > cp1, "it went through cp-1");
 
         // ---- BGP: baton's FIP, announced by MetalLB's speakers. ----
         services
-            .create(&PostParams::default(), &web_service("web", None, &json!({})))
+            .create(
+                &PostParams::default(),
+                &common::web::service("web", None, None, &json!({})),
+            )
             .await
             .unwrap();
         let fip: IpAddr = within(Duration::from_secs(60), "apps/web's ingress", &diag, || async {
@@ -460,7 +422,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             Duration::from_secs(30),
             "http://<fip>:80/_sim/health over the BGP route",
             &diag,
-            || async { health(fip).await.ok() },
+            || async { common::web::health(fip, Duration::from_secs(2)).await.ok() },
         )
         .await;
         assert_eq!(body, "ok");

@@ -7,6 +7,7 @@ pub mod leases;
 pub mod node;
 pub mod pod;
 pub mod routed;
+pub mod web;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -62,20 +62,7 @@ pub fn ip_of(fip: &FloatingIp) -> Option<IpAddress> {
         region: Some(Box::new(region)),
         routed_to: None,
         assigned_to: None,
-        targeted_to: fip.server.map(|id| {
-            Box::new(ServerSummary {
-                id: ServerId(id),
-                name: None,
-                href: format!("/servers/{id}"),
-                hostname: String::new(),
-                image: None,
-                region: None,
-                state: None,
-                spot_instance: false,
-                project: None,
-                bgp: None,
-            })
-        }),
+        targeted_to: fip.server.map(|id| Box::new(assigned_to(ServerId(id)))),
         project: None,
         ptr_record: fip.dns_ptr.first().map(|p| p.dns_ptr.clone()),
         a_record: None,
@@ -84,6 +71,22 @@ pub fn ip_of(fip: &FloatingIp) -> Option<IpAddress> {
         href: format!("/floating_ips/{}", fip.id),
         vlan_id: None,
     })
+}
+
+/// The server a Floating IP is assigned to, as baton's `targeted_to` (Hetzner names only its id).
+pub fn assigned_to(id: ServerId) -> ServerSummary {
+    ServerSummary {
+        id,
+        name: None,
+        href: format!("/servers/{id}"),
+        hostname: String::new(),
+        image: None,
+        region: None,
+        state: None,
+        spot_instance: false,
+        project: None,
+        bgp: None,
+    }
 }
 
 /// One address a server owns, as an IP object of `kind`.

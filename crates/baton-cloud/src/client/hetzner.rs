@@ -38,7 +38,7 @@ use crate::hetzner::model::{
 };
 use crate::hetzner::{ip_of, region_of, server_of};
 use crate::limiter::Priority;
-use crate::model::{CreateIpRequest, IpAddress, IpId, Region, Server, ServerId, ServerSummary};
+use crate::model::{CreateIpRequest, IpAddress, IpId, Region, Server, ServerId};
 
 /// The largest page the API sends.
 const PER_PAGE: &str = "50";
@@ -334,20 +334,7 @@ impl CloudClient {
             return self.ip(id).await;
         };
         let mut ip = IpAddress::clone(&held);
-        ip.targeted_to = wanted.map(|server| {
-            Box::new(ServerSummary {
-                id: server,
-                name: None,
-                href: format!("/servers/{server}"),
-                hostname: String::new(),
-                image: None,
-                region: None,
-                state: None,
-                spot_instance: false,
-                project: None,
-                bgp: None,
-            })
-        });
+        ip.targeted_to = wanted.map(|server| Box::new(crate::hetzner::assigned_to(server)));
         self.inner.store.upsert(&ip);
         Ok(ip)
     }
