@@ -137,10 +137,11 @@ impl Routing {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        if let Err(e) = self.prober.set_targets(&addrs) {
-            warn!(error = %e, "cannot probe the nodes");
-        }
+        // Only the leader probes, and only while there are Service FIPs: a probe per node per
+        // interval is cheap, but not for nothing (a new leader keeps every FIP where it is until
+        // its first probes say a node is down).
         if !self.ctx.leader.is_leader() {
+            self.probe(&[]);
             return Ok(());
         }
         let tags = Tags::from([
@@ -156,8 +157,10 @@ impl Routing {
             .filter(|ip| ip.ip_type == IpType::FloatingIp && !self.is_control_plane(ip))
             .collect();
         if fips.is_empty() {
+            self.probe(&[]);
             return Ok(());
         }
+        self.probe(&addrs);
         self.refresh_servers(&eligible).await?;
         let candidates: Vec<Candidate> = eligible
             .iter()
@@ -209,6 +212,13 @@ impl Routing {
         Ok(())
     }
 
+    /// Probes exactly `targets` from now on.
+    fn probe(&mut self, targets: &[SocketAddr]) {
+        if let Err(e) = self.prober.set_targets(targets) {
+            warn!(error = %e, "cannot probe the nodes");
+        }
+    }
+
     /// Says (once per change) what the nodes look like when a FIP needs a node and none is
     /// healthy: each candidate's health, and the eligible Nodes without a known server.
     fn report(
@@ -224,7 +234,9 @@ impl Routing {
                 at.is_none_or(|s| !candidates.iter().any(|c| c.server == s && c.health == Health::Up))
             })
             .count();
-        let view = if unplaced > moves {
+        // While every candidate's first probes are out (a new leader) there is nothing to say.
+        let first_probes = !candidates.is_empty() && candidates.iter().all(|c| c.health == Health::Unknown);
+        let view = if unplaced > moves && !first_probes {
             let nodes: Vec<String> = candidates
                 .iter()
                 .map(|c| format!("{}={:?}", c.node, c.health))

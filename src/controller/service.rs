@@ -582,6 +582,10 @@ async fn release_due(ctx: &ServiceContext, store: &Cache<Service>, due: &[String
         if !ctx.base.leader.is_leader() {
             return Ok(());
         }
+        // A reconcile may have begun releasing it since the list was read.
+        if !ctx.holds().is_due(id, tokio::time::Instant::now()) {
+            continue;
+        }
         match ctx.base.cloud.delete_ip(&ip.id).await {
             Ok(()) => {}
             Err(e) if e.is_not_found() => {}
@@ -1072,9 +1076,14 @@ async fn release_or_hold(
     let verdict = ctx.holds().unwanted(id, now, grace);
     match verdict {
         grace::Verdict::Release => {
-            let released = release(ctx, svc, facts, ip).await?;
-            ctx.holds().wanted(id);
-            Ok(released)
+            ctx.holds().releasing(id);
+            let released = release(ctx, svc, facts, ip).await;
+            if released.is_ok() {
+                ctx.holds().wanted(id);
+            } else {
+                ctx.holds().release_failed(id);
+            }
+            released
         }
         grace::Verdict::Keep { until } => {
             if !was_held {

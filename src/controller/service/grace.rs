@@ -77,6 +77,8 @@ impl Hold {
 #[derive(Debug, Default)]
 pub struct Holds {
     held: HashMap<String, Hold>,
+    /// Held FIPs whose delete is on its way (a reconcile's): not due for another one.
+    releasing: std::collections::HashSet<String>,
 }
 
 impl Holds {
@@ -98,7 +100,24 @@ impl Holds {
 
     /// `fip` is wanted again (its Service is back): its hold ends. Returns whether it was held.
     pub fn wanted(&mut self, fip: &str) -> bool {
+        self.releasing.remove(fip);
         self.held.remove(fip).is_some()
+    }
+
+    /// `fip`'s delete is on its way: until it ends ([`Holds::wanted`]) it is not [`Holds::due`],
+    /// so the release loop does not send a second one (a delete may wait long in the rate limit).
+    pub fn releasing(&mut self, fip: &str) {
+        self.releasing.insert(fip.to_owned());
+    }
+
+    /// `fip`'s delete failed: it is held as before (due again for the release loop).
+    pub fn release_failed(&mut self, fip: &str) {
+        self.releasing.remove(fip);
+    }
+
+    /// Whether `fip` is held, its grace period over at `now`, and no delete of it on its way.
+    pub fn is_due(&self, fip: &str, now: Instant) -> bool {
+        self.held.get(fip).is_some_and(|h| now >= h.until()) && !self.releasing.contains(fip)
     }
 
     /// Whether `fip` is held.
@@ -111,7 +130,7 @@ impl Holds {
         let mut due: Vec<String> = self
             .held
             .iter()
-            .filter(|(_, h)| now >= h.until())
+            .filter(|(id, h)| now >= h.until() && !self.releasing.contains(*id))
             .map(|(id, _)| id.clone())
             .collect();
         due.sort();

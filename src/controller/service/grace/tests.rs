@@ -164,3 +164,21 @@ fn without_a_load_balancer_live_services_keep_their_fips_and_gone_ones_do_not() 
     assert!(!still_unwanted(Some(&turned), ip, None, MIRROR));
     assert!(still_unwanted(None, ip, None, MIRROR));
 }
+
+/// A delete on its way (waiting in the rate limit, say) is not due for the release loop: it would
+/// send a second delete of the same FIP. A failed one is due again.
+#[test]
+fn a_fip_whose_delete_is_on_its_way_is_not_due_again() {
+    let mut holds = Holds::default();
+    let now = Instant::now();
+    assert_eq!(holds.unwanted("a", now, Duration::ZERO), Verdict::Release);
+    assert_eq!(holds.unwanted("b", now, Duration::ZERO), Verdict::Release);
+    holds.releasing("a");
+    assert_eq!(holds.due(now), ["b"]);
+    assert!(!holds.is_due("a", now) && holds.is_due("b", now));
+    holds.release_failed("a");
+    assert!(holds.is_due("a", now));
+    holds.releasing("a");
+    assert!(holds.wanted("a"));
+    assert!(!holds.is_held("a") && !holds.is_due("a", now));
+}
