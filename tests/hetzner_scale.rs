@@ -632,5 +632,10 @@ fn a_thousand_floating_ip_services_within_hetzners_rate_limit() {
             "one FIP created per Service, each deleted\n{tails}"
         );
         assert_eq!(baton_fips.len(), COUNT, "the FIPs seen are the FIPs created");
+        assert_eq!(
+            (assigns, deletes),
+            (COUNT as u64, COUNT as u64),
+            "one assign and one delete per Service: none sent twice\n{tails}"
+        );
     });
 }
