@@ -265,6 +265,22 @@ fn probe_client(s: &ProbeSettings, target: SocketAddr) -> Result<reqwest::Client
         .map_err(ProbeError::Client)
 }
 
+/// `GET url` answers 2xx (within the client's own timeout: connect, TLS and answer); why not is
+/// logged at debug.
+async fn answers_ok(client: &reqwest::Client, url: &str) -> bool {
+    match client.get(url).send().await {
+        Ok(r) if r.status().is_success() => true,
+        Ok(r) => {
+            tracing::debug!(status = %r.status(), "probe failed");
+            false
+        }
+        Err(e) => {
+            tracing::debug!(reason = %error_chain(&e), "probe failed");
+            false
+        }
+    }
+}
+
 /// `GET http://<target><path>` in plain HTTP: healthy on a 2xx answer within `timeout` (the
 /// routing loop's check of a node's kube-proxy, `/healthz` on port 10256).
 pub fn plain_http_check(path: &str, timeout: std::time::Duration) -> Result<Check, ProbeError> {
@@ -282,19 +298,7 @@ pub fn plain_http_check(path: &str, timeout: std::time::Duration) -> Result<Chec
     let path = path.to_owned();
     Ok(Arc::new(move |target: SocketAddr| {
         let (client, url) = (client.clone(), format!("http://{target}{path}"));
-        Box::pin(async move {
-            match client.get(&url).send().await {
-                Ok(r) if r.status().is_success() => true,
-                Ok(r) => {
-                    tracing::debug!(status = %r.status(), "probe failed");
-                    false
-                }
-                Err(e) => {
-                    tracing::debug!(reason = %error_chain(&e), "probe failed");
-                    false
-                }
-            }
-        })
+        Box::pin(async move { answers_ok(&client, &url).await })
     }))
 }
 
@@ -306,17 +310,7 @@ fn readyz(s: &ProbeSettings, target: SocketAddr) -> Result<Check, ProbeError> {
         let (client, url) = (client.clone(), url.clone());
         Box::pin(async move {
             // The client's own timeout bounds connect + TLS + answer.
-            match client.get(&url).send().await {
-                Ok(r) if r.status().is_success() => true,
-                Ok(r) => {
-                    tracing::debug!(status = %r.status(), "probe failed");
-                    false
-                }
-                Err(e) => {
-                    tracing::debug!(reason = %error_chain(&e), "probe failed");
-                    false
-                }
-            }
+            answers_ok(&client, &url).await
         })
     }))
 }
