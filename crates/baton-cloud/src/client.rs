@@ -40,6 +40,7 @@ use baton_core::Secret;
 use crate::cloud::Cloud;
 use crate::error::{CloudError, Object, Op};
 use crate::fence::{CallTerm, Fence, InFlight, Sending, changed};
+use crate::hetzner::model::headers::{LIMIT, REMAINING, RESET};
 use crate::limiter::{Priority, RateGate};
 use crate::model::{
     ApiErrorBody, CreateIpRequest, IpAddress, IpId, IpList, Project, ProjectId, Region, Server, ServerId,
@@ -474,13 +475,13 @@ impl CloudClient {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
-        let (Some(limit), Some(left)) = (number("ratelimit-limit"), number("ratelimit-remaining")) else {
+        let (Some(limit), Some(left)) = (number(LIMIT), number(REMAINING)) else {
             return;
         };
         let now_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let reset = number("ratelimit-reset").unwrap_or(now_unix);
+        let reset = number(RESET).unwrap_or(now_unix);
         let left = if status == StatusCode::TOO_MANY_REQUESTS {
             0
         } else {
