@@ -35,25 +35,6 @@ const BATON: &str = env!("CARGO_BIN_EXE_baton");
 /// The simulator's servers cp-0 and cp-1.
 const CP: [u64; 2] = [600_101, 600_102];
 
-async fn within<T, F, Fut>(timeout: Duration, what: &str, diag: &dyn Fn() -> String, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {timeout:?}\n{}",
-            diag()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The last lines of every pod's and replica's log, for a failure message.
 fn diag(cp: &ControlPlane, logs: &std::path::Path) -> String {
     use std::fmt::Write as _;
@@ -149,7 +130,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             .unwrap();
 
         // baton's FIP: the Service's ingress, routed to a node, answering through kube-proxy.
-        let fip: IpAddr = within(
+        let fip: IpAddr = common::web::within(
             Duration::from_secs(120),
             "apps/web's ingress",
             &|| diag(&cp, logs.path()),
@@ -161,14 +142,14 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             .into_iter()
             .find(|ip| ip.address == fip)
             .expect("the ingress is a Floating IP of the project");
-        let holder = within(
+        let holder = common::web::within(
             Duration::from_secs(30),
             "the FIP routed to a node",
             &|| diag(&cp, logs.path()),
             || async { sim.peek_ip(ip.id.as_str())?.target() },
         )
         .await;
-        let body = within(
+        let body = common::web::within(
             Duration::from_secs(90),
             "http://<fip>:80/_sim/health",
             &|| diag(&cp, logs.path()),
@@ -194,7 +175,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
         let from = sim.log(0).last().map_or(0, |e| e.seq + 1);
         let t0 = tokio::time::Instant::now();
         cp.kill_node(victim).await.unwrap();
-        within(
+        common::web::within(
             Duration::from_secs(60),
             "the FIP answers from the other node",
             &|| diag(&cp, logs.path()),
@@ -221,7 +202,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
         let survivor = usize::from(victim == "cp-0");
         let services: Api<Service> = Api::namespaced(cp.client(survivor).unwrap(), "apps");
         services.delete("web", &DeleteParams::default()).await.unwrap();
-        within(
+        common::web::within(
             Duration::from_secs(60),
             "apps/web's FIP released",
             &|| diag(&cp, logs.path()),
