@@ -130,7 +130,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             .unwrap();
 
         // baton's FIP: the Service's ingress, routed to a node, answering through kube-proxy.
-        let fip: IpAddr = common::web::within(
+        let fip: IpAddr = common::within(
             Duration::from_secs(120),
             "apps/web's ingress",
             &|| diag(&cp, logs.path()),
@@ -142,14 +142,14 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
             .into_iter()
             .find(|ip| ip.address == fip)
             .expect("the ingress is a Floating IP of the project");
-        let holder = common::web::within(
+        let holder = common::within(
             Duration::from_secs(30),
             "the FIP routed to a node",
             &|| diag(&cp, logs.path()),
             || async { sim.peek_ip(ip.id.as_str())?.target() },
         )
         .await;
-        let body = common::web::within(
+        let body = common::within(
             Duration::from_secs(90),
             "http://<fip>:80/_sim/health",
             &|| diag(&cp, logs.path()),
@@ -175,7 +175,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
         let from = sim.log(0).last().map_or(0, |e| e.seq + 1);
         let t0 = tokio::time::Instant::now();
         cp.kill_node(victim).await.unwrap();
-        common::web::within(
+        common::within(
             Duration::from_secs(60),
             "the FIP answers from the other node",
             &|| diag(&cp, logs.path()),
@@ -202,7 +202,7 @@ fn a_floating_ip_service_is_routed_to_a_healthy_node_and_moves_when_it_fails() {
         let survivor = usize::from(victim == "cp-0");
         let services: Api<Service> = Api::namespaced(cp.client(survivor).unwrap(), "apps");
         services.delete("web", &DeleteParams::default()).await.unwrap();
-        common::web::within(
+        common::within(
             Duration::from_secs(60),
             "apps/web's FIP released",
             &|| diag(&cp, logs.path()),

@@ -250,7 +250,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             )
             .await
             .unwrap();
-        common::web::within(
+        common::within(
             Duration::from_secs(120),
             "a ready endpoint of apps/byo (baton initialised the nodes, the pods serve)",
             &diag,
@@ -284,7 +284,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             .patch("byo", &PatchParams::default(), &Patch::Merge(&opt_in))
             .await
             .unwrap();
-        let shown = common::web::within(Duration::from_secs(60), "apps/byo's ingress", &diag, || async {
+        let shown = common::within(Duration::from_secs(60), "apps/byo's ingress", &diag, || async {
             let svc = services.get("byo").await.ok()?;
             let ing = svc.status?.load_balancer?.ingress?.into_iter().next()?;
             ing.ip.is_some().then_some(ing)
@@ -298,7 +298,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             "VIP mode: kube-proxy only accepts VIP ingresses"
         );
         let (cp0, cp1) = (fip_packets(&cp, "cp-0").await, fip_packets(&cp, "cp-1").await);
-        let body = common::web::within(
+        let body = common::within(
             Duration::from_secs(60),
             "http://<byo>:80/_sim/health through cp-0",
             &diag,
@@ -340,7 +340,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         // The operator retargets it to cp-1: it answers through cp-1's kube-proxy.
         cloud.retarget_ip(&byo.id, ServerId(CP[1])).await.unwrap();
         let cp1 = fip_packets(&cp, "cp-1").await;
-        common::web::within(
+        common::within(
             Duration::from_secs(30),
             "http://<byo>:80/_sim/health through cp-1",
             &diag,
@@ -363,13 +363,12 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             )
             .await
             .unwrap();
-        let fip: IpAddr =
-            common::web::within(Duration::from_secs(60), "apps/web's ingress", &diag, || async {
-                ingress(&services.get("web").await.ok()?)?.parse().ok()
-            })
-            .await;
+        let fip: IpAddr = common::within(Duration::from_secs(60), "apps/web's ingress", &diag, || async {
+            ingress(&services.get("web").await.ok()?)?.parse().ok()
+        })
+        .await;
         let prefix = format!("{fip}/32");
-        let hops = common::web::within(
+        let hops = common::within(
             Duration::from_secs(120),
             "gobgpd learning the FIP from both nodes",
             &diag,
@@ -385,7 +384,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         .await;
         eprintln!("gobgpd learned {prefix} via {hops:?}");
         // What gobgpd learned, in the hub's kernel (RouteSync turns every 300 ms).
-        let route = common::web::within(
+        let route = common::within(
             Duration::from_secs(10),
             "the hub's route to the FIP over both nodes (ECMP)",
             &diag,
@@ -398,7 +397,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
             },
         )
         .await;
-        let body = common::web::within(
+        let body = common::within(
             Duration::from_secs(30),
             "http://<fip>:80/_sim/health over the BGP route",
             &diag,
@@ -426,7 +425,7 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
 
         // Deleting the Service never releases the operator's FIP, nor unroutes it.
         services.delete("byo", &DeleteParams::default()).await.unwrap();
-        common::web::within(Duration::from_secs(30), "apps/byo gone", &diag, || async {
+        common::within(Duration::from_secs(30), "apps/byo gone", &diag, || async {
             services.get_opt("byo").await.ok()?.is_none().then_some(())
         })
         .await;

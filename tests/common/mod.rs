@@ -173,7 +173,31 @@ pub fn ingress(svc: &Service) -> Option<String> {
 }
 
 /// Polls `check` every 200 ms until it returns `Some`, or panics after `timeout` with `what`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(timeout, Duration::from_millis(200), what, &String::new, check).await
+}
+
+/// Polls `check` every 100 ms until it gives a value; fails after `timeout` with `what` and
+/// `diag()` (the logs that say why).
+pub async fn within<T, F, Fut>(timeout: Duration, what: &str, diag: &dyn Fn() -> String, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(timeout, Duration::from_millis(100), what, diag, check).await
+}
+
+async fn poll<T, F, Fut>(
+    timeout: Duration,
+    every: Duration,
+    what: &str,
+    diag: &dyn Fn() -> String,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -185,9 +209,10 @@ where
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
+            "timed out ({timeout:?}) waiting for {what}\n{}",
+            diag()
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

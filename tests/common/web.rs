@@ -70,24 +70,3 @@ pub async fn health(fip: IpAddr, timeout: Duration) -> Result<String, String> {
         .map_err(|e| format!("{e:?}"))?;
     resp.text().await.map_err(|e| e.to_string())
 }
-
-/// Polls `check` every 100 ms until it gives a value; fails after `timeout` with `what` and
-/// `diag()` (the logs that say why).
-pub async fn within<T, F, Fut>(timeout: Duration, what: &str, diag: &dyn Fn() -> String, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out ({timeout:?}) waiting for {what}\n{}",
-            diag()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
