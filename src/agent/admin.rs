@@ -112,6 +112,8 @@ pub struct Metrics {
     in_sync: Gauge,
     updates: Family<ResultLabel, Counter>,
     repairs: Counter,
+    boot_deliveries: Gauge,
+    node_file_writes: Family<ResultLabel, Counter>,
     connections: Family<FipLabel, Counter<u64, AtomicU64>>,
     own_connections: Family<FipLabel, Counter<u64, AtomicU64>>,
     /// The FIPs shown in `connections` and in `own_connections`.
@@ -134,6 +136,8 @@ impl Default for Metrics {
             in_sync: Gauge::default(),
             updates: Family::default(),
             repairs: Counter::default(),
+            boot_deliveries: Gauge::default(),
+            node_file_writes: Family::default(),
             connections: Family::default(),
             own_connections: Family::default(),
             shown: Mutex::new((BTreeSet::new(), BTreeSet::new())),
@@ -163,6 +167,17 @@ impl Default for Metrics {
             "repairs",
             "Replacements because the table changed under the agent (flushed, edited)",
             m.repairs.clone(),
+        );
+        registry.register(
+            "boot_deliveries",
+            "Floating IPs whose own packets this node still delivers to its own API server since \
+             boot, because their holder does not answer yet (docs/agent.md, \"Cold start\")",
+            m.boot_deliveries.clone(),
+        );
+        registry.register(
+            "node_file_writes",
+            "Writes of the node file the boot unit restores from, by result (ok, error)",
+            m.node_file_writes.clone(),
         );
         registry.register(
             "fip_connections",
@@ -224,6 +239,16 @@ impl Metrics {
 
     pub fn repaired(&self) {
         self.repairs.inc();
+    }
+
+    /// The boot deliveries that still stand.
+    pub fn set_boot_deliveries(&self, n: usize) {
+        self.boot_deliveries.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn node_file_written(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.node_file_writes.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// The exposition text.

@@ -26,13 +26,15 @@
 //! On exit the rules stay (a restart must not drop traffic); `--cleanup` removes the tables.
 
 pub mod admin;
+pub mod boot;
 pub mod netlink;
 pub mod nft;
 pub mod plan;
+pub mod state;
 pub mod table;
 pub mod watch;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,8 +63,30 @@ pub struct AgentArgs {
     pub no_kube: bool,
 
     /// Remove baton's nftables tables (`ip baton`, `ip6 baton`) and exit: the uninstall step.
-    #[arg(long, env = "BATON_AGENT_CLEANUP")]
+    #[arg(long, env = "BATON_AGENT_CLEANUP", conflicts_with = "boot")]
     pub cleanup: bool,
+
+    /// Keep the node's own copy of what it accepts here: `<DIR>/agent/fips.json` (the FIPs and
+    /// their holders, rewritten atomically when the FIP table changes) and `<DIR>/bin/baton`
+    /// (this binary, for the boot unit). Unset: no node file, nothing for `--boot` to restore.
+    #[arg(long, env = "BATON_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Where `--boot` records this boot's boot deliveries (`<DIR>/boot.json`): a tmpfs, so that
+    /// the record ends with the boot.
+    #[arg(
+        long,
+        env = "BATON_AGENT_RUN_DIR",
+        default_value = "/run/baton",
+        value_name = "DIR"
+    )]
+    pub run_dir: PathBuf,
+
+    /// At boot, before the kubelet and without any API server (systemd/baton-agent-boot.service):
+    /// accept every FIP of the node file, send the node's own packets for them to its own API
+    /// server until their holder answers (the agent ends that later), and exit.
+    #[arg(long, env = "BATON_AGENT_BOOT")]
+    pub boot: bool,
 
     /// kubeconfig of this node's API server (default: in-cluster, then `KUBECONFIG` /
     /// `~/.kube/config`). Never the FIP.
@@ -123,6 +147,10 @@ pub enum AgentError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    State(#[from] state::StateError),
+    #[error("the kernel does not hold the restored rules: {0}")]
+    Restore(String),
 }
 
 impl AgentError {
@@ -139,6 +167,9 @@ pub struct Settings {
     /// The FIP table, `(namespace, name)`; `None`: `--no-kube`.
     pub table: Option<(String, String)>,
     pub cleanup: bool,
+    pub boot: bool,
+    pub state_dir: Option<PathBuf>,
+    pub run_dir: PathBuf,
     pub kubeconfig: Option<PathBuf>,
     pub health_listen: Option<SocketAddr>,
     pub recheck: Duration,
@@ -162,7 +193,7 @@ impl Settings {
             })?;
             fips.insert(*ip);
         }
-        if args.no_kube && fips.is_empty() && !args.cleanup {
+        if args.no_kube && fips.is_empty() && !args.cleanup && !args.boot {
             return Err(bad(
                 "--no-kube",
                 "true".into(),
@@ -198,10 +229,27 @@ impl Settings {
                 format!("must be at least {MIN_RECHECK_MS}"),
             ));
         }
+        if args.boot && args.state_dir.is_none() {
+            return Err(bad(
+                "--boot",
+                "true".into(),
+                "needs --state-dir (BATON_AGENT_STATE_DIR), where the agent keeps the node file".into(),
+            ));
+        }
+        for (field, dir) in [("--state-dir", args.state_dir.as_ref()), ("--run-dir", Some(&args.run_dir))] {
+            if let Some(dir) = dir
+                && !dir.is_absolute()
+            {
+                return Err(bad(field, dir.display().to_string(), "must be an absolute path".into()));
+            }
+        }
         Ok(Self {
             fips,
             table: (!args.no_kube).then(|| (args.namespace.clone(), crate::names::fip_table_name(prefix))),
             cleanup: args.cleanup,
+            boot: args.boot,
+            state_dir: args.state_dir.clone(),
+            run_dir: args.run_dir.clone(),
             kubeconfig: args.kubeconfig.clone(),
             health_listen,
             recheck: Duration::from_millis(args.recheck_interval_ms),
@@ -230,7 +278,10 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         info!(tables = %tables.join(", "), "baton's nftables tables removed");
         return Ok(());
     }
-    let client = match &settings.table {
+    if settings.boot {
+        return boot::run(&settings).await;
+    }
+    let upstream = match &settings.table {
         Some(_) => Some(kube_client(settings.kubeconfig.as_deref()).await?),
         None => None,
     };
@@ -241,10 +292,11 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         fips = %list(&settings.fips),
         kept = %list(&at_start.fips),
         held_here = %Pairs(&at_start.held),
-        table = client.is_some(),
+        table = upstream.is_some(),
+        state_dir = %settings.state_dir.as_ref().map_or_else(|| "-".into(), |d| d.display().to_string()),
         "baton agent starting"
     );
-    let status = client.as_ref().map(|_| Arc::new(watch::WatchStatus::default()));
+    let status = upstream.as_ref().map(|_| Arc::new(watch::WatchStatus::default()));
     let health = Arc::new(Health::new(status.clone()));
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = settings.health_listen {
@@ -261,17 +313,19 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
             .instrument(tracing::info_span!("health")),
         );
     }
-    let (tx, rx) = tokio::sync::watch::channel(client.is_none().then(FipSet::default));
+    let keeper = Keeper::start(&settings, upstream.as_ref(), &shutdown);
+    let (tx, rx) = tokio::sync::watch::channel(upstream.is_none().then(FipSet::default));
     // With --no-kube nobody sends; the sender lives as long as the loop.
     // The version floor (crate::kube::version): read beside the loop, which keeps what the
     // kernel holds meanwhile (an API server that does not answer yet costs no rule); below 1.30
     // the agent stops with the reason before it watches the table.
     let stop = shutdown.child_token();
     let (refused_tx, mut refused_rx) = tokio::sync::oneshot::channel();
-    let _no_watch = match (client, settings.table.clone(), status) {
-        (Some(client), Some((namespace, name)), Some(status)) => {
+    let _no_watch = match (upstream, settings.table.clone(), status) {
+        (Some(upstream), Some((namespace, name)), Some(status)) => {
             let h = Arc::clone(&health);
             let stop = stop.clone();
+            let client = upstream.client;
             tokio::spawn(
                 async move {
                     let version = tokio::select! {
@@ -297,7 +351,7 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         fixed: settings.fips,
         at_start,
     };
-    reconcile(inputs, rx, &health, &metrics, settings.recheck, &stop).await;
+    reconcile(inputs, keeper, rx, (&health, &metrics), settings.recheck, &stop).await;
     if let Ok(too_old) = refused_rx.try_recv() {
         return Err(too_old.into());
     }
@@ -305,12 +359,34 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
     Ok(())
 }
 
+/// The agent's API server: the client for the FIP table watch, and what the boot phase needs
+/// of it (its address, this node's own API server by the manifest's design, and its CA).
+struct Upstream {
+    client: kube::Client,
+    /// The API server's address, when the configuration names it by IP.
+    address: Option<IpAddr>,
+    port: u16,
+    ca_der: Vec<Vec<u8>>,
+}
+
 /// The client for the FIP table watch.
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, AgentError> {
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<Upstream, AgentError> {
     let config = crate::kube::config::load(kubeconfig)
         .await
         .map_err(|e| AgentError::KubeConfig(e.with_path()))?;
-    kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))
+    let address = config
+        .cluster_url
+        .host()
+        .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+    let port = config.cluster_url.port_u16().unwrap_or(443);
+    let ca_der = config.root_cert.clone().unwrap_or_default();
+    let client = kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    Ok(Upstream {
+        client,
+        address,
+        port,
+        ca_der,
+    })
 }
 
 /// What the wanted set is made of, besides the FIP table and this node's addresses.
@@ -320,14 +396,201 @@ struct Inputs {
     at_start: Wanted,
 }
 
+/// What the agent keeps beside the kernel's tables: the node file (with `--state-dir`) and the
+/// boot phase (when `--boot` recorded boot deliveries at this boot).
+struct Keeper {
+    /// `<state-dir>/agent/fips.json` and what it holds now (as read at start, then as written).
+    node_file: Option<(PathBuf, Option<state::NodeFile>)>,
+    /// This node's API server's address (see [`Upstream`]), recorded in the node file.
+    node_address: Option<IpAddr>,
+    boot: Option<BootPhase>,
+}
+
+impl Keeper {
+    fn start(settings: &Settings, upstream: Option<&Upstream>, shutdown: &CancellationToken) -> Self {
+        let Some(dir) = &settings.state_dir else {
+            return Self {
+                node_file: None,
+                node_address: None,
+                boot: None,
+            };
+        };
+        match state::install_self(&dir.join(state::BOOT_BINARY)) {
+            Ok(true) => info!(path = %dir.join(state::BOOT_BINARY).display(), "boot binary installed for the boot unit"),
+            Ok(false) => {}
+            Err(error) => warn!(%error, "the boot binary was not installed: the boot unit runs an older one, or none"),
+        }
+        let path = dir.join(state::NODE_FILE);
+        let known = state::load::<state::NodeFile>(&path).unwrap_or_else(|error| {
+            warn!(%error, "the node file cannot be read; the agent writes it anew");
+            None
+        });
+        let node_address = upstream
+            .and_then(|u| u.address)
+            .filter(|a| table::usable(*a).is_ok());
+        if upstream.is_some() && node_address.is_none() {
+            warn!(
+                "the agent's API server is not named by a usable IP address: the node file names no address, so at boot this node's own packets for its FIPs are not delivered to its own API server"
+            );
+        }
+        let boot = upstream.and_then(|u| BootPhase::start(&settings.run_dir, u, shutdown));
+        Self {
+            node_file: Some((path, known)),
+            node_address,
+            boot,
+        }
+    }
+
+    /// Records `want` (what the kernel is to hold now, without boot deliveries) in the node file
+    /// when it differs from what the file holds.
+    fn save(&mut self, want: &Wanted, table: &FipSet, metrics: &Metrics) {
+        let Some((path, known)) = &mut self.node_file else {
+            return;
+        };
+        let file = state::NodeFile::of(want, Some(table), self.node_address);
+        if known.as_ref() == Some(&file) {
+            return;
+        }
+        match state::save(path, &file) {
+            Ok(()) => {
+                info!(path = %path.display(), fips = %list(&want.fips), "node file written (restored at boot)");
+                *known = Some(file);
+                metrics.node_file_written(true);
+            }
+            Err(error) => {
+                warn!(%error, "the node file was not written: at the next boot the node restores an older set");
+                metrics.node_file_written(false);
+            }
+        }
+    }
+}
+
+/// The boot deliveries `--boot` made at this boot, and the probes of the holders that end them.
+struct BootPhase {
+    delivered: BTreeMap<IpAddr, IpAddr>,
+    marker: PathBuf,
+    /// `/readyz` of the holders the FIP table names (`None`: no CA to verify them with).
+    prober: Option<crate::probe::Prober>,
+    port: u16,
+    /// The last reason each delivery stays, logged when it changes.
+    told: BTreeMap<IpAddr, boot::Why>,
+}
+
+impl BootPhase {
+    fn start(run_dir: &std::path::Path, upstream: &Upstream, shutdown: &CancellationToken) -> Option<Self> {
+        let marker = run_dir.join(state::BOOT_MARKER);
+        let delivered = match state::load::<state::BootMarker>(&marker) {
+            Ok(Some(m)) if !m.delivered.is_empty() => m.delivered,
+            Ok(_) => return None,
+            Err(error) => {
+                warn!(%error, "the boot marker cannot be read: no boot delivery is kept");
+                return None;
+            }
+        };
+        info!(delivered = %Pairs(&delivered), "boot phase: this node's own packets for these FIPs go to its own API server until their holder answers");
+        let prober = if upstream.ca_der.is_empty() {
+            warn!("no cluster CA in the agent's configuration: holders cannot be probed, so a boot delivery ends only when this node holds the FIP or the FIP leaves the table");
+            None
+        } else {
+            Some(crate::probe::Prober::with_shutdown(
+                crate::probe::ProbeSettings {
+                    path: "/readyz".into(),
+                    server_name: HOLDER_SERVER_NAME.into(),
+                    ca_der: upstream.ca_der.clone(),
+                    interval: Duration::from_millis(500),
+                    timeout: Duration::from_secs(1),
+                    thresholds: baton_core::health::Thresholds { rise: 2, fall: 2 },
+                },
+                Arc::new(()),
+                shutdown.child_token(),
+            ))
+        };
+        Some(Self {
+            delivered,
+            marker,
+            prober,
+            port: upstream.port,
+            told: BTreeMap::new(),
+        })
+    }
+
+    fn health(&self) -> Option<tokio::sync::watch::Receiver<BTreeMap<SocketAddr, baton_core::health::Health>>> {
+        self.prober.as_ref().map(crate::probe::Prober::subscribe)
+    }
+
+    /// Ends the deliveries whose holder is known now (boot::resolve), records what stands, and
+    /// probes the holders of the rest.
+    fn step(&mut self, table: Option<&FipSet>, local: &BTreeSet<IpAddr>) {
+        let port = self.port;
+        let fates = boot::resolve(&self.delivered, table, local, |h| {
+            self.prober
+                .as_ref()
+                .is_some_and(|p| p.health(&SocketAddr::new(h, port)) == baton_core::health::Health::Up)
+        });
+        let mut ended = false;
+        for (fip, fate) in fates {
+            match fate {
+                boot::Fate::End(why) => {
+                    info!(%fip, %why, "boot delivery ended: this node's own packets for the FIP follow the FIP table again");
+                    self.delivered.remove(&fip);
+                    self.told.remove(&fip);
+                    ended = true;
+                }
+                boot::Fate::Keep(why) => {
+                    if self.told.get(&fip) != Some(&why) {
+                        info!(%fip, %why, "boot delivery stays");
+                        self.told.insert(fip, why);
+                    }
+                }
+            }
+        }
+        if ended {
+            let saved = if self.delivered.is_empty() {
+                state::remove(&self.marker)
+            } else {
+                state::save(
+                    &self.marker,
+                    &state::BootMarker {
+                        delivered: self.delivered.clone(),
+                    },
+                )
+            };
+            if let Err(error) = saved {
+                warn!(%error, "the boot marker was not updated: a restarted agent keeps deliveries that ended");
+            }
+        }
+        let targets: Vec<SocketAddr> = table
+            .map(|t| {
+                self.delivered
+                    .keys()
+                    .filter_map(|fip| t.holders.get(fip))
+                    .flatten()
+                    .filter(|h| !local.contains(h))
+                    .map(|h| SocketAddr::new(*h, port))
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(p) = &mut self.prober
+            && let Err(error) = p.set_targets(&targets)
+        {
+            warn!(%error, "probing the FIPs' holders failed");
+        }
+    }
+}
+
+/// The name the API servers' certificates carry (the controller probes them by the same name).
+const HOLDER_SERVER_NAME: &str = "kubernetes.default.svc";
+
 /// Keeps the kernel's tables equal to the wanted FIPs: at once when they change, and every
 /// `recheck` (someone may flush the ruleset, this node's addresses may change); after a failure
-/// again within a second, doubling up to `recheck`.
+/// again within a second, doubling up to `recheck`. A boot phase's holder probes wake it too.
 async fn reconcile(
     inputs: Inputs,
+    mut keeper: Keeper,
     mut rx: tokio::sync::watch::Receiver<Option<FipSet>>,
-    health: &Health,
-    metrics: &Metrics,
+    (health, metrics): (&Health, &Metrics),
     recheck: Duration,
     shutdown: &CancellationToken,
 ) {
@@ -335,9 +598,10 @@ async fn reconcile(
     let mut retry = first_retry;
     let mut applied: Option<Wanted> = None;
     let mut open = true;
+    let mut probes = keeper.boot.as_ref().and_then(BootPhase::health);
     loop {
         let table = rx.borrow_and_update().clone();
-        let pause = if once(&inputs, table.as_ref(), &mut applied, health, metrics).await {
+        let pause = if once(&inputs, &mut keeper, table.as_ref(), &mut applied, (health, metrics)).await {
             retry = first_retry;
             recheck
         } else {
@@ -345,11 +609,20 @@ async fn reconcile(
             retry = (retry * 2).min(recheck);
             p
         };
+        if keeper.boot.is_none() {
+            probes = None;
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = async { if open { rx.changed().await } else { std::future::pending().await } } => {
                 open = changed.is_ok();
             }
+            () = async {
+                match probes.as_mut() {
+                    Some(p) => { if p.changed().await.is_err() { std::future::pending::<()>().await } }
+                    None => std::future::pending().await,
+                }
+            } => {}
             () = tokio::time::sleep(pause) => {}
         }
     }
@@ -359,10 +632,10 @@ async fn reconcile(
 /// True when the kernel holds what is wanted.
 async fn once(
     inputs: &Inputs,
+    keeper: &mut Keeper,
     table: Option<&FipSet>,
     applied: &mut Option<Wanted>,
-    health: &Health,
-    metrics: &Metrics,
+    (health, metrics): (&Health, &Metrics),
 ) -> bool {
     let (observed, local) = match netlink::run(|s| Ok((s.read()?, netlink::local_addresses()?))).await {
         Ok(o) => o,
@@ -373,7 +646,20 @@ async fn once(
         }
     };
     let source = table.map_or(Source::HeldAtStart(&inputs.at_start), Source::Table);
-    let want = &plan::wanted(&inputs.fixed, &source, &local);
+    let mut want = plan::wanted(&inputs.fixed, &source, &local);
+    if let Some(t) = table {
+        keeper.save(&want, t, metrics);
+    }
+    if let Some(b) = &mut keeper.boot {
+        b.step(table, &local);
+        want = boot::with_boot(want, &b.delivered, &local);
+        metrics.set_boot_deliveries(b.delivered.len());
+        if b.delivered.is_empty() {
+            info!("boot phase over: every FIP's holder is known and answers (or is this node)");
+            keeper.boot = None;
+        }
+    }
+    let want = &want;
     let Plan::Replace {
         families,
         added,

@@ -34,6 +34,7 @@ pub mod routing;
 pub mod run;
 pub mod service;
 pub mod standalone;
+pub mod standby;
 pub mod succession;
 pub mod trust;
 pub mod watches;

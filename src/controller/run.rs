@@ -23,13 +23,16 @@ use crate::kube::client::ApiReachability;
 use crate::probe::ProbeSettings;
 
 /// Flags of `baton controller` (plus every configuration setting).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ControllerArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
 
     #[command(flatten)]
     pub cluster: ClusterArgs,
+
+    #[command(flatten)]
+    pub standby: super::standby::StandbyArgs,
 
     /// This replica's identity in the leader Lease (the pod name).
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
@@ -135,11 +138,24 @@ pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
         tracing::info!("signal received; stopping");
         on_signal.cancel();
     });
+    if args.standby.standby {
+        return super::standby::run(args, shutdown).await;
+    }
     run_until(args, shutdown).await
 }
 
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), ControllerError> {
+    run_until_with(args, shutdown, None).await
+}
+
+/// Runs the controller until `shutdown` is cancelled, or (`rest`: a standby replica's round)
+/// until it has been a follower for `rest` while another replica leads.
+pub async fn run_until_with(
+    args: ControllerArgs,
+    shutdown: CancellationToken,
+    rest: Option<Duration>,
+) -> Result<(), ControllerError> {
     let config = Arc::new(Config::resolve(&args.config, &ProcessEnv)?);
     let mut cloud_config = config.cloud_client_config()?;
     let listen = |flag: &'static str, value: &str| {
@@ -184,6 +200,9 @@ pub async fn run_until(args: ControllerArgs, shutdown: CancellationToken) -> Res
         sup.spawn("lease", joined(task));
         gate
     };
+    if let (Some(rest), false) = (rest, args.no_leader_election) {
+        sup.spawn("standby-rest", rest_when_led_elsewhere(leader.clone(), rest, shutdown.clone()));
+    }
     let (client, cloud, urgent_cloud) = fenced_clients(&clients, &leader, &cherry);
     // The self-signed metrics certificate's name (a DNS name: the pod name is one).
     let cert_name = identity.clone();
@@ -289,6 +308,29 @@ fn fenced_clients(
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     (client, cloud, urgent_cloud)
+}
+
+/// Ends a standby replica's round (cancels `round`) once it has been a follower for `rest`
+/// while another replica held the Lease.
+async fn rest_when_led_elsewhere(mut gate: LeaderGate, rest: Duration, round: CancellationToken) {
+    let mut since: Option<tokio::time::Instant> = None;
+    loop {
+        let led_elsewhere = gate.in_term().is_none() && gate.handover().is_some();
+        since = match (led_elsewhere, since) {
+            (false, _) => None,
+            (true, None) => Some(tokio::time::Instant::now()),
+            (true, Some(t)) if t.elapsed() >= rest => {
+                tracing::info!(after = ?rest, "another replica leads: this standby replica goes dormant");
+                round.cancel();
+                return;
+            }
+            (true, t) => t,
+        };
+        tokio::select! {
+            () = round.cancelled() => return,
+            () = gate.changed() => {}
+        }
+    }
 }
 
 /// The clock of `baton_leaderless_seconds`; with leader election (`gate`), a supervised task

@@ -25,3 +25,77 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 {{- define "baton.secretName" -}}
 {{- .Values.configSecret.name | default "cherry-cloud-config" -}}
 {{- end -}}
+
+{{/* The controller container's environment, shared by the Deployment and the standby DaemonSet:
+     a dict with "root" (the chart's context), "admin" and "metrics" (its ports). */}}
+{{- define "baton.controllerEnv" -}}
+{{- $root := .root -}}
+{{- $v := .root.Values -}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+# Its Node: a leader on the FIP holder's node hands the Lease to a replica elsewhere.
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+# Talk to this node's own API server, never through the FIP.
+- name: KUBERNETES_SERVICE_HOST
+  valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+- name: KUBERNETES_SERVICE_PORT
+  value: "6443"
+{{- if eq $v.cloud "hetzner" }}
+- {name: BATON_CLOUD, value: hetzner}
+{{- else if ne $v.cloud "cherry" }}
+{{- fail (printf "cloud must be cherry or hetzner, got %q" $v.cloud) }}
+{{- end }}
+{{- if $v.sniRouter.enabled }}
+# Probe the SNI router on every candidate: a holder whose router stops loses the FIP.
+- {name: BATON_SNI_ROUTER_PORT, value: {{ (splitList ":" $v.sniRouter.listen) | last | quote }}}
+{{- end }}
+{{- if .metrics }}
+- name: BATON_METRICS_LISTEN
+  value: {{ printf "0.0.0.0:%d" .metrics | quote }}
+{{- end }}
+# Hetzner Cloud: the API token from hcloud-cloud-controller-manager's Secret (absent
+# on Cherry Servers: optional, as in manifests/deployment.yaml).
+- name: HCLOUD_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ $v.hcloudSecret | quote }}, key: token, optional: true}}
+{{- if ne $v.prefix "baton" }}
+- {name: BATON_PREFIX, value: {{ $v.prefix | quote }}}
+{{- end }}
+{{- if ne $root.Release.Namespace "kube-system" }}
+# The Lease and the FIP table live in the release's namespace.
+- {name: BATON_LEASE_NAMESPACE, value: {{ $root.Release.Namespace | quote }}}
+{{- end }}
+{{- if ne .admin 9590 }}
+- {name: BATON_ADMIN_LISTEN, value: {{ printf "127.0.0.1:%d" .admin | quote }}}
+{{- end }}
+{{- with $v.controlPlaneNamespaces }}
+- {name: BATON_CONTROL_PLANE_NAMESPACES, value: {{ join "," . | quote }}}
+{{- end }}
+{{- with $v.lease.duration }}
+- {name: BATON_LEASE_DURATION, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.lease.renewDeadline }}
+- {name: BATON_LEASE_RENEW_DEADLINE, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.lease.renewInterval }}
+- {name: BATON_LEASE_RENEW_INTERVAL, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.healthCheck.path }}
+- {name: BATON_HEALTH_CHECK_PATH, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.healthCheck.interval }}
+- {name: BATON_HEALTH_CHECK_INTERVAL, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.healthCheck.timeout }}
+- {name: BATON_HEALTH_CHECK_TIMEOUT, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.healthCheck.rise }}
+- {name: BATON_HEALTH_CHECK_RISE, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.healthCheck.fall }}
+- {name: BATON_HEALTH_CHECK_FALL, value: {{ . | quote }}}
+{{- end }}
+{{- with $v.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
