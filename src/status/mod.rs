@@ -150,12 +150,109 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
             if config.cloud == baton_cloud::CloudKind::Cherry {
                 report.uninitialized_nodes = uninitialized(&k.nodes);
             }
+            report.cold_start = cold_start(&k.nodes, &k.pods);
         }
         Err(error) => report.kubernetes.error = Some(error),
     }
     report.controllers = controllers(&args.admin).await;
     report.assess();
     Ok(report)
+}
+
+/// The role of a pod in the controller's namespace, read from its first container's arguments
+/// (so whatever the names and labels an install gave them): `baton agent`, `baton controller
+/// --standby`, or `baton controller`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Agent,
+    Standby,
+    Replica,
+}
+
+fn role(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Role> {
+    let c = pod.spec.as_ref()?.containers.first()?;
+    let args: Vec<&str> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('/'))
+        .collect();
+    match args.first().copied()? {
+        "agent" => Some(Role::Agent),
+        "controller" if args.contains(&"--standby") => Some(Role::Standby),
+        "controller" => Some(Role::Replica),
+        _ => None,
+    }
+}
+
+fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether `node` is a control-plane node (`node-role.kubernetes.io/control-plane` or
+/// `…/master`, whatever the value: kubeadm sets "", k3s and RKE2 "true").
+fn is_control_plane(node: &Node) -> bool {
+    node.metadata.labels.as_ref().is_some_and(|l| {
+        l.contains_key("node-role.kubernetes.io/control-plane") || l.contains_key("node-role.kubernetes.io/master")
+    })
+}
+
+/// The cold-start section: `None` when no agent runs as a pod here (baton is not installed
+/// in-cluster, or not in this namespace).
+fn cold_start(nodes: &[Node], pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<report::ColdStartStatus> {
+    let ours: Vec<(Role, &k8s_openapi::api::core::v1::Pod)> =
+        pods.iter().filter_map(|p| Some((role(p)?, p))).collect();
+    let agents: Vec<&k8s_openapi::api::core::v1::Pod> =
+        ours.iter().filter(|(r, _)| *r == Role::Agent).map(|(_, p)| *p).collect();
+    if agents.is_empty() {
+        return None;
+    }
+    let node_file_dir = agents.iter().find_map(|p| {
+        p.spec
+            .as_ref()?
+            .containers
+            .first()?
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "BATON_AGENT_STATE_DIR")?
+            .value
+            .clone()
+            .filter(|v| !v.is_empty())
+    });
+    let on = |node: &str, role: Role| -> Vec<&k8s_openapi::api::core::v1::Pod> {
+        ours.iter()
+            .filter(|(r, p)| *r == role && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(|(_, p)| *p)
+            .collect()
+    };
+    let nodes = nodes
+        .iter()
+        .filter(|n| is_control_plane(n))
+        .map(|n| {
+            let name = n.name_any();
+            report::ColdStartNode {
+                ready: n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+                agent: on(&name, Role::Agent).into_iter().any(pod_ready),
+                standby: on(&name, Role::Standby).into_iter().any(pod_ready),
+                replicas: on(&name, Role::Replica)
+                    .into_iter()
+                    .map(kube::ResourceExt::name_any)
+                    .collect(),
+                name,
+            }
+        })
+        .collect();
+    Some(report::ColdStartStatus { node_file_dir, nodes })
 }
 
 /// The project's IPs and servers; records on the report whether the cloud could be read.
@@ -208,6 +305,8 @@ struct KubeFacts {
     policy: EndpointPolicy,
     /// The server is below the version floor.
     too_old: Option<crate::kube::version::TooOld>,
+    /// The pods in the controller's namespace (the agents, replicas and standby replicas).
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
 }
 
 async fn timed<T, E: std::fmt::Display>(
@@ -275,7 +374,16 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
         .await
         .ok()
         .and_then(|v| crate::kube::version::check(&v.major, &v.minor, &v.git_version).err());
+    // The baton pods, for the cold-start section; not readable (RBAC) is no pods.
+    let pods = timed(
+        "listing the pods of the controller's namespace",
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), lease_ns).list(&ListParams::default()),
+    )
+    .await
+    .map(|l| l.items)
+    .unwrap_or_default();
     Ok(KubeFacts {
+        pods,
         policy: EndpointPolicy::new(config, &cluster_id, &record),
         too_old: version,
         leader: Some(leader_status(

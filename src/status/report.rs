@@ -27,6 +27,9 @@ pub struct Report {
     pub bgp: BgpStatus,
     /// Nodes still carrying the uninitialized taint.
     pub uninitialized_nodes: Vec<String>,
+    /// What would bring the endpoint back after every control-plane node lost power (None: baton
+    /// does not run as pods here, e.g. the controller runs elsewhere).
+    pub cold_start: Option<ColdStartStatus>,
     /// The controllers' admin endpoints that were asked.
     pub controllers: Vec<ControllerStatus>,
     /// Whether the cloud API could be read.
@@ -197,6 +200,33 @@ pub struct BgpStatus {
     pub nodes_missing: Vec<String>,
 }
 
+/// Cold start (docs/operations.md, "Cold start"): per control-plane node, what runs there and
+/// would run again at its boot without any other node.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartStatus {
+    /// The agents' node-file directory (`BATON_AGENT_STATE_DIR`; None: no node file is kept,
+    /// so nothing accepts the FIPs at boot before the kubelet reaches an API server).
+    pub node_file_dir: Option<String>,
+    /// Each control-plane node.
+    pub nodes: Vec<ColdStartNode>,
+}
+
+/// One control-plane node, for a cold start.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartNode {
+    pub name: String,
+    /// The Node is Ready.
+    pub ready: bool,
+    /// Its agent pod is Ready.
+    pub agent: bool,
+    /// Its standby controller pod (`baton controller --standby`) is Ready.
+    pub standby: bool,
+    /// The Deployment's replicas bound to it (pod names).
+    pub replicas: Vec<String>,
+}
+
 /// A controller replica's admin endpoint.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -290,6 +320,11 @@ impl Report {
                 Verdict::Degraded,
                 format!("nodes not initialised: {}", self.uninitialized_nodes.join(", ")),
             );
+        }
+        if let Some(c) = &self.cold_start {
+            for (severity, message) in cold_start_problems(c) {
+                add(severity, message);
+            }
         }
         for c in &self.controllers {
             if c.healthy != Some(true) {
@@ -472,6 +507,10 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(out, "  {}", r.uninitialized_nodes.join(", "));
     }
 
+    if let Some(c) = &r.cold_start {
+        render_cold_start(&mut out, c);
+    }
+
     if !r.controllers.is_empty() {
         let _ = writeln!(out, "\nControllers");
         for c in &r.controllers {
@@ -498,6 +537,83 @@ pub fn render_text(r: &Report) -> String {
         source(&r.cloud)
     );
     out
+}
+
+/// What stands in the way of a cold start without a person (pure).
+pub fn cold_start_problems(c: &ColdStartStatus) -> Vec<(Verdict, String)> {
+    let mut out = Vec::new();
+    if c.node_file_dir.is_none() {
+        out.push((
+            Verdict::Degraded,
+            "the agents keep no node file (BATON_AGENT_STATE_DIR): after every control-plane node loses power, nothing accepts the FIPs until a kubelet reaches an API server, and kubelets that use the endpoint never do (docs/operations.md, \"Cold start\")".to_owned(),
+        ));
+    }
+    let without_standby: Vec<&str> = c
+        .nodes
+        .iter()
+        .filter(|n| n.ready && !n.standby)
+        .map(|n| n.name.as_str())
+        .collect();
+    if !without_standby.is_empty() {
+        out.push((
+            Verdict::Degraded,
+            format!(
+                "no standby controller Ready on {}: a node that comes back alone after a power loss runs no controller unless a Deployment replica is bound to it (manifests/standby.yaml)",
+                without_standby.join(", ")
+            ),
+        ));
+    }
+    let without_agent: Vec<&str> = c
+        .nodes
+        .iter()
+        .filter(|n| n.ready && !n.agent)
+        .map(|n| n.name.as_str())
+        .collect();
+    if !without_agent.is_empty() {
+        out.push((
+            Verdict::Degraded,
+            format!(
+                "no agent Ready on {}: it neither accepts the FIPs nor keeps its node file up to date",
+                without_agent.join(", ")
+            ),
+        ));
+    }
+    for n in c.nodes.iter().filter(|n| !n.ready) {
+        for pod in &n.replicas {
+            out.push((
+                Verdict::Degraded,
+                format!(
+                    "controller replica {pod} is bound to {}, which is not Ready: it runs again only when the node returns or the pod is evicted (the standby replicas cover meanwhile)",
+                    n.name
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// The cold-start section of the text form.
+fn render_cold_start(out: &mut String, c: &ColdStartStatus) {
+    let _ = writeln!(out, "\nCold start (every control-plane node loses power)");
+    let _ = writeln!(
+        out,
+        "  node file: {}",
+        c.node_file_dir
+            .as_deref()
+            .map_or_else(|| "NOT KEPT".to_owned(), |d| format!("{d}/agent/fips.json (restored by baton-agent-boot.service)"))
+    );
+    for n in &c.nodes {
+        let yes = |b: bool| if b { "yes" } else { "NO" };
+        let _ = writeln!(
+            out,
+            "  {}  {}  agent {}  standby {}  replicas {}",
+            n.name,
+            if n.ready { "Ready" } else { "NOT READY" },
+            yes(n.agent),
+            yes(n.standby),
+            if n.replicas.is_empty() { "-".to_owned() } else { n.replicas.join(",") }
+        );
+    }
 }
 
 /// The endpoints section of the text form.

@@ -1,4 +1,6 @@
 use super::report::*;
+use super::report;
+use k8s_openapi::api::core::v1::Node;
 use crate::exit;
 
 /// A named change to a healthy report.
@@ -242,6 +244,7 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         leader: None,
         services: vec![svc("leftover", Some("203.0.113.1")), svc("web", None)],
         nodes: Vec::new(),
+        pods: Vec::new(),
         api_servers: Vec::new(),
         events: Vec::new(),
         policy: crate::controller::trust::EndpointPolicy::new(
@@ -297,4 +300,74 @@ fn leaderless_seconds_come_from_the_lease_record() {
     assert_eq!(at(&lease(None, 1_000, 15), 1_030), (false, Some(30)));
     let none = super::leader_status("kube-system", "baton-controller", None, 1_000);
     assert_eq!((none.valid, none.leaderless_seconds), (false, None));
+}
+
+fn cold_node(name: &str, cp_label: Option<&str>, ready: bool) -> Node {
+    let labels = cp_label.map_or_else(
+        || serde_json::json!({}),
+        |v| serde_json::json!({"node-role.kubernetes.io/control-plane": v}),
+    );
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}]},
+    }))
+    .unwrap()
+}
+
+fn cold_pod(name: &str, node: &str, args: &[&str], env: &[(&str, &str)], ready: bool) -> k8s_openapi::api::core::v1::Pod {
+    let env: Vec<serde_json::Value> = env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "baton:0.1.0", "args": args, "env": env}]},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn cold_start_names_every_node_that_could_not_come_back_alone() {
+    let state = [("BATON_AGENT_STATE_DIR", "/var/lib/baton")];
+    let nodes = vec![
+        cold_node("cp-0", Some(""), true),
+        // k3s and RKE2 label their control-plane nodes "true".
+        cold_node("cp-1", Some("true"), true),
+        cold_node("cp-2", Some(""), false),
+        cold_node("worker", None, true),
+    ];
+    let pods = vec![
+        cold_pod("baton-agent-a", "cp-0", &["agent"], &state, true),
+        cold_pod("baton-agent-b", "cp-1", &["agent"], &state, true),
+        cold_pod("baton-standby-a", "cp-0", &["controller", "--standby", "--cloud-config", "x"], &[], true),
+        cold_pod("baton-standby-b", "cp-1", &["controller", "--standby"], &[], false),
+        cold_pod("baton-1", "cp-0", &["controller", "--cloud-config", "x"], &[], true),
+        cold_pod("baton-2", "cp-2", &["controller"], &[], true),
+        cold_pod("unrelated", "cp-0", &["serve"], &[], true),
+    ];
+    let c = super::cold_start(&nodes, &pods).unwrap();
+    assert_eq!(c.node_file_dir.as_deref(), Some("/var/lib/baton"));
+    let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["cp-0", "cp-1", "cp-2"], "control-plane nodes only, whatever the label value");
+    assert!(c.nodes[0].agent && c.nodes[0].standby && c.nodes[0].replicas == ["baton-1"]);
+    assert!(c.nodes[1].agent && !c.nodes[1].standby);
+    let problems: Vec<String> = report::cold_start_problems(&c).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(problems[0].starts_with("no standby controller Ready on cp-1:"), "{problems:#?}");
+    assert!(
+        problems[1].starts_with("controller replica baton-2 is bound to cp-2, which is not Ready"),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn cold_start_without_a_node_file_says_so_and_without_agent_pods_is_not_shown() {
+    let nodes = vec![cold_node("cp-0", Some(""), true)];
+    let pods = vec![
+        cold_pod("baton-agent-a", "cp-0", &["agent"], &[], true),
+        cold_pod("baton-standby-a", "cp-0", &["controller", "--standby"], &[], true),
+    ];
+    let c = super::cold_start(&nodes, &pods).unwrap();
+    let problems: Vec<String> = report::cold_start_problems(&c).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(problems[0].contains("keep no node file"), "{problems:#?}");
+    assert!(super::cold_start(&nodes, &[]).is_none(), "no agent pod: baton does not run as pods here");
 }

@@ -2,6 +2,7 @@
 //! configuration pointing at it, Services, and waits.
 #![allow(dead_code, unreachable_pub)] // each test binary uses a subset
 
+pub mod coldstart;
 pub mod helm;
 pub mod leases;
 pub mod node;

@@ -433,6 +433,7 @@ impl ControlPlane {
             let name = self.nodes[n].name.clone();
             let kc = self.write_kubeconfig_named(i, ADMIN_TOKEN, &format!("kube-proxy-{name}"))?;
             self.nodes[n].start_kube_proxy(&self.bin, &kc, mode)?;
+            self.nodes[n].boot.proxy_kubeconfig = Some((kc, mode.to_owned()));
         }
         Ok(())
     }
@@ -460,6 +461,8 @@ impl ControlPlane {
             node.start_runtime(&all).await?;
             node.start_kubelet(&bin, &kubelet_kc, &ca)?;
             node.start_controllers(&bin, &admin_kc, self.dir.path())?;
+            node.boot.kubelet_kubeconfig = Some(kubelet_kc);
+            node.boot.controllers_kubeconfig = Some(admin_kc);
         }
         self.start_kube_proxies()?;
         let nodes: Api<KubeNode> = Api::all(self.client(self.first_node_apiserver())?);
@@ -590,6 +593,104 @@ impl ControlPlane {
             p.terminate(Duration::ZERO).await;
         }
         self.apiservers[i].hung = false;
+        Ok(())
+    }
+
+    /// Powers lab node `name` on again after [`Self::kill_node`] (the two make a reboot): a
+    /// fresh network stack and mount namespace, its disk kept (containerd's images and state,
+    /// the kubelet's files, `/var/lib/baton`, `/etc/hosts`); then it boots as a kubeadm
+    /// control-plane node does: its boot units first ([`Self::install_boot_unit`], systemd
+    /// oneshots ordered before the kubelet), then its API server (a static pod there),
+    /// containerd, the kubelet (with the kubeconfig it had: [`Self::point_kubelets_at`]),
+    /// kube-controller-manager, kube-scheduler and kube-proxy. Returns once they are started;
+    /// nothing is waited for.
+    pub async fn power_on(&mut self, name: &str) -> anyhow::Result<()> {
+        let i = self
+            .apiserver_of_node(name)
+            .with_context(|| format!("no lab node {name}"))?;
+        let n = self.apiservers[i].node.context("lab node")?;
+        self.nodes[n].power_on().await?;
+        self.nodes[n].run_boot_units().await;
+        self.spawn_apiserver(i)?;
+        let (bin, ca) = (self.bin.clone(), self.dir.path().join("ca.crt"));
+        let pki = self.dir.path().to_owned();
+        let node = &mut self.nodes[n];
+        if self.kubelets {
+            node.start_runtime(&[]).await?;
+            let kubelet = node.boot.kubelet_kubeconfig.clone().context("the node's kubelet kubeconfig")?;
+            node.start_kubelet(&bin, &kubelet, &ca)?;
+            let controllers = node
+                .boot
+                .controllers_kubeconfig
+                .clone()
+                .context("the node's controllers' kubeconfig")?;
+            node.start_controllers(&bin, &controllers, &pki)?;
+        }
+        if let Some((kc, mode)) = node.boot.proxy_kubeconfig.clone() {
+            node.start_kube_proxy(&bin, &kc, &mode)?;
+        }
+        Ok(())
+    }
+
+    /// Reboots lab nodes `names` at once: every one powered off ([`Self::kill_node`]), then
+    /// every one powered on ([`Self::power_on`]).
+    pub async fn reboot(&mut self, names: &[&str]) -> anyhow::Result<()> {
+        for name in names {
+            self.kill_node(name).await?;
+        }
+        for name in names {
+            self.power_on(name).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether lab node `name` is powered off.
+    pub fn is_powered_off(&self, name: &str) -> bool {
+        self.nodes.iter().any(|n| n.name == name && n.dead)
+    }
+
+    /// Installs the systemd unit file `unit` on every lab node: at each boot ([`Self::power_on`])
+    /// its `ExecStart=` runs inside the node before anything else, unless a path of its
+    /// `ConditionPathExists=` is missing there.
+    pub fn install_boot_unit(&mut self, unit: &Path) -> anyhow::Result<()> {
+        let unit = crate::node::BootUnit::from_unit_file(unit)?;
+        for node in &mut self.nodes {
+            node.boot.units.push(unit.clone());
+        }
+        Ok(())
+    }
+
+    /// Adds `address name` to every lab node's `/etc/hosts` (the node's resolver: what a site's
+    /// DNS would answer for the name).
+    pub fn add_node_host(&self, name: &str, address: IpAddr) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        for node in &self.nodes {
+            // Appended in place: the file is bind-mounted over the node's /etc/hosts.
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(node.dir.join("etc-hosts"))?;
+            writeln!(f, "{address} {name}")?;
+        }
+        Ok(())
+    }
+
+    /// Points every lab node's kubelet at `url` (e.g. `https://api.baton.test:6443`, the
+    /// endpoint, as kubeadm's workers and OpenShift's nodes reach the API) and restarts it; the
+    /// node keeps that kubeconfig across reboots.
+    pub async fn point_kubelets_at(&mut self, url: &str) -> anyhow::Result<()> {
+        let (bin, ca) = (self.bin.clone(), self.dir.path().join("ca.crt"));
+        for n in 0..self.nodes.len() {
+            let name = self.nodes[n].name.clone();
+            let path = self.dir.path().join(format!("kubelet-{name}-endpoint"));
+            std::fs::write(&path, kubeconfig(url, &self.ca_pem, &node_token(&name)))?;
+            let node = &mut self.nodes[n];
+            node.boot.kubelet_kubeconfig = Some(path.clone());
+            if node.dead {
+                continue;
+            }
+            node.stop("kubelet").await;
+            node.start_kubelet(&bin, &path, &ca)?;
+        }
         Ok(())
     }
 
@@ -1289,6 +1390,11 @@ impl Proc {
             log,
             child,
         })
+    }
+
+    /// The name it was spawned under.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The process id.

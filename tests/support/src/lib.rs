@@ -50,7 +50,7 @@ pub use control_plane::{
 pub use fault::Fault;
 pub use latency::Latency;
 pub use load::{Load, LoadGen, LoadStats, Work};
-pub use node::{NodeImage, baton_image};
+pub use node::{BootUnit, NodeImage, baton_image};
 pub use slow_api::{HeldWrite, Profile, SlowApi, SlowApiStats};
 
 /// An HTTPS client that trusts only `ca_der` (or nothing, for plain HTTP), using rustls + ring.

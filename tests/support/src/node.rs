@@ -209,6 +209,55 @@ pub(crate) struct Node {
     pub(crate) dead: bool,
     /// The node's pod network (its CNI bridge's subnet).
     pod_cidr: String,
+    /// What runs when it boots (again).
+    pub(crate) boot: NodeBoot,
+}
+
+/// What a lab node runs when it boots: its services' configuration, kept on its disk.
+#[derive(Debug, Default)]
+pub(crate) struct NodeBoot {
+    /// The kubelet's kubeconfig (its API server: the node's own, or the endpoint).
+    pub(crate) kubelet_kubeconfig: Option<PathBuf>,
+    /// kube-controller-manager's and kube-scheduler's (the node's own API server).
+    pub(crate) controllers_kubeconfig: Option<PathBuf>,
+    /// kube-proxy's (the node's own API server), when it runs.
+    pub(crate) proxy_kubeconfig: Option<(PathBuf, String)>,
+    /// systemd oneshot units run before anything else: (unit name, its `ExecStart` argv, the
+    /// paths of its `ConditionPathExists=`).
+    pub(crate) units: Vec<BootUnit>,
+}
+
+/// A systemd oneshot unit as the lab runs it at a node's boot, before the kubelet.
+#[derive(Clone, Debug)]
+pub struct BootUnit {
+    pub name: String,
+    pub exec_start: Vec<String>,
+    pub condition_path_exists: Vec<String>,
+}
+
+impl BootUnit {
+    /// Reads a unit file's `ExecStart=` (one line, `\` continuations joined; split on
+    /// whitespace) and `ConditionPathExists=` lines.
+    pub fn from_unit_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let joined = text.replace("\\\n", " ");
+        let mut exec_start = None;
+        let mut conditions = Vec::new();
+        for line in joined.lines().map(str::trim) {
+            if let Some(v) = line.strip_prefix("ExecStart=") {
+                exec_start = Some(v.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+            } else if let Some(v) = line.strip_prefix("ConditionPathExists=") {
+                conditions.push(v.to_owned());
+            }
+        }
+        Ok(Self {
+            name: path
+                .file_name()
+                .map_or_else(|| "unit".into(), |n| n.to_string_lossy().into_owned()),
+            exec_start: exec_start.with_context(|| format!("{} has no ExecStart=", path.display()))?,
+            condition_path_exists: conditions,
+        })
+    }
 }
 
 /// The cgroup v1 controllers the kubelet needs under its `cgroupRoot` (plus the named
@@ -232,11 +281,10 @@ impl Node {
         let veth = format!("v{name}");
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir)?;
-        ip(&["netns", "add", &netns]).await?;
         let mut node = Self {
             name: name.to_owned(),
             addrs: addrs.to_vec(),
-            veth: veth.clone(),
+            veth,
             dir,
             cgroup: format!("/baton-lab/{lab}/{name}"),
             holder: None,
@@ -247,8 +295,28 @@ impl Node {
             dead: false,
             pod_cidr: pod_cidr.to_owned(),
             netns,
+            boot: NodeBoot::default(),
         };
-        let ns = node.netns.clone();
+        // The node's disk: what survives a reboot ([`Self::power_on`]). baton's agent keeps
+        // its node file in /var/lib/baton (a hostPath), the resolver reads /etc/hosts.
+        std::fs::create_dir_all(node.dir.join("var-lib-baton"))?;
+        let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| "127.0.0.1 localhost\n".into());
+        std::fs::write(node.dir.join("etc-hosts"), hosts)?;
+        node.boot_network().await?;
+        Ok(node)
+    }
+
+    /// What a machine's boot sets up before any service runs: a fresh network stack (a new
+    /// network namespace: no nftables rules, no conntrack entries, no routes but those of its
+    /// configured addresses and default route, no links but `lo` and `eth0`), a fresh mount
+    /// namespace (tmpfs `/run/containerd`, `/var/log/containers`, `/run/baton`; the node's disk
+    /// at `/var/lib/baton` and `/etc/hosts`) and empty cgroups.
+    async fn boot_network(&mut self) -> anyhow::Result<()> {
+        let ns = self.netns.clone();
+        let veth = self.veth.clone();
+        // A veth of the node's last boot whose namespace lingers: gone with its pair.
+        let _ = ip(&["link", "del", &veth]).await;
+        ip(&["netns", "add", &ns]).await?;
         ip(&[
             "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
         ])
@@ -256,7 +324,7 @@ impl Node {
         ip(&["link", "set", &veth, "master", BRIDGE, "up"]).await?;
         ip(&["-n", &ns, "link", "set", "lo", "up"]).await?;
         ip(&["-n", &ns, "link", "set", "eth0", "up"]).await?;
-        for a in addrs {
+        for a in &self.addrs {
             ip(&["-n", &ns, "addr", "add", &format!("{a}/24"), "dev", "eth0"]).await?;
         }
         ip(&["-n", &ns, "route", "add", "default", "via", &GATEWAY.to_string()]).await?;
@@ -268,19 +336,29 @@ impl Node {
         ip(&[
             "route",
             "replace",
-            pod_cidr,
+            &self.pod_cidr,
             "via",
-            &addrs[0].to_string(),
+            &self.addrs[0].to_string(),
             "dev",
             BRIDGE,
         ])
         .await?;
         // The holder: keeps the node's mount namespace (slave of the host's, so host mounts
-        // show, node mounts stay inside) with private /run/containerd and /var/log/containers.
+        // show, node mounts stay inside) with private /run/containerd, /var/log/containers and
+        // /run/baton (tmpfs: gone at a reboot), and the node's own /var/lib/baton and /etc/hosts.
         std::fs::create_dir_all("/var/log/containers").ok();
+        std::fs::create_dir_all("/var/lib/baton").ok();
+        std::fs::create_dir_all("/run/baton").ok();
+        let script = format!(
+            "mkdir -p /run/containerd && mount -t tmpfs tmpfs /run/containerd && \
+             mount -t tmpfs tmpfs /var/log/containers && mount -t tmpfs tmpfs /run/baton && \
+             mount --bind {disk} /var/lib/baton && mount --bind {hosts} /etc/hosts && exec sleep infinity",
+            disk = self.dir.join("var-lib-baton").display(),
+            hosts = self.dir.join("etc-hosts").display(),
+        );
         let holder = Proc::spawn(
-            &format!("{name}-holder"),
-            &node.dir,
+            &format!("{}-holder", self.name),
+            &self.dir,
             Command::new("nsenter").args([
                 &format!("--net=/run/netns/{ns}"),
                 "--",
@@ -291,22 +369,34 @@ impl Node {
                 "--",
                 "sh",
                 "-c",
-                "mkdir -p /run/containerd && mount -t tmpfs tmpfs /run/containerd && \
-                 mount -t tmpfs tmpfs /var/log/containers && exec sleep infinity",
+                &script,
             ]),
         )?;
-        node.holder_pid = holder.pid().context("node holder pid")?;
-        node.holder = Some(holder);
+        self.holder_pid = holder.pid().context("node holder pid")?;
+        self.holder = Some(holder);
         // Wait until the holder has its mounts (its command is `sleep` then).
         for _ in 0..100 {
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", node.holder_pid)).unwrap_or_default();
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", self.holder_pid)).unwrap_or_default();
             if comm.trim() == "sleep" {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        node.make_cgroups()?;
-        Ok(node)
+        self.make_cgroups()?;
+        self.link_down = false;
+        self.partitioned = false;
+        self.dead = false;
+        Ok(())
+    }
+
+    /// Powers a powered-off node on again ([`Self::kill`] first): a fresh network stack and
+    /// mount namespace, empty cgroups ([`Self::boot_network`]); the disk (`dir`: containerd's
+    /// images and state, the kubelet's files, `/var/lib/baton`) is kept. Nothing runs yet.
+    pub(crate) async fn power_on(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.dead, "lab node {} is running", self.name);
+        let _ = ip(&["netns", "del", &self.netns]).await;
+        self.remove_cgroups();
+        self.boot_network().await
     }
 
     /// A handle on a node left behind by a dead process, for `Drop` to clean it up.
@@ -325,6 +415,7 @@ impl Node {
             partitioned: false,
             dead: true,
             pod_cidr: String::new(),
+            boot: NodeBoot::default(),
         }
     }
 
@@ -583,6 +674,67 @@ conntrack:
         cmd.arg(format!("--config={}", d.join("kube-proxy.yaml").display()))
             .arg("--v=1");
         self.spawn("kube-proxy", &mut cmd)
+    }
+
+    /// Stops the node's process `name` (as [`Self::spawn`] named it), SIGTERM then SIGKILL.
+    pub(crate) async fn stop(&mut self, name: &str) {
+        let full = format!("{}-{name}", self.name);
+        let mut kept = Vec::new();
+        for p in self.procs.drain(..) {
+            if p.name() == full {
+                p.terminate(Duration::from_secs(5)).await;
+            } else {
+                kept.push(p);
+            }
+        }
+        self.procs = kept;
+    }
+
+    /// Runs the node's boot units in order, as systemd runs oneshot units before the kubelet:
+    /// one whose `ConditionPathExists=` path is missing on the node is skipped; one that fails
+    /// is logged and the boot goes on. Output in `<dir>/<unit>.log`.
+    pub(crate) async fn run_boot_units(&self) {
+        for unit in &self.boot.units {
+            let mut missing = None;
+            for path in &unit.condition_path_exists {
+                let there = self
+                    .command(Path::new("test"))
+                    .args(["-e", path])
+                    .status()
+                    .await
+                    .is_ok_and(|s| s.success());
+                if !there {
+                    missing = Some(path.clone());
+                    break;
+                }
+            }
+            let log = self.dir.join(format!("{}.log", unit.name));
+            if let Some(path) = missing {
+                let _ = std::fs::write(&log, format!("skipped: ConditionPathExists={path} is missing\n"));
+                continue;
+            }
+            let Some((program, args)) = unit.exec_start.split_first() else {
+                continue;
+            };
+            let out = tokio::time::timeout(
+                Duration::from_secs(30),
+                self.command(Path::new(program)).args(args).kill_on_drop(true).output(),
+            )
+            .await;
+            let text = match out {
+                Ok(Ok(o)) => format!(
+                    "exit {}\n{}{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Ok(Err(e)) => format!("not started: {e}\n"),
+                Err(_) => "timed out after 30 s\n".into(),
+            };
+            let mut all = std::fs::read_to_string(&log).unwrap_or_default();
+            all.push_str(&text);
+            let _ = std::fs::write(&log, all);
+        }
     }
 
     /// Takes the node's link down (`false`) or up: every packet to or from it is lost.
