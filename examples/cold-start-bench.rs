@@ -53,8 +53,18 @@ fn main() {
     let mut scenarios = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--runs" => runs = args.next().and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or_else(|| usage()),
-            "--scenario" => scenarios.push(args.next().and_then(|s| Scenario::parse(&s)).unwrap_or_else(|| usage())),
+            "--runs" => {
+                runs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| usage())
+            }
+            "--scenario" => scenarios.push(
+                args.next()
+                    .and_then(|s| Scenario::parse(&s))
+                    .unwrap_or_else(|| usage()),
+            ),
             _ => usage(),
         }
     }

@@ -35,13 +35,21 @@ fn the_endpoint_comes_back_after_the_whole_control_plane_loses_power() {
                 out.holder_after,
                 out.returned
             );
+            // Every returning node restored its FIP rules at boot, before its kubelet.
+            assert_eq!(out.restored, out.returned, "{out}");
             match scenario {
                 // The holder returned: nothing needs to move (a move while its API server was
                 // still starting would be one at most).
                 Scenario::All => assert!(out.retargets <= 1, "{out}"),
                 // The holder is gone: exactly one move, by the one leader.
-                Scenario::HolderLost | Scenario::OneLeft => {
+                Scenario::HolderLost => {
                     assert_eq!(out.retargets, 1, "one retarget away from the lost holder: {out}");
+                }
+                // The node that returned alone had no Deployment replica: its standby replica
+                // took the Lease and moved the FIP.
+                Scenario::OneLeft => {
+                    assert_eq!(out.retargets, 1, "one retarget away from the lost holder: {out}");
+                    assert!(out.led_by_standby, "the standby replica leads: {out}");
                 }
             }
         }

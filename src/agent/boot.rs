@@ -38,7 +38,11 @@ use super::{AgentError, Settings, list};
 /// What `--boot` makes the kernel hold, and the marker of the boot deliveries: every FIP of the
 /// node file and of `--fip`; each delivered (the node's own packets) to the node file's address
 /// when that is one of this node's addresses (`local`) and of the FIP's family.
-pub fn boot_wanted(file: &NodeFile, fixed: &BTreeSet<IpAddr>, local: &BTreeSet<IpAddr>) -> (Wanted, BootMarker) {
+pub fn boot_wanted(
+    file: &NodeFile,
+    fixed: &BTreeSet<IpAddr>,
+    local: &BTreeSet<IpAddr>,
+) -> (Wanted, BootMarker) {
     let fips: BTreeSet<IpAddr> = file
         .fips
         .iter()

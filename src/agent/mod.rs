@@ -236,11 +236,18 @@ impl Settings {
                 "needs --state-dir (BATON_AGENT_STATE_DIR), where the agent keeps the node file".into(),
             ));
         }
-        for (field, dir) in [("--state-dir", args.state_dir.as_ref()), ("--run-dir", Some(&args.run_dir))] {
+        for (field, dir) in [
+            ("--state-dir", args.state_dir.as_ref()),
+            ("--run-dir", Some(&args.run_dir)),
+        ] {
             if let Some(dir) = dir
                 && !dir.is_absolute()
             {
-                return Err(bad(field, dir.display().to_string(), "must be an absolute path".into()));
+                return Err(bad(
+                    field,
+                    dir.display().to_string(),
+                    "must be an absolute path".into(),
+                ));
             }
         }
         Ok(Self {
@@ -374,10 +381,12 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<Upstream, A
     let config = crate::kube::config::load(kubeconfig)
         .await
         .map_err(|e| AgentError::KubeConfig(e.with_path()))?;
-    let address = config
-        .cluster_url
-        .host()
-        .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+    let address = config.cluster_url.host().and_then(|h| {
+        h.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .ok()
+    });
     let port = config.cluster_url.port_u16().unwrap_or(443);
     let ca_der = config.root_cert.clone().unwrap_or_default();
     let client = kube::Client::try_from(config).map_err(|e| AgentError::KubeConfig(e.to_string()))?;
@@ -416,9 +425,13 @@ impl Keeper {
             };
         };
         match state::install_self(&dir.join(state::BOOT_BINARY)) {
-            Ok(true) => info!(path = %dir.join(state::BOOT_BINARY).display(), "boot binary installed for the boot unit"),
+            Ok(true) => {
+                info!(path = %dir.join(state::BOOT_BINARY).display(), "boot binary installed for the boot unit")
+            }
             Ok(false) => {}
-            Err(error) => warn!(%error, "the boot binary was not installed: the boot unit runs an older one, or none"),
+            Err(error) => {
+                warn!(%error, "the boot binary was not installed: the boot unit runs an older one, or none")
+            }
         }
         let path = dir.join(state::NODE_FILE);
         let known = state::load::<state::NodeFile>(&path).unwrap_or_else(|error| {
@@ -489,7 +502,9 @@ impl BootPhase {
         };
         info!(delivered = %Pairs(&delivered), "boot phase: this node's own packets for these FIPs go to its own API server until their holder answers");
         let prober = if upstream.ca_der.is_empty() {
-            warn!("no cluster CA in the agent's configuration: holders cannot be probed, so a boot delivery ends only when this node holds the FIP or the FIP leaves the table");
+            warn!(
+                "no cluster CA in the agent's configuration: holders cannot be probed, so a boot delivery ends only when this node holds the FIP or the FIP leaves the table"
+            );
             None
         } else {
             Some(crate::probe::Prober::with_shutdown(
@@ -514,7 +529,9 @@ impl BootPhase {
         })
     }
 
-    fn health(&self) -> Option<tokio::sync::watch::Receiver<BTreeMap<SocketAddr, baton_core::health::Health>>> {
+    fn health(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<BTreeMap<SocketAddr, baton_core::health::Health>>> {
         self.prober.as_ref().map(crate::probe::Prober::subscribe)
     }
 
@@ -601,7 +618,15 @@ async fn reconcile(
     let mut probes = keeper.boot.as_ref().and_then(BootPhase::health);
     loop {
         let table = rx.borrow_and_update().clone();
-        let pause = if once(&inputs, &mut keeper, table.as_ref(), &mut applied, (health, metrics)).await {
+        let pause = if once(
+            &inputs,
+            &mut keeper,
+            table.as_ref(),
+            &mut applied,
+            (health, metrics),
+        )
+        .await
+        {
             retry = first_retry;
             recheck
         } else {

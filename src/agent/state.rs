@@ -75,20 +75,14 @@ pub struct BootMarker {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a valid baton state file: {source}")]
     Parse {
         path: PathBuf,
         source: serde_json::Error,
     },
     #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// Reads the JSON file at `path`; `None` when it does not exist.
@@ -131,7 +125,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Stat
     };
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     std::fs::create_dir_all(dir).map_err(err)?;
-    let name = path.file_name().map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()

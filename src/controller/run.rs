@@ -201,7 +201,10 @@ pub async fn run_until_with(
         gate
     };
     if let (Some(rest), false) = (rest, args.no_leader_election) {
-        sup.spawn("standby-rest", rest_when_led_elsewhere(leader.clone(), rest, shutdown.clone()));
+        sup.spawn(
+            "standby-rest",
+            rest_when_led_elsewhere(leader.clone(), rest, shutdown.clone()),
+        );
     }
     let (client, cloud, urgent_cloud) = fenced_clients(&clients, &leader, &cherry);
     // The self-signed metrics certificate's name (a DNS name: the pod name is one).

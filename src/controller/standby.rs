@@ -63,8 +63,12 @@ pub struct StandbyArgs {
 /// unchanged for several renewals.
 const MIN_AFTER_MS: u64 = 1_000;
 
-/// Whether nobody leads, from the leader Lease's versions as this replica reads them (its own
-/// clock only: no trust in anyone's wall clock).
+/// Whether nobody leads, from the leader Lease's versions as this replica reads them: on its own
+/// clock, the version has not changed for the wait; or the Lease itself says it expired longer
+/// than the wait ago (a standby replica that starts after a power loss finds the Lease of
+/// before it: no need to watch it age again). Either only wakes a standby replica, which then
+/// contends for the Lease by the Lease's own rules: a clock that is wrong costs an extra
+/// candidate, never a second writer.
 #[derive(Debug, Default)]
 pub struct Leaderless {
     /// The version last read (`None`: no Lease, or no holder) and when it was first read.
@@ -73,16 +77,34 @@ pub struct Leaderless {
 
 impl Leaderless {
     /// Records one read at `now` of the Lease's `version` (`None`: no Lease, or nobody holds
-    /// it); true when it has stayed the same for `after`.
-    pub fn observe(&mut self, version: Option<String>, now: Instant, after: Duration) -> bool {
+    /// it) and how long ago, by the wall clock, its record expired (`expired_for`: renewTime +
+    /// leaseDurationSeconds before now; `None` when not expired or not known); true when the
+    /// version has stayed the same for `after`, or the record expired `after` ago or longer.
+    pub fn observe(
+        &mut self,
+        version: Option<String>,
+        expired_for: Option<Duration>,
+        now: Instant,
+        after: Duration,
+    ) -> bool {
+        let long_expired = version.is_some() && expired_for.is_some_and(|e| e >= after);
         match &self.seen {
-            Some((v, since)) if *v == version => now.duration_since(*since) >= after,
+            Some((v, since)) if *v == version => long_expired || now.duration_since(*since) >= after,
             _ => {
                 self.seen = Some((version, now));
-                false
+                long_expired
             }
         }
     }
+}
+
+/// How long ago, by this node's wall clock, the Lease's record expired (renewTime plus
+/// leaseDurationSeconds); `None` while it has not, or without those fields.
+fn expired_for(lease: Option<&Lease>, now: std::time::SystemTime) -> Option<Duration> {
+    let spec = lease?.spec.as_ref()?;
+    let renewed = std::time::SystemTime::from(spec.renew_time.as_ref()?.0);
+    let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?);
+    now.duration_since(renewed + duration).ok()
 }
 
 /// The Lease's version as far as leadership goes: its resourceVersion while it has a holder.
@@ -121,7 +143,11 @@ pub async fn run(args: ControllerArgs, shutdown: CancellationToken) -> Result<()
 
 /// Waits, serving `/health` and `/ready` as a standby, until nobody leads (true) or `shutdown`
 /// (false).
-async fn dormant(args: &ControllerArgs, after: Duration, shutdown: &CancellationToken) -> Result<bool, ControllerError> {
+async fn dormant(
+    args: &ControllerArgs,
+    after: Duration,
+    shutdown: &CancellationToken,
+) -> Result<bool, ControllerError> {
     let config = crate::config::Config::resolve(&args.config, &crate::config::ProcessEnv)?;
     let kube_cfg = crate::kube::config::load(args.cluster.kubeconfig.as_deref())
         .await
@@ -148,7 +174,8 @@ async fn dormant(args: &ControllerArgs, after: Duration, shutdown: &Cancellation
         match leases.get_opt(&name).await {
             Ok(lease) => {
                 failing = false;
-                if leaderless.observe(version(lease.as_ref()), Instant::now(), after) {
+                let expired = expired_for(lease.as_ref(), std::time::SystemTime::now());
+                if leaderless.observe(version(lease.as_ref()), expired, Instant::now(), after) {
                     let holder = lease
                         .and_then(|l| l.spec)
                         .and_then(|s| s.holder_identity)

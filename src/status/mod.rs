@@ -198,7 +198,8 @@ fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
 /// `…/master`, whatever the value: kubeadm sets "", k3s and RKE2 "true").
 fn is_control_plane(node: &Node) -> bool {
     node.metadata.labels.as_ref().is_some_and(|l| {
-        l.contains_key("node-role.kubernetes.io/control-plane") || l.contains_key("node-role.kubernetes.io/master")
+        l.contains_key("node-role.kubernetes.io/control-plane")
+            || l.contains_key("node-role.kubernetes.io/master")
     })
 }
 
@@ -207,8 +208,11 @@ fn is_control_plane(node: &Node) -> bool {
 fn cold_start(nodes: &[Node], pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<report::ColdStartStatus> {
     let ours: Vec<(Role, &k8s_openapi::api::core::v1::Pod)> =
         pods.iter().filter_map(|p| Some((role(p)?, p))).collect();
-    let agents: Vec<&k8s_openapi::api::core::v1::Pod> =
-        ours.iter().filter(|(r, _)| *r == Role::Agent).map(|(_, p)| *p).collect();
+    let agents: Vec<&k8s_openapi::api::core::v1::Pod> = ours
+        .iter()
+        .filter(|(r, _)| *r == Role::Agent)
+        .map(|(_, p)| *p)
+        .collect();
     if agents.is_empty() {
         return None;
     }
@@ -377,7 +381,8 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
     // The baton pods, for the cold-start section; not readable (RBAC) is no pods.
     let pods = timed(
         "listing the pods of the controller's namespace",
-        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), lease_ns).list(&ListParams::default()),
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), lease_ns)
+            .list(&ListParams::default()),
     )
     .await
     .map(|l| l.items)

@@ -598,9 +598,10 @@ fn render_cold_start(out: &mut String, c: &ColdStartStatus) {
     let _ = writeln!(
         out,
         "  node file: {}",
-        c.node_file_dir
-            .as_deref()
-            .map_or_else(|| "NOT KEPT".to_owned(), |d| format!("{d}/agent/fips.json (restored by baton-agent-boot.service)"))
+        c.node_file_dir.as_deref().map_or_else(
+            || "NOT KEPT".to_owned(),
+            |d| format!("{d}/agent/fips.json (restored by baton-agent-boot.service)")
+        )
     );
     for n in &c.nodes {
         let yes = |b: bool| if b { "yes" } else { "NO" };
@@ -611,7 +612,11 @@ fn render_cold_start(out: &mut String, c: &ColdStartStatus) {
             if n.ready { "Ready" } else { "NOT READY" },
             yes(n.agent),
             yes(n.standby),
-            if n.replicas.is_empty() { "-".to_owned() } else { n.replicas.join(",") }
+            if n.replicas.is_empty() {
+                "-".to_owned()
+            } else {
+                n.replicas.join(",")
+            }
         );
     }
 }

@@ -1,7 +1,7 @@
-use super::report::*;
 use super::report;
-use k8s_openapi::api::core::v1::Node;
+use super::report::*;
 use crate::exit;
+use k8s_openapi::api::core::v1::Node;
 
 /// A named change to a healthy report.
 type Case = (&'static str, Box<dyn Fn(&mut Report)>);
@@ -314,8 +314,17 @@ fn cold_node(name: &str, cp_label: Option<&str>, ready: bool) -> Node {
     .unwrap()
 }
 
-fn cold_pod(name: &str, node: &str, args: &[&str], env: &[(&str, &str)], ready: bool) -> k8s_openapi::api::core::v1::Pod {
-    let env: Vec<serde_json::Value> = env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect();
+fn cold_pod(
+    name: &str,
+    node: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    ready: bool,
+) -> k8s_openapi::api::core::v1::Pod {
+    let env: Vec<serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
+        .collect();
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": "kube-system"},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "baton:0.1.0", "args": args, "env": env}]},
@@ -337,21 +346,49 @@ fn cold_start_names_every_node_that_could_not_come_back_alone() {
     let pods = vec![
         cold_pod("baton-agent-a", "cp-0", &["agent"], &state, true),
         cold_pod("baton-agent-b", "cp-1", &["agent"], &state, true),
-        cold_pod("baton-standby-a", "cp-0", &["controller", "--standby", "--cloud-config", "x"], &[], true),
-        cold_pod("baton-standby-b", "cp-1", &["controller", "--standby"], &[], false),
-        cold_pod("baton-1", "cp-0", &["controller", "--cloud-config", "x"], &[], true),
+        cold_pod(
+            "baton-standby-a",
+            "cp-0",
+            &["controller", "--standby", "--cloud-config", "x"],
+            &[],
+            true,
+        ),
+        cold_pod(
+            "baton-standby-b",
+            "cp-1",
+            &["controller", "--standby"],
+            &[],
+            false,
+        ),
+        cold_pod(
+            "baton-1",
+            "cp-0",
+            &["controller", "--cloud-config", "x"],
+            &[],
+            true,
+        ),
         cold_pod("baton-2", "cp-2", &["controller"], &[], true),
         cold_pod("unrelated", "cp-0", &["serve"], &[], true),
     ];
     let c = super::cold_start(&nodes, &pods).unwrap();
     assert_eq!(c.node_file_dir.as_deref(), Some("/var/lib/baton"));
     let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
-    assert_eq!(names, ["cp-0", "cp-1", "cp-2"], "control-plane nodes only, whatever the label value");
+    assert_eq!(
+        names,
+        ["cp-0", "cp-1", "cp-2"],
+        "control-plane nodes only, whatever the label value"
+    );
     assert!(c.nodes[0].agent && c.nodes[0].standby && c.nodes[0].replicas == ["baton-1"]);
     assert!(c.nodes[1].agent && !c.nodes[1].standby);
-    let problems: Vec<String> = report::cold_start_problems(&c).into_iter().map(|(_, m)| m).collect();
+    let problems: Vec<String> = report::cold_start_problems(&c)
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
     assert_eq!(problems.len(), 2, "{problems:#?}");
-    assert!(problems[0].starts_with("no standby controller Ready on cp-1:"), "{problems:#?}");
+    assert!(
+        problems[0].starts_with("no standby controller Ready on cp-1:"),
+        "{problems:#?}"
+    );
     assert!(
         problems[1].starts_with("controller replica baton-2 is bound to cp-2, which is not Ready"),
         "{problems:#?}"
@@ -366,8 +403,14 @@ fn cold_start_without_a_node_file_says_so_and_without_agent_pods_is_not_shown() 
         cold_pod("baton-standby-a", "cp-0", &["controller", "--standby"], &[], true),
     ];
     let c = super::cold_start(&nodes, &pods).unwrap();
-    let problems: Vec<String> = report::cold_start_problems(&c).into_iter().map(|(_, m)| m).collect();
+    let problems: Vec<String> = report::cold_start_problems(&c)
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
     assert_eq!(problems.len(), 1, "{problems:#?}");
     assert!(problems[0].contains("keep no node file"), "{problems:#?}");
-    assert!(super::cold_start(&nodes, &[]).is_none(), "no agent pod: baton does not run as pods here");
+    assert!(
+        super::cold_start(&nodes, &[]).is_none(),
+        "no agent pod: baton does not run as pods here"
+    );
 }

@@ -85,6 +85,8 @@ pub struct Outcome {
     pub led_by_standby: bool,
     /// Successful retargets of the FIP during the scenario.
     pub retargets: usize,
+    /// The returning nodes whose boot unit restored the FIP rules.
+    pub restored: Vec<String>,
 }
 
 /// The lab of the cold-start scenarios, deployed and steady.
@@ -93,6 +95,25 @@ pub struct Lab {
     pub sim: SimHandle,
     pub cloud: CherryClient,
     pub fip: IpAddress,
+    /// `systemd/baton-agent-boot.service` is installed on the nodes (a checkout that has it).
+    pub boot_unit: bool,
+}
+
+/// The boot unit's file in this checkout.
+fn boot_unit_file() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/baton-agent-boot.service")
+}
+
+/// The shipped manifests the handoff applies (the standby DaemonSet where the checkout has it).
+fn shipped() -> Vec<&'static str> {
+    let mut files = vec!["agent.yaml", "deployment.yaml"];
+    if std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("manifests/standby.yaml")
+        .exists()
+    {
+        files.push("standby.yaml");
+    }
+    files
 }
 
 fn server_of(node: &str) -> u64 {
@@ -100,7 +121,10 @@ fn server_of(node: &str) -> u64 {
 }
 
 fn node_of(server: u64) -> String {
-    let i = CP.iter().position(|s| *s == server).expect("a control-plane server");
+    let i = CP
+        .iter()
+        .position(|s| *s == server)
+        .expect("a control-plane server");
     format!("cp-{i}")
 }
 
@@ -116,18 +140,31 @@ impl Lab {
         })
         .await
         .expect("control plane with lab nodes");
-        eprintln!("coldstart: lab nodes Ready in {:.1}s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "coldstart: lab nodes Ready in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
         let sim = super::routed_sim(Faults::none(), Topology::default()).await;
         let (cloud, fip) = super::control_plane_fip(&sim, ("cluster", "coldstart"), CP[0]).await;
         let admin = cp.client(0).expect("client");
         super::apply_rbac_and_cloud_secret(&admin, &sim, "cluster=coldstart").await;
-        super::apply_shipped_manifests(&admin, &["agent.yaml", "deployment.yaml", "standby.yaml"]).await;
-        cp.install_boot_unit(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/baton-agent-boot.service"))
-            .expect("the boot unit");
-        let mut lab = Self { cp, sim, cloud, fip };
+        super::apply_shipped_manifests(&admin, &shipped()).await;
+        let boot_unit = boot_unit_file().exists();
+        if boot_unit {
+            cp.install_boot_unit(&boot_unit_file()).expect("the boot unit");
+        }
+        let mut lab = Self {
+            cp,
+            sim,
+            cloud,
+            fip,
+            boot_unit,
+        };
         lab.steady(&["cp-0", "cp-1", "cp-2"], None).await;
         // Every kubelet through the endpoint's name, which the nodes' resolver gives as the FIP.
-        lab.cp.add_node_host(ENDPOINT_NAME, lab.fip.address).expect("hosts");
+        lab.cp
+            .add_node_host(ENDPOINT_NAME, lab.fip.address)
+            .expect("hosts");
         lab.cp
             .point_kubelets_at(&format!("https://{ENDPOINT_NAME}:6443"))
             .await
@@ -177,14 +214,20 @@ impl Lab {
     pub async fn steady(&self, nodes: &[&str], since: Option<Instant>) {
         let since_wall = since.map(|s| std::time::SystemTime::now() - s.elapsed());
         let ca = self.cp.ca_der().to_vec();
-        let what = format!("{nodes:?} steady (Nodes Ready, FIP answering, baton pods Ready, Lease renewed, node files)");
+        let what = format!(
+            "{nodes:?} steady (Nodes Ready, FIP answering, baton pods Ready, Lease renewed, node files)"
+        );
         let diag = || self.diagnostics();
         super::within(SCENARIO_LIMIT, &what, &diag, || async {
             let client = self.client();
             let node_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
             for n in nodes {
                 let node = node_api.get_opt(n).await.ok()??;
-                let ready = node.status?.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+                let ready = node
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready")?;
                 if ready.status != "True" {
                     return None;
                 }
@@ -194,9 +237,15 @@ impl Lab {
                         return None;
                     }
                 }
-                let file = std::fs::read_to_string(self.node_file(n)).ok()?;
-                if !file.contains(&self.fip.address.to_string()) {
-                    return None;
+                if self.boot_unit {
+                    let file = std::fs::read_to_string(self.node_file(n)).ok()?;
+                    if !file.contains(&self.fip.address.to_string()) {
+                        return None;
+                    }
+                    // The boot phase is over: no boot delivery stands.
+                    if self.boot_deliveries_recorded(n).await {
+                        return None;
+                    }
                 }
             }
             let holder = self.holder().await?;
@@ -211,20 +260,50 @@ impl Lab {
         .await;
     }
 
+    /// Whether node `name` still records boot deliveries (`/run/baton/boot.json`).
+    async fn boot_deliveries_recorded(&self, name: &str) -> bool {
+        let Ok(mut test) = self.cp.node_command(name, "test") else {
+            return false;
+        };
+        test.args(["-e", "/run/baton/boot.json"])
+            .status()
+            .await
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Whether node `name`'s boot unit restored the FIP rules at its last boot (its log says so).
+    pub fn restored_at_boot(&self, name: &str) -> bool {
+        std::fs::read_to_string(self.cp.dir().join(name).join("baton-agent-boot.service.log"))
+            .is_ok_and(|log| log.contains("FIP acceptance restored at boot"))
+    }
+
     /// Node `name`'s file, on its disk.
     pub fn node_file(&self, name: &str) -> std::path::PathBuf {
-        self.cp
-            .dir()
-            .join(name)
-            .join("var-lib-baton/agent/fips.json")
+        self.cp.dir().join(name).join("var-lib-baton/agent/fips.json")
     }
 
     /// Runs `scenario` and measures it (see the module's doc), then powers every node on again
     /// and waits until all is steady.
     pub async fn run(&mut self, scenario: Scenario) -> Outcome {
         let names = self.cp.node_names();
+        let (_, mut deployment_nodes) = baton_pods(&self.client()).await;
+        if scenario == Scenario::OneLeft {
+            // The node that returns alone should be one without a Deployment replica, so that
+            // only the standby replica can serve: when both nodes that do not hold the FIP have
+            // one, the operator routes the FIP to one of them first (the controller keeps a
+            // healthy holder it did not choose).
+            let holder = self.holder().await.expect("a FIP holder");
+            let free = names
+                .iter()
+                .any(|n| *n != holder && !deployment_nodes.contains(n));
+            if !free && let Some(to) = deployment_nodes.iter().find(|n| **n != holder) {
+                route_to(&self.cloud, &self.fip, to).await;
+                let all: Vec<&str> = names.iter().map(String::as_str).collect();
+                self.steady(&all, None).await;
+                deployment_nodes = baton_pods(&self.client()).await.1;
+            }
+        }
         let holder_before = self.holder().await.expect("a FIP holder before the power loss");
-        let (_, deployment_nodes) = baton_pods(&self.client()).await;
         let others: Vec<String> = names.iter().filter(|n| **n != holder_before).cloned().collect();
         let returned: Vec<String> = match scenario {
             Scenario::All => names.clone(),
@@ -250,18 +329,29 @@ impl Lab {
         let on_wall = std::time::SystemTime::now();
         let ca = self.cp.ca_der().to_vec();
         let fip = self.fip_addr();
-        let apis: Vec<SocketAddr> = returned.iter().map(|n| SocketAddr::new(self.address(n), 6443)).collect();
+        let apis: Vec<SocketAddr> = returned
+            .iter()
+            .map(|n| SocketAddr::new(self.address(n), 6443))
+            .collect();
         let diag = || self.diagnostics();
-        let first_api = super::within(SCENARIO_LIMIT, "an API server answering /readyz on its node", &diag, || async {
-            for a in &apis {
-                if super::readyz(&ca, *a).await {
-                    return Some(Instant::now());
+        let first_api = super::within(
+            SCENARIO_LIMIT,
+            "an API server answering /readyz on its node",
+            &diag,
+            || async {
+                for a in &apis {
+                    if super::readyz(&ca, *a).await {
+                        return Some(Instant::now());
+                    }
                 }
-            }
-            None
-        })
+                None
+            },
+        )
         .await;
-        let what = format!("{}: https://{fip}/readyz answering from the lab host", scenario.name());
+        let what = format!(
+            "{}: https://{fip}/readyz answering from the lab host",
+            scenario.name()
+        );
         let endpoint = super::within(SCENARIO_LIMIT, &what, &diag, || async {
             super::readyz(&ca, fip).await.then(Instant::now)
         })
@@ -285,7 +375,13 @@ impl Lab {
             .iter()
             .filter(|e| e.method == "PUT" && e.path.starts_with("/v1/ips/") && e.status < 300)
             .count();
+        let restored: Vec<String> = returned
+            .iter()
+            .filter(|n| self.restored_at_boot(n))
+            .cloned()
+            .collect();
         let outcome = Outcome {
+            restored,
             scenario,
             returned: returned.clone(),
             holder_before,
@@ -316,7 +412,11 @@ impl Lab {
         for n in self.cp.node_names() {
             let dir = self.cp.dir().join(&n);
             let unit = std::fs::read_to_string(dir.join("baton-agent-boot.service.log")).unwrap_or_default();
-            let _ = writeln!(out, "==> {n} (powered off: {}) boot unit:\n{unit}", self.cp.is_powered_off(&n));
+            let _ = writeln!(
+                out,
+                "==> {n} (powered off: {}) boot unit:\n{unit}",
+                self.cp.is_powered_off(&n)
+            );
             let file = std::fs::read_to_string(dir.join("var-lib-baton/agent/fips.json")).unwrap_or_default();
             let _ = writeln!(out, "node file: {file}");
             let kubelet = std::fs::read_to_string(dir.join(format!("{n}-kubelet.log"))).unwrap_or_default();
@@ -338,7 +438,11 @@ impl Lab {
 /// the Deployment's pods are bound to.
 async fn baton_pods(client: &kube::Client) -> (Vec<Pod>, BTreeSet<String>) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    let list = pods.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
     let ours: Vec<Pod> = list
         .into_iter()
         .filter(|p| {
@@ -351,7 +455,14 @@ async fn baton_pods(client: &kube::Client) -> (Vec<Pod>, BTreeSet<String>) {
         .collect();
     let deployment = ours
         .iter()
-        .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/name")).map(String::as_str) == Some("baton"))
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/name"))
+                .map(String::as_str)
+                == Some("baton")
+        })
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect();
     (ours, deployment)
@@ -424,7 +535,7 @@ impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "scenario={} returned={} holder={}→{} first_api_s={:.2} endpoint_s={:.2} pods_s={:.2} lease={}{} retargets={}",
+            "scenario={} returned={} holder={}→{} first_api_s={:.2} endpoint_s={:.2} pods_s={:.2} lease={}{} retargets={} restored_at_boot={}",
             self.scenario.name(),
             self.returned.join(","),
             self.holder_before,
@@ -434,7 +545,8 @@ impl std::fmt::Display for Outcome {
             self.pods_s,
             self.lease_holder,
             if self.led_by_standby { " (standby)" } else { "" },
-            self.retargets
+            self.retargets,
+            self.restored.join(",")
         )
     }
 }

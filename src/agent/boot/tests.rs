@@ -110,17 +110,16 @@ const FIP: &str = "203.0.113.10";
 )]
 fn when_a_boot_delivery_ends(#[case] t: Option<FipSet>, #[case] up: &[&str], #[case] want: Fate) {
     let up = ips(up);
-    let fates = resolve(&pairs(&[(FIP, NODE)]), t.as_ref(), &ips(LOCAL), |h| up.contains(&h));
+    let fates = resolve(&pairs(&[(FIP, NODE)]), t.as_ref(), &ips(LOCAL), |h| {
+        up.contains(&h)
+    });
     assert_eq!(fates, BTreeMap::from([(ip(FIP), want)]));
 }
 
 #[test]
 fn a_delivery_to_an_address_gone_ends_whatever_the_table() {
     let fates = resolve(&pairs(&[(FIP, "198.51.100.99")]), None, &ips(LOCAL), |_| false);
-    assert_eq!(
-        fates[&ip(FIP)],
-        Fate::End(Why::AddressGone(ip("198.51.100.99")))
-    );
+    assert_eq!(fates[&ip(FIP)], Fate::End(Why::AddressGone(ip("198.51.100.99"))));
 }
 
 #[rstest]

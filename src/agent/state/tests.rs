@@ -32,7 +32,10 @@ fn the_node_file_round_trips_and_rejects_what_it_does_not_know() {
 
     std::fs::write(&path, "{\"fips\": [], \"extra\": 1}").unwrap();
     let err = load::<NodeFile>(&path).unwrap_err().to_string();
-    assert!(err.contains("fips.json is not a valid baton state file") && err.contains("extra"), "{err}");
+    assert!(
+        err.contains("fips.json is not a valid baton state file") && err.contains("extra"),
+        "{err}"
+    );
     std::fs::write(&path, "{\"fips\": [{\"address\": \"not an ip\"}]}").unwrap();
     assert!(load::<NodeFile>(&path).is_err());
 }
@@ -80,8 +83,14 @@ fn the_boot_binary_is_written_once_and_executable() {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("bin/baton");
     assert!(install_self(&dest).unwrap(), "first install writes");
-    assert!(!install_self(&dest).unwrap(), "the same bytes are not written again");
+    assert!(
+        !install_self(&dest).unwrap(),
+        "the same bytes are not written again"
+    );
     let mode = std::fs::metadata(&dest).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o755);
-    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read("/proc/self/exe").unwrap());
+    assert_eq!(
+        std::fs::read(&dest).unwrap(),
+        std::fs::read("/proc/self/exe").unwrap()
+    );
 }

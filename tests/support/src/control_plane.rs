@@ -617,7 +617,11 @@ impl ControlPlane {
         let node = &mut self.nodes[n];
         if self.kubelets {
             node.start_runtime(&[]).await?;
-            let kubelet = node.boot.kubelet_kubeconfig.clone().context("the node's kubelet kubeconfig")?;
+            let kubelet = node
+                .boot
+                .kubelet_kubeconfig
+                .clone()
+                .context("the node's kubelet kubeconfig")?;
             node.start_kubelet(&bin, &kubelet, &ca)?;
             let controllers = node
                 .boot

@@ -718,7 +718,10 @@ conntrack:
             };
             let out = tokio::time::timeout(
                 Duration::from_secs(30),
-                self.command(Path::new(program)).args(args).kill_on_drop(true).output(),
+                self.command(Path::new(program))
+                    .args(args)
+                    .kill_on_drop(true)
+                    .output(),
             )
             .await;
             let text = match out {
@@ -731,9 +734,8 @@ conntrack:
                 Ok(Err(e)) => format!("not started: {e}\n"),
                 Err(_) => "timed out after 30 s\n".into(),
             };
-            let mut all = std::fs::read_to_string(&log).unwrap_or_default();
-            all.push_str(&text);
-            let _ = std::fs::write(&log, all);
+            // The log of this boot only.
+            let _ = std::fs::write(&log, text);
         }
     }
 
