@@ -104,12 +104,23 @@ fn the_template_renders_with_clusterctl_and_names_every_variable_the_guide_lists
     let listed = String::from_utf8(out.stdout).unwrap();
     let guide = std::fs::read_to_string(root().join("docs/installers/caph.md")).unwrap();
     for (name, _) in VARIABLES {
-        assert!(listed.contains(name), "clusterctl does not list {name}:\n{listed}");
-        assert!(guide.contains(&format!("`{name}`")), "docs/installers/caph.md does not name {name}");
+        assert!(
+            listed.contains(name),
+            "clusterctl does not list {name}:\n{listed}"
+        );
+        assert!(
+            guide.contains(&format!("`{name}`")),
+            "docs/installers/caph.md does not name {name}"
+        );
     }
 
     // A variable left out is an error naming it, not a template with a hole.
-    let out = clusterctl(&capi, home.path(), &["--kubernetes-version", "v1.35.4"], &VARIABLES[1..]);
+    let out = clusterctl(
+        &capi,
+        home.path(),
+        &["--kubernetes-version", "v1.35.4"],
+        &VARIABLES[1..],
+    );
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("CONTROL_PLANE_ENDPOINT_HOST"),
@@ -133,8 +144,14 @@ fn the_template_renders_with_clusterctl_and_names_every_variable_the_guide_lists
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let docs = yaml_docs(&String::from_utf8(out.stdout).unwrap());
     let hc = find(&docs, "HetznerCluster");
-    assert_eq!(hc["spec"]["controlPlaneLoadBalancer"]["enabled"], false, "no Load Balancer");
-    assert_eq!(hc["spec"]["controlPlaneEndpoint"], json!({"host": FIP, "port": 6443}));
+    assert_eq!(
+        hc["spec"]["controlPlaneLoadBalancer"]["enabled"], false,
+        "no Load Balancer"
+    );
+    assert_eq!(
+        hc["spec"]["controlPlaneEndpoint"],
+        json!({"host": FIP, "port": 6443})
+    );
     assert_eq!(
         find(&docs, "Cluster")["spec"]["controlPlaneEndpoint"],
         json!({"host": FIP, "port": 6443})
@@ -147,9 +164,15 @@ fn the_template_renders_with_clusterctl_and_names_every_variable_the_guide_lists
         .iter()
         .map(|c| c.as_str().unwrap())
         .collect();
-    let claim = pre.iter().find(|c| c.contains("baton claim")).expect("a claim step");
+    let claim = pre
+        .iter()
+        .find(|c| c.contains("baton claim"))
+        .expect("a claim step");
     assert!(claim.contains(&format!("--fip {FIP}")), "{claim}");
-    assert!(claim.starts_with("if [ -f /run/kubeadm/kubeadm.yaml ]"), "{claim}");
+    assert!(
+        claim.starts_with("if [ -f /run/kubeadm/kubeadm.yaml ]"),
+        "{claim}"
+    );
     let crs = find(&docs, "ClusterResourceSet");
     assert_eq!(
         crs["spec"]["clusterSelector"]["matchLabels"],
@@ -231,13 +254,9 @@ async fn apply(client: &kube::Client, discovery: &kube::Discovery, doc: &Value, 
         _ => Api::all_with(client.clone(), &ar),
     };
     let name = doc["metadata"]["name"].as_str().unwrap();
-    api.patch(
-        name,
-        &PatchParams::apply("capi-test").force(),
-        &Patch::Apply(doc),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("applying {} {name}: {e}", gvk.kind));
+    api.patch(name, &PatchParams::apply("capi-test").force(), &Patch::Apply(doc))
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", gvk.kind));
 }
 
 /// What the API server serves; `None` while a group it lists is not served yet (CRDs that
@@ -267,7 +286,9 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let rendered = yaml_docs(&String::from_utf8(out.stdout).unwrap());
 
-        let cp = ControlPlane::start(Options::servers(1)).await.expect("control plane");
+        let cp = ControlPlane::start(Options::servers(1))
+            .await
+            .expect("control plane");
         let client = cp.client(0).unwrap();
         // Cluster API's CRDs, as clusterctl init would install them, and CAPH's stand-ins.
         let mut crds: Vec<Value> = Vec::new();
@@ -301,9 +322,13 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         // Served once established.
         let d = common::eventually(Duration::from_secs(30), "the CRDs served", || async {
             let d = discovery(&client).await?;
-            let served = ["infrastructure.cluster.x-k8s.io", "controlplane.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io"]
-                .iter()
-                .all(|group| d.groups().any(|g| g.name() == *group));
+            let served = [
+                "infrastructure.cluster.x-k8s.io",
+                "controlplane.cluster.x-k8s.io",
+                "bootstrap.cluster.x-k8s.io",
+            ]
+            .iter()
+            .all(|group| d.groups().any(|g| g.name() == *group));
             served.then_some(d)
         })
         .await;
@@ -315,7 +340,11 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         }))
         .unwrap();
         Api::<Secret>::namespaced(client.clone(), "default")
-            .patch("hetzner", &PatchParams::apply("capi-test"), &Patch::Apply(&secret))
+            .patch(
+                "hetzner",
+                &PatchParams::apply("capi-test"),
+                &Patch::Apply(&secret),
+            )
             .await
             .unwrap();
 
@@ -335,7 +364,13 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         let managers = [
             Manager::start(&capi, "capi-manager", &kubeconfig, dir.path(), 19443),
             Manager::start(&capi, "capi-kubeadm-bootstrap", &kubeconfig, dir.path(), 19444),
-            Manager::start(&capi, "capi-kubeadm-control-plane", &kubeconfig, dir.path(), 19445),
+            Manager::start(
+                &capi,
+                "capi-kubeadm-control-plane",
+                &kubeconfig,
+                dir.path(),
+                19445,
+            ),
         ];
         let diag = || {
             managers
@@ -368,16 +403,21 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         let configs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &kc_ar);
         let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
         let started = std::time::Instant::now();
-        let data = common::within(Duration::from_secs(180), "the control-plane Machine's bootstrap data", &diag, || async {
-            let list = configs.list(&ListParams::default()).await.ok()?;
-            let name = list
-                .items
-                .iter()
-                .find_map(|c| c.data["status"]["dataSecretName"].as_str().map(str::to_owned))?;
-            let secret = secrets.get_opt(&name).await.ok()??;
-            let value = secret.data?.get("value")?.0.clone();
-            Some(String::from_utf8(value).unwrap())
-        })
+        let data = common::within(
+            Duration::from_secs(180),
+            "the control-plane Machine's bootstrap data",
+            &diag,
+            || async {
+                let list = configs.list(&ListParams::default()).await.ok()?;
+                let name = list
+                    .items
+                    .iter()
+                    .find_map(|c| c.data["status"]["dataSecretName"].as_str().map(str::to_owned))?;
+                let secret = secrets.get_opt(&name).await.ok()??;
+                let value = secret.data?.get("value")?.0.clone();
+                Some(String::from_utf8(value).unwrap())
+            },
+        )
         .await;
         eprintln!(
             "bootstrap data of the first control-plane Machine after {:.1}s ({} bytes)",
@@ -387,8 +427,7 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
 
         // It is cloud-init: the files, then the claim step before `kubeadm init`.
         assert!(data.starts_with("## template: jinja\n#cloud-config"), "{data}");
-        let cloud_config: Value =
-            serde_yaml_ng::from_str(data.split_once('\n').unwrap().1).unwrap();
+        let cloud_config: Value = serde_yaml_ng::from_str(data.split_once('\n').unwrap().1).unwrap();
         let files = cloud_config["write_files"].as_array().unwrap();
         let file = |path: &str| {
             files
@@ -396,10 +435,20 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
                 .find(|f| f["path"] == path)
                 .unwrap_or_else(|| panic!("no {path} in write_files: {cloud_config:#}"))
         };
-        assert_eq!(file("/etc/baton/hcloud-token")["content"].as_str().unwrap().trim(), TOKEN);
+        assert_eq!(
+            file("/etc/baton/hcloud-token")["content"]
+                .as_str()
+                .unwrap()
+                .trim(),
+            TOKEN
+        );
         assert_eq!(file("/etc/baton/hcloud-token")["permissions"], "0600");
-        let settings: Value = serde_json::from_str(file("/etc/baton/cloud-sa.json")["content"].as_str().unwrap()).unwrap();
-        assert_eq!(settings, json!({"cloud": "hetzner", "fipTag": "cluster=prod-api"}));
+        let settings: Value =
+            serde_json::from_str(file("/etc/baton/cloud-sa.json")["content"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            settings,
+            json!({"cloud": "hetzner", "fipTag": "cluster=prod-api"})
+        );
         file("/run/kubeadm/kubeadm.yaml"); // the init node: the claim step's guard holds
         let runcmd: Vec<String> = cloud_config["runcmd"]
             .as_array()
@@ -415,7 +464,10 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         };
         let claim = at("baton claim");
         assert!(at("sha256sum -c") < claim, "the binary is checked before it runs");
-        assert!(claim < at("kubeadm init"), "the FIP is claimed before kubeadm init: {runcmd:#?}");
+        assert!(
+            claim < at("kubeadm init"),
+            "the FIP is claimed before kubeadm init: {runcmd:#?}"
+        );
         assert!(
             runcmd[claim].contains(&format!("--fip {FIP}"))
                 && runcmd[claim].contains("--cloud-config /etc/baton/cloud-sa.json"),
@@ -425,7 +477,10 @@ fn cluster_apis_controllers_turn_the_template_into_bootstrap_data_with_the_claim
         assert!(at("rm -f /etc/baton/hcloud-token") > at("kubeadm init"));
         // kubeadm is told the endpoint: the FIP, port 6443.
         let kubeadm = file("/run/kubeadm/kubeadm.yaml")["content"].as_str().unwrap();
-        assert!(kubeadm.contains(&format!("controlPlaneEndpoint: {FIP}:6443")), "{kubeadm}");
+        assert!(
+            kubeadm.contains(&format!("controlPlaneEndpoint: {FIP}:6443")),
+            "{kubeadm}"
+        );
         drop(managers);
     });
 }

@@ -409,7 +409,9 @@ fn admits(pod: &Value, labels: &[(&str, &str)]) -> bool {
                 match e["operator"].as_str().unwrap() {
                     "Exists" => value(key).is_some(),
                     "DoesNotExist" => value(key).is_none(),
-                    "In" => value(key).is_some_and(|v| e["values"].as_array().unwrap().iter().any(|x| x == v)),
+                    "In" => {
+                        value(key).is_some_and(|v| e["values"].as_array().unwrap().iter().any(|x| x == v))
+                    }
                     op => panic!("operator {op} not modelled here"),
                 }
             })
@@ -445,11 +447,23 @@ fn every_pod_runs_on_control_plane_nodes_whatever_the_labels_value_and_that_can_
     for (kind, name, file) in workloads {
         let shipped = manifest(file);
         for (origin, pod) in [
-            ("charts/baton", &find_named(&chart, kind, name)["spec"]["template"]["spec"]),
-            (file, &find_named(&shipped, kind, name)["spec"]["template"]["spec"]),
+            (
+                "charts/baton",
+                &find_named(&chart, kind, name)["spec"]["template"]["spec"],
+            ),
+            (
+                file,
+                &find_named(&shipped, kind, name)["spec"]["template"]["spec"],
+            ),
         ] {
-            assert!(admits(pod, &kubeadm), "{origin} {kind} {name}: kubeadm's and Talos's label");
-            assert!(admits(pod, &k3s), "{origin} {kind} {name}: k3s's and RKE2's labels");
+            assert!(
+                admits(pod, &kubeadm),
+                "{origin} {kind} {name}: kubeadm's and Talos's label"
+            );
+            assert!(
+                admits(pod, &k3s),
+                "{origin} {kind} {name}: k3s's and RKE2's labels"
+            );
             assert!(!admits(pod, &worker), "{origin} {kind} {name}: a worker");
         }
     }

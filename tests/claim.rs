@@ -45,8 +45,15 @@ async fn claim(cp: &ControlPlane, node: &str, env: &[(&str, &str)], args: &[&str
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.kill_on_drop(true).output().await.unwrap()
+    let out = cmd.kill_on_drop(true).output().await.unwrap();
+    let mut seen = OUTPUTS.lock().unwrap();
+    seen.extend_from_slice(&out.stdout);
+    seen.extend_from_slice(&out.stderr);
+    out
 }
+
+/// Everything every `baton claim` of this binary printed (the token must be in none of it).
+static OUTPUTS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
 
 fn json_of(out: &Output) -> Value {
     assert!(
@@ -158,11 +165,7 @@ async fn readyz_from_node(cp: &ControlPlane, node: &str, fip: IpAddr) -> Result<
     if out.status.success() && body.trim() == "ok" {
         Ok(())
     } else {
-        Err(format!(
-            "curl exit {:?}: {}",
-            out.status.code(),
-            body.trim()
-        ))
+        Err(format!("curl exit {:?}: {}", out.status.code(), body.trim()))
     }
 }
 
@@ -170,9 +173,11 @@ async fn readyz_from_node(cp: &ControlPlane, node: &str, fip: IpAddr) -> Result<
 /// joining node: its packets cross the cloud's route) and from `holder` (its own packets).
 async fn answers_everywhere(cp: &ControlPlane, fip: IpAddr, holder: &str, other: &str) {
     let addr = SocketAddr::new(fip, 6443);
-    common::wait_for("/readyz through the FIP from the lab host", Duration::from_secs(20), || {
-        common::readyz(cp.ca_der(), addr)
-    })
+    common::wait_for(
+        "/readyz through the FIP from the lab host",
+        Duration::from_secs(20),
+        || common::readyz(cp.ca_der(), addr),
+    )
     .await;
     for node in [other, holder] {
         let mut last = Err(String::new());
@@ -234,10 +239,7 @@ fn claim_on_hetzner_assigns_the_fip_once_to_this_server_and_never_takes_it_back(
         let t0 = std::time::Instant::now();
         let out = claim(&cp, "cp-0", &env, &["--fip", &ours.address.to_string()]).await;
         let first = json_of(&out);
-        eprintln!(
-            "claim on cp-0 took {:.2}s: {first}",
-            t0.elapsed().as_secs_f64()
-        );
+        eprintln!("claim on cp-0 took {:.2}s: {first}", t0.elapsed().as_secs_f64());
         assert_eq!(first["result"], "assigned", "{first}");
         assert_eq!(first["server"], "cp-0");
         assert_eq!(first["serverId"], CP0);
@@ -246,10 +248,7 @@ fn claim_on_hetzner_assigns_the_fip_once_to_this_server_and_never_takes_it_back(
         let sent = writes(&sim, seq);
         assert_eq!(
             sent,
-            vec![format!(
-                "POST /v1/floating_ips/{}/actions/assign -> 201",
-                ours.id
-            )],
+            vec![format!("POST /v1/floating_ips/{}/actions/assign -> 201", ours.id)],
             "one assign action, nothing else written"
         );
         let (pre, output) = node_table(&cp, "cp-0").await;
@@ -293,7 +292,11 @@ fn claim_on_hetzner_assigns_the_fip_once_to_this_server_and_never_takes_it_back(
         }
         assert_eq!(writes(&sim, seq), Vec::<String>::new());
         assert_eq!(target(&sim, &theirs).await, Some(CP1));
-        assert_eq!(node_table(&cp, "cp-0").await.0, vec![ours.address], "cp-0's table as it was");
+        assert_eq!(
+            node_table(&cp, "cp-0").await.0,
+            vec![ours.address],
+            "cp-0's table as it was"
+        );
 
         // Bad input names the field: a FIP that is not the project's, a server that is not.
         let out = claim(&cp, "cp-0", &env, &["--fip", "203.0.113.250"]).await;
@@ -335,7 +338,13 @@ fn claim_on_hetzner_assigns_the_fip_once_to_this_server_and_never_takes_it_back(
         assert!(!status.success(), "killed mid-way");
         let spare_env: Vec<(&str, &str)> = env
             .iter()
-            .map(|(k, v)| if *k == "CHERRY_FIP_TAG" { (*k, "cluster=spare-api") } else { (*k, *v) })
+            .map(|(k, v)| {
+                if *k == "CHERRY_FIP_TAG" {
+                    (*k, "cluster=spare-api")
+                } else {
+                    (*k, *v)
+                }
+            })
             .collect();
         let rerun = json_of(&claim(&cp, "cp-1", &spare_env, &["--fip", &spare.address.to_string()]).await);
         eprintln!("rerun after the kill: {rerun}");
@@ -365,8 +374,10 @@ fn claim_on_hetzner_assigns_the_fip_once_to_this_server_and_never_takes_it_back(
             "cp-1 holds the spare FIP and the other cluster's, as before"
         );
 
-        // The token is in no output of any run above.
-        assert!(!String::from_utf8_lossy(&out.stdout).contains(sim.api_key()));
+        // The token is in no output of any run above (their logs at debug level included).
+        let seen = String::from_utf8_lossy(&OUTPUTS.lock().unwrap()).into_owned();
+        assert!(seen.contains("claiming"), "the runs' logs were read");
+        assert!(!seen.contains(sim.api_key()), "the token was printed");
     });
 }
 
@@ -406,7 +417,14 @@ fn claim_on_cherry_then_the_controller_and_agent_keep_the_fip_where_it_is() {
         let seq = next_seq(&sim);
         let mut procs = Vec::new();
         for i in 0..2 {
-            procs.push(common::node::controller(&cp, baton(), &sim, i, "cluster=prod-api", logs.path()));
+            procs.push(common::node::controller(
+                &cp,
+                baton(),
+                &sim,
+                i,
+                "cluster=prod-api",
+                logs.path(),
+            ));
             procs.push(common::node::agent(
                 &cp,
                 baton(),

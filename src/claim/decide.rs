@@ -72,7 +72,10 @@ impl Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FipChoice<'a> {
     /// `--fip`: what the user wrote, and the addresses it stands for.
-    At { wanted: &'a str, addresses: BTreeSet<IpAddr> },
+    At {
+        wanted: &'a str,
+        addresses: BTreeSet<IpAddr>,
+    },
     /// `fipTag`.
     Tagged(&'a FipTag),
 }
@@ -130,7 +133,12 @@ pub fn the_fip<'a>(
         .into_iter()
         .filter(|ip| ip.ip_type == IpType::FloatingIp)
         .collect();
-    let show = |found: &[&IpAddress]| found.iter().map(|ip| format!("{} ({})", ip.address, ip.id)).collect();
+    let show = |found: &[&IpAddress]| {
+        found
+            .iter()
+            .map(|ip| format!("{} ({})", ip.address, ip.id))
+            .collect()
+    };
     let fip = match choice {
         None => return Err(Refusal::NoFipNamed),
         Some(FipChoice::At { wanted, addresses }) => {
@@ -191,7 +199,12 @@ pub fn this_server<'a>(
     local: &BTreeSet<IpAddr>,
     hostname: &str,
 ) -> Result<&'a Server, Refusal> {
-    let names = |found: &[&Server]| found.iter().map(|s| format!("{} ({})", s.hostname, s.id)).collect();
+    let names = |found: &[&Server]| {
+        found
+            .iter()
+            .map(|s| format!("{} ({})", s.hostname, s.id))
+            .collect()
+    };
     if let Some(wanted) = flag {
         let wanted = wanted.trim();
         let by_id = wanted.parse::<u64>().ok().map(ServerId);
@@ -231,7 +244,11 @@ pub fn this_server<'a>(
             local: if local.is_empty() {
                 "none".to_owned()
             } else {
-                local.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                local
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
             hostname: hostname.to_owned(),
         }),
@@ -251,7 +268,11 @@ pub enum Decision {
     AlreadyHere,
     /// Another server of the project holds it (a control-plane node that claimed it first, or
     /// the controller's choice): left alone. `state` is that server's as the cloud says it.
-    HeldElsewhere { holder: ServerId, name: String, state: String },
+    HeldElsewhere {
+        holder: ServerId,
+        name: String,
+        state: String,
+    },
 }
 
 impl fmt::Display for Decision {

@@ -209,36 +209,7 @@ pub async fn claim(args: &ClaimArgs, env: &dyn Env) -> Result<Claimed, ClaimErro
     let me = decide::this_server(&servers, args.server.as_deref(), &local, &hostname)?.clone();
     info!(fip = %fip.address, fip_id = %fip.id, server = %me.hostname, server_id = %me.id, "claiming");
 
-    // The list may be older than the FIP's last move: decide on a fresh read, and again after
-    // an action that was already running on the FIP (an earlier claim killed after it sent its
-    // assign) has ended, so that a rerun never sends a second assign on top of the first.
-    let waits_until = tokio::time::Instant::now() + LOCKED_WAIT;
-    let (current, decision) = loop {
-        let current = cloud
-            .ip(&fip.id)
-            .await
-            .map_err(cloud_err(&format!("reading Floating IP {} ({})", fip.address, fip.id)))?;
-        let decision = decide::decide(&current, me.id, &servers);
-        if !matches!(decision, Decision::Assign { .. }) {
-            break (current, decision);
-        }
-        match cloud.retarget_ip(&current.id, me.id).await {
-            Ok(_) => break (current, decision),
-            Err(e) if e.category() == "locked" && tokio::time::Instant::now() < waits_until => {
-                info!(fip = %current.address, "another action runs on the Floating IP (an earlier claim stopped mid-way?): deciding again once it has ended");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-            Err(source) => {
-                return Err(ClaimError::Cloud {
-                    step: format!(
-                        "assigning Floating IP {} ({}) to server {} ({})",
-                        current.address, current.id, me.hostname, me.id
-                    ),
-                    source,
-                });
-            }
-        }
-    };
+    let (current, decision) = settle(&cloud, &fip, &me, &servers).await?;
     let mut holder = None;
     let mut gone = None;
     match &decision {
@@ -247,7 +218,11 @@ pub async fn claim(args: &ClaimArgs, env: &dyn Env) -> Result<Claimed, ClaimErro
             info!(fip = %current.address, server = %me.hostname, "assigned");
         }
         Decision::AlreadyHere => info!(fip = %current.address, "already assigned to this server"),
-        Decision::HeldElsewhere { holder: h, name, state } => {
+        Decision::HeldElsewhere {
+            holder: h,
+            name,
+            state,
+        } => {
             holder = Some(h.0);
             if state == "active" {
                 info!(fip = %current.address, holder = %name, holder_id = %h, "held by another server; left alone");
@@ -283,6 +258,45 @@ pub async fn claim(args: &ClaimArgs, env: &dyn Env) -> Result<Claimed, ClaimErro
         accepted: !args.no_accept,
         own_traffic_to: own,
     })
+}
+
+/// Decides on a fresh read of the FIP (the list may be older than its last move) and assigns it
+/// here if that is the decision; decides again after an action that was already running on the
+/// FIP (an earlier claim killed after it sent its assign) has ended, so that a rerun never sends a
+/// second assign on top of the first. Returns the FIP as decided on, and the decision.
+async fn settle(
+    cloud: &baton_cloud::CloudClient,
+    fip: &baton_cloud::model::IpAddress,
+    me: &baton_cloud::model::Server,
+    servers: &[baton_cloud::model::Server],
+) -> Result<(baton_cloud::model::IpAddress, Decision), ClaimError> {
+    let waits_until = tokio::time::Instant::now() + LOCKED_WAIT;
+    loop {
+        let current = cloud.ip(&fip.id).await.map_err(|source| ClaimError::Cloud {
+            step: format!("reading Floating IP {} ({})", fip.address, fip.id),
+            source,
+        })?;
+        let decision = decide::decide(&current, me.id, servers);
+        if !matches!(decision, Decision::Assign { .. }) {
+            return Ok((current, decision));
+        }
+        match cloud.retarget_ip(&current.id, me.id).await {
+            Ok(_) => return Ok((current, decision)),
+            Err(e) if e.category() == "locked" && tokio::time::Instant::now() < waits_until => {
+                info!(fip = %current.address, "another action runs on the Floating IP (an earlier claim stopped mid-way?): deciding again once it has ended");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(source) => {
+                return Err(ClaimError::Cloud {
+                    step: format!(
+                        "assigning Floating IP {} ({}) to server {} ({})",
+                        current.address, current.id, me.hostname, me.id
+                    ),
+                    source,
+                });
+            }
+        }
+    }
 }
 
 /// `--fip`: an address as it is, a name by the system's resolver.
@@ -332,7 +346,7 @@ fn hostname() -> String {
 /// that address in output. One transaction; nothing when the table holds it already.
 async fn accept(fip: IpAddr, own: Option<IpAddr>) -> Result<(), ClaimError> {
     let kernel = |source| ClaimError::Kernel { fip, source };
-    let observed = netlink::run(|s| s.read()).await.map_err(kernel)?;
+    let observed = netlink::run(netlink::Socket::read).await.map_err(kernel)?;
     let mut want: Wanted = plan::accepted(&observed);
     want.fips.insert(fip);
     match own {

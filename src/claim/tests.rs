@@ -201,7 +201,10 @@ fn a_host_that_is_no_server_is_told_to_name_one() {
 // A server that exists keeps it even when it is off: only the controller moves it, by health.
 #[case::on_a_server_that_is_off(Some(600_103), Decision::HeldElsewhere { holder: ServerId(600_103), name: "cp-2".into(), state: "off".into() })]
 #[case::on_a_server_that_is_gone(Some(600_199), Decision::Assign { from: Some(ServerId(600_199)) })]
-fn a_fip_is_assigned_only_when_no_existing_server_holds_it(#[case] target: Option<u64>, #[case] want: Decision) {
+fn a_fip_is_assigned_only_when_no_existing_server_holds_it(
+    #[case] target: Option<u64>,
+    #[case] want: Decision,
+) {
     let ip = fip("1", "203.0.113.10", &[("cluster", "prod-api")], target);
     assert_eq!(decide(&ip, ServerId(600_101), &servers()), want);
 }
