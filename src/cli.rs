@@ -28,6 +28,9 @@ pub enum Command {
     /// Run on every control-plane node: accept the packets routed to the control-plane Floating
     /// IPs (one nftables redirect rule per FIP, kept in sync with the Services).
     Agent(crate::agent::AgentArgs),
+    /// On the first control-plane server, before its API server starts: assign the cluster's
+    /// control-plane Floating IP to this server and make this node accept it (idempotent).
+    Claim(crate::claim::ClaimArgs),
     /// Run the Cherry Servers API simulator.
     Sim(crate::sim::SimArgs),
     /// Inspect the configuration.

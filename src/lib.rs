@@ -9,6 +9,7 @@
 //!                                      ├─ controller in the cluster: failover, Service FIPs, BGP, nodes
 //!                                      ├─ sni      many API servers behind one address (TLS SNI router)
 //!                                      ├─ agent    on each control-plane node: accept the FIPs' packets
+//!                                      ├─ claim    on the first control-plane server: assign the FIP here
 //!                                      └─ version
 //! ```
 //!
@@ -25,6 +26,7 @@
 pub mod admin;
 pub mod agent;
 pub mod bootstrap;
+pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod controller;
@@ -79,6 +81,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             }
         }),
         Command::Agent(args) => agent::run(args).await.map_err(|e| {
+            if e.is_config() {
+                Error::Usage(Box::new(e))
+            } else {
+                subcommand_error(e)
+            }
+        }),
+        Command::Claim(args) => claim::run(args, &config::ProcessEnv).await.map_err(|e| {
             if e.is_config() {
                 Error::Usage(Box::new(e))
             } else {

@@ -388,6 +388,121 @@ fn the_agent_renders_what_manifests_agent_says_and_only_when_enabled() {
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], 9600);
 }
 
+/// The node selection of every baton pod: nodes labelled `node-role.kubernetes.io/control-plane`,
+/// whatever the value.
+fn control_plane_terms() -> Value {
+    json!([{"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}])
+}
+
+/// Whether a pod spec's node selection (`nodeSelector` and the required node affinity) admits
+/// a node with `labels`, as the scheduler decides it for the operators used here.
+fn admits(pod: &Value, labels: &[(&str, &str)]) -> bool {
+    let value = |k: &str| labels.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+    let selector_ok = pod["nodeSelector"]
+        .as_object()
+        .is_none_or(|m| m.iter().all(|(k, v)| value(k) == v.as_str()));
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let affinity_ok = terms.as_array().is_none_or(|terms| {
+        terms.iter().any(|t| {
+            t["matchExpressions"].as_array().unwrap().iter().all(|e| {
+                let key = e["key"].as_str().unwrap();
+                match e["operator"].as_str().unwrap() {
+                    "Exists" => value(key).is_some(),
+                    "DoesNotExist" => value(key).is_none(),
+                    "In" => {
+                        value(key).is_some_and(|v| e["values"].as_array().unwrap().iter().any(|x| x == v))
+                    }
+                    op => panic!("operator {op} not modelled here"),
+                }
+            })
+        })
+    });
+    selector_ok && affinity_ok
+}
+
+#[test]
+fn every_pod_runs_on_control_plane_nodes_whatever_the_labels_value_and_that_can_be_replaced() {
+    let helm = ChartHelm::new();
+    let set = [
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "config.projectID=123456",
+        "--set",
+        "sniRouter.enabled=true",
+    ];
+    let chart = helm.template(&set);
+    let workloads = [
+        ("Deployment", "baton", "deployment.yaml"),
+        ("DaemonSet", "baton-agent", "agent.yaml"),
+        ("DaemonSet", "baton-sni", "sni-router.yaml"),
+    ];
+    let kubeadm = [("node-role.kubernetes.io/control-plane", "")];
+    let k3s = [
+        ("node-role.kubernetes.io/control-plane", "true"),
+        ("node-role.kubernetes.io/master", "true"),
+        ("node-role.kubernetes.io/etcd", "true"),
+    ];
+    let worker = [("kubernetes.io/os", "linux")];
+    for (kind, name, file) in workloads {
+        let shipped = manifest(file);
+        for (origin, pod) in [
+            (
+                "charts/baton",
+                &find_named(&chart, kind, name)["spec"]["template"]["spec"],
+            ),
+            (
+                file,
+                &find_named(&shipped, kind, name)["spec"]["template"]["spec"],
+            ),
+        ] {
+            assert!(
+                admits(pod, &kubeadm),
+                "{origin} {kind} {name}: kubeadm's and Talos's label"
+            );
+            assert!(
+                admits(pod, &k3s),
+                "{origin} {kind} {name}: k3s's and RKE2's labels"
+            );
+            assert!(!admits(pod, &worker), "{origin} {kind} {name}: a worker");
+        }
+    }
+
+    // Control-plane nodes labelled otherwise: the chart's nodeAffinity replaces the term for
+    // every pod.
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        "nodeAffinity:\n  requiredDuringSchedulingIgnoredDuringExecution:\n    nodeSelectorTerms:\n      \
+         - matchExpressions:\n          - {key: node-role.kubernetes.io/master, operator: Exists}\n",
+    )
+    .unwrap();
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--values", values.to_str().unwrap()]);
+    let custom = helm.template(&args);
+    let old = [("node-role.kubernetes.io/master", "")];
+    for (kind, name, _) in workloads {
+        let pod = &find_named(&custom, kind, name)["spec"]["template"]["spec"];
+        assert!(admits(pod, &old), "{kind} {name}");
+        assert!(!admits(pod, &kubeadm), "{kind} {name}: the replaced term is gone");
+    }
+    // `affinity` replaces the controller's whole affinity (as before); the DaemonSets keep theirs.
+    let mut args = set.to_vec();
+    let own = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "role", "operator": "In", "values": ["cp"]}]}]}}});
+    let own_arg = format!("affinity={own}");
+    args.extend_from_slice(&["--set-json", &own_arg]);
+    let replaced = helm.template(&args);
+    let dep = &find_named(&replaced, "Deployment", "baton")["spec"]["template"]["spec"];
+    assert_eq!(dep["affinity"], own);
+    assert!(admits(dep, &[("role", "cp")]) && !admits(dep, &k3s));
+    assert!(admits(
+        &find_named(&replaced, "DaemonSet", "baton-agent")["spec"]["template"]["spec"],
+        &k3s
+    ));
+}
+
 #[test]
 fn values_of_cloud_provider_cherry_and_batons_own() {
     let helm = ChartHelm::new();
@@ -440,8 +555,13 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
         json!({"limits": {"memory": "256Mi"}, "requests": {"cpu": "20m", "memory": "32Mi"}})
     );
     assert_eq!(
-        pod["nodeSelector"]["role"], "cp",
-        "merged with the default selector"
+        pod["nodeSelector"],
+        json!({"role": "cp"}),
+        "the CCM's nodeSelector, besides the control-plane node affinity"
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+        control_plane_terms()
     );
     assert!(pod.get("tolerations").is_none());
     assert_eq!(pod["securityContext"], json!({"fsGroup": 2000}));
