@@ -436,6 +436,7 @@ fn every_pod_runs_on_control_plane_nodes_whatever_the_labels_value_and_that_can_
         ("Deployment", "baton", "deployment.yaml"),
         ("DaemonSet", "baton-agent", "agent.yaml"),
         ("DaemonSet", "baton-sni", "sni-router.yaml"),
+        ("DaemonSet", "baton-standby", "standby.yaml"),
     ];
     let kubeadm = [("node-role.kubernetes.io/control-plane", "")];
     let k3s = [
@@ -501,6 +502,58 @@ fn every_pod_runs_on_control_plane_nodes_whatever_the_labels_value_and_that_can_
         &find_named(&replaced, "DaemonSet", "baton-agent")["spec"]["template"]["spec"],
         &k3s
     ));
+}
+
+/// The standby DaemonSet (the cold-start replicas) renders what manifests/standby.yaml says: the
+/// same pod spec at the default values (the image aside), the Deployment's ServiceAccount and
+/// Secret, its own ports; `standby.enabled=false` renders none.
+#[test]
+fn the_standby_replicas_render_what_manifests_standby_says_and_only_when_enabled() {
+    let helm = ChartHelm::new();
+    let set = [
+        "--set",
+        &format!("config.apiKey={API_KEY}"),
+        "--set",
+        "config.projectID=123456",
+    ];
+    let rendered = helm.template(&set);
+    let chart = find_named(&rendered, "DaemonSet", "baton-standby");
+    let shipped = manifest("standby.yaml");
+    let man = find_named(&shipped, "DaemonSet", "baton-standby");
+    let normalise = |pod: &Value| {
+        let mut pod = pod.clone();
+        for c in pod["containers"].as_array_mut().unwrap() {
+            let c = c.as_object_mut().unwrap();
+            c.remove("imagePullPolicy");
+            c.insert("image".into(), json!("<image>"));
+        }
+        pod
+    };
+    assert_eq!(
+        normalise(&chart["spec"]["template"]["spec"]),
+        normalise(&man["spec"]["template"]["spec"]),
+        "the pod spec differs between charts/baton and manifests/standby.yaml"
+    );
+    assert_eq!(chart["spec"]["selector"], man["spec"]["selector"]);
+    let pod = &chart["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "baton");
+    assert_eq!(
+        pod["containers"][0]["args"],
+        json!(["controller", "--standby", "--cloud-config", "/etc/cloud-sa/cloud-sa.json"])
+    );
+    // Beside the Deployment's pod on the same host network: other ports than 9590/9592.
+    let dep = &find(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_ne!(pod["containers"][0]["livenessProbe"], dep["livenessProbe"]);
+    assert_ne!(pod["containers"][0]["ports"], dep["ports"]);
+    let mut args = set.to_vec();
+    args.extend_from_slice(&["--set", "standby.enabled=false"]);
+    assert!(
+        !helm
+            .template(&args)
+            .iter()
+            .any(|d| d["metadata"]["name"] == "baton-standby"),
+        "standby.enabled=false renders no standby DaemonSet"
+    );
 }
 
 #[test]
