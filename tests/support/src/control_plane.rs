@@ -678,6 +678,22 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Makes `server` every lab node's DNS server (`/etc/resolv.conf`: what a node's DHCP or
+    /// installer would configure), e.g. `baton bootstrap`'s embedded DNS during a bootstrap.
+    pub fn set_node_nameserver(&self, server: IpAddr) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        for node in &self.nodes {
+            // Rewritten in place: the file is bind-mounted over the node's /etc/resolv.conf.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(node.dir.join("etc-resolv.conf"))?;
+            writeln!(f, "nameserver {server}")?;
+            writeln!(f, "options timeout:1 attempts:2")?;
+        }
+        Ok(())
+    }
+
     /// Points every lab node's kubelet at `url` (e.g. `https://api.baton.test:6443`, the
     /// endpoint, as kubeadm's workers and OpenShift's nodes reach the API) and restarts it; the
     /// node keeps that kubeconfig across reboots.

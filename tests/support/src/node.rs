@@ -302,6 +302,8 @@ impl Node {
         std::fs::create_dir_all(node.dir.join("var-lib-baton"))?;
         let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| "127.0.0.1 localhost\n".into());
         std::fs::write(node.dir.join("etc-hosts"), hosts)?;
+        let resolver = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        std::fs::write(node.dir.join("etc-resolv.conf"), resolver)?;
         node.boot_network().await?;
         Ok(node)
     }
@@ -310,7 +312,7 @@ impl Node {
     /// network namespace: no nftables rules, no conntrack entries, no routes but those of its
     /// configured addresses and default route, no links but `lo` and `eth0`), a fresh mount
     /// namespace (tmpfs `/run/containerd`, `/var/log/containers`, `/run/baton`; the node's disk
-    /// at `/var/lib/baton` and `/etc/hosts`) and empty cgroups.
+    /// at `/var/lib/baton`, `/etc/hosts` and `/etc/resolv.conf`) and empty cgroups.
     async fn boot_network(&mut self) -> anyhow::Result<()> {
         let ns = self.netns.clone();
         let veth = self.veth.clone();
@@ -352,9 +354,11 @@ impl Node {
         let script = format!(
             "mkdir -p /run/containerd && mount -t tmpfs tmpfs /run/containerd && \
              mount -t tmpfs tmpfs /var/log/containers && mount -t tmpfs tmpfs /run/baton && \
-             mount --bind {disk} /var/lib/baton && mount --bind {hosts} /etc/hosts && exec sleep infinity",
+             mount --bind {disk} /var/lib/baton && mount --bind {hosts} /etc/hosts && \
+             mount --bind {resolver} /etc/resolv.conf && exec sleep infinity",
             disk = self.dir.join("var-lib-baton").display(),
             hosts = self.dir.join("etc-hosts").display(),
+            resolver = self.dir.join("etc-resolv.conf").display(),
         );
         let holder = Proc::spawn(
             &format!("{}-holder", self.name),

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager]
-//!           [--kubelets [--image ARCHIVE[=REPOSITORY]]…] -- CMD [ARGS…]
+//!           [--kubelets [--image ARCHIVE[=REPOSITORY]]… [--kubelets-via URL --node-dns IP]]
+//!           -- CMD [ARGS…]
 //! ```
 //!
 //! - `--servers N`: control-plane API servers on 198.51.100.11, .12, … (the simulator's cp-0…).
@@ -17,6 +18,10 @@
 //!   (`--cloud-provider=external`: tainted uninitialized). `--image` loads an OCI archive into
 //!   every node's runtime (repository default `docker.io/library/baton`). `BATON_LAB_NODES`
 //!   then lists the nodes as `name=address=netns` (comma-separated).
+//! - `--kubelets-via URL`: once the nodes are Ready, every kubelet is pointed at `URL` (e.g.
+//!   `https://api-int.baton.test:6443`, the endpoint's name, as kubeadm's workers and OpenShift's
+//!   nodes reach the API) and restarted; `--node-dns IP` makes `IP` every node's DNS server
+//!   (`/etc/resolv.conf`), e.g. where `baton bootstrap` will serve the name.
 //!
 //! CMD runs in the lab's network namespace with `KUBECONFIG` (admin, API server 0),
 //! `BATON_LAB_DIR` (PKI, kubeconfigs, logs), `BATON_LAB_APISERVERS` (comma-separated addresses)
@@ -33,7 +38,7 @@ use kube::api::ListParams;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: baton-lab [--servers N] [--bootstrap] [--nodes N] [--controller-manager] \
-         [--kubelets [--image ARCHIVE[=REPOSITORY]]...] -- CMD [ARGS...]"
+         [--kubelets [--image ARCHIVE[=REPOSITORY]]... [--kubelets-via URL --node-dns IP]] -- CMD [ARGS...]"
     );
     ExitCode::from(2)
 }
@@ -46,6 +51,8 @@ struct Args {
     nodes: u8,
     kubelets: bool,
     images: Vec<NodeImage>,
+    kubelets_via: Option<String>,
+    node_dns: Option<std::net::IpAddr>,
     cmd: Vec<String>,
 }
 
@@ -58,6 +65,8 @@ fn parse_args() -> Option<Args> {
         nodes: 0,
         kubelets: false,
         images: Vec::new(),
+        kubelets_via: None,
+        node_dns: None,
         cmd: Vec::new(),
     };
     while let Some(a) = args.next() {
@@ -70,6 +79,8 @@ fn parse_args() -> Option<Args> {
             "--bootstrap" => out.bootstrap = true,
             "--kubelets" => out.kubelets = true,
             "--image" => out.images.push(NodeImage::parse(&args.next()?)),
+            "--kubelets-via" => out.kubelets_via = Some(args.next()?),
+            "--node-dns" => out.node_dns = Some(args.next()?.parse().ok()?),
             "--nodes" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) if n <= 9 => out.nodes = n,
                 _ => return None,
@@ -81,7 +92,7 @@ fn parse_args() -> Option<Args> {
             _ => return None,
         }
     }
-    (!out.cmd.is_empty()).then_some(out)
+    (!out.cmd.is_empty() && (out.kubelets || out.kubelets_via.is_none())).then_some(out)
 }
 
 fn main() -> ExitCode {
@@ -92,6 +103,8 @@ fn main() -> ExitCode {
         nodes,
         kubelets,
         images,
+        kubelets_via,
+        node_dns,
         cmd,
     }) = parse_args()
     else {
@@ -111,7 +124,7 @@ fn main() -> ExitCode {
         // whatever nodes it had made.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
-        let (cp, addrs, node_list) = tokio::select! {
+        let (mut cp, addrs, node_list) = tokio::select! {
             p = prepare(opts, kubelets, nodes) => match p {
                 Ok(p) => p,
                 Err(code) => return code,
@@ -125,6 +138,19 @@ fn main() -> ExitCode {
                 return ExitCode::from(143);
             }
         };
+        if let Some(server) = node_dns
+            && let Err(e) = cp.set_node_nameserver(server)
+        {
+            eprintln!("baton-lab: setting the nodes' DNS server failed: {e:#}");
+            return ExitCode::FAILURE;
+        }
+        if let Some(url) = &kubelets_via {
+            if let Err(e) = cp.point_kubelets_at(url).await {
+                eprintln!("baton-lab: pointing the kubelets at {url} failed: {e:#}");
+                return ExitCode::FAILURE;
+            }
+            eprintln!("baton-lab: every kubelet now reaches the API through {url}");
+        }
         let status = run_cmd(&cp, &cmd, &addrs, &node_list).await;
         drop(cp);
         match status {
