@@ -474,7 +474,9 @@ impl Bgp {
         let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let mirror_name = mirror::service_name(&self.ctx.config.prefix);
         let judge = Judge::new(&self.policy, ips, labels, &facts);
-        let refused = admission::refused(&judge, &facts, &self.mode);
+        // Each Service judged once.
+        let handoffs: Vec<Handoff> = facts.iter().map(|f| judge.handoff(f, &self.mode)).collect();
+        let refused = admission::refused_of(facts.iter().zip(handoffs.iter().cloned()));
         let admitted = budget::admitted(
             &facts,
             ("kube-system", &mirror_name),
@@ -484,7 +486,7 @@ impl Bgp {
         );
         let mut out: Vec<LbService> = Vec::new();
         let mut missing = HashSet::new();
-        for f in &facts {
+        for (f, handoff) in facts.iter().zip(handoffs) {
             // Never a control-plane FIP, whatever the Service's name (CPEM #258).
             let managed = scope_excluding(
                 f,
@@ -496,7 +498,7 @@ impl Bgp {
                 continue;
             }
             let shown = |ip: IpAddr| f.ingress_ips.iter().any(|i| i.parse() == Ok(ip));
-            let ip = match judge.handoff(f, &self.mode) {
+            let ip = match handoff {
                 Handoff::Nothing => continue,
                 Handoff::Address(ip) => ip,
                 Handoff::Refused { refusal, keeps } => {

@@ -12,7 +12,7 @@
 //!  Judge::handoff() ──► Nothing | Address(ip) | Refused { refusal, keeps: its own FIP, if any }
 //! ```
 
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
@@ -64,6 +64,8 @@ pub struct Judge<'a> {
     services: &'a [ServiceFacts],
     /// `service` tag → namespace of each of `services`, computed once when first needed.
     owners: OnceCell<HashMap<String, String>>,
+    /// Each Service's `service` tag (`ns/name` → tag), computed once (a SHA-256 each).
+    tags: RefCell<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Judge<'_> {
@@ -89,11 +91,16 @@ impl<'a> Judge<'a> {
             namespaces,
             services,
             owners: OnceCell::new(),
+            tags: RefCell::new(HashMap::new()),
         }
     }
 
     fn tag(&self, namespace: &str, name: &str) -> String {
-        service_tag_on(self.policy.cloud, namespace, name)
+        self.tags
+            .borrow_mut()
+            .entry(format!("{namespace}/{name}"))
+            .or_insert_with(|| service_tag_on(self.policy.cloud, namespace, name))
+            .clone()
     }
 
     /// Whether the Service `f` may use `address`, asked for in `field`.
@@ -161,10 +168,17 @@ pub fn refused(
     facts: &[ServiceFacts],
     mode: &LoadBalancerMode,
 ) -> std::collections::BTreeSet<String> {
-    facts
-        .iter()
-        .filter(|f| matches!(judge.handoff(f, mode), Handoff::Refused { keeps: None, .. }))
-        .map(ServiceFacts::key)
+    refused_of(facts.iter().map(|f| (f, judge.handoff(f, mode))))
+}
+
+/// [`refused`] of handoffs already judged.
+pub fn refused_of<'f>(
+    handoffs: impl IntoIterator<Item = (&'f ServiceFacts, Handoff)>,
+) -> std::collections::BTreeSet<String> {
+    handoffs
+        .into_iter()
+        .filter(|(_, h)| matches!(h, Handoff::Refused { keeps: None, .. }))
+        .map(|(f, _)| f.key())
         .collect()
 }
 
