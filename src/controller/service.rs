@@ -8,6 +8,8 @@
 //!                 kube::runtime::finalizer("baton.dev/service-fip")
 //!                   Apply:   FIP by tags: ctx.cloud.ips_tagged() (the shared IP store's index)
 //!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
+//!                               (an address asked for: admit() first, trust::address — this
+//!                                cluster's, its namespace allowed — else refuse(): Warning Event)
 //!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
 //!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
 //!                   Cleanup: every FIP carrying the Service's three tags is held (grace), then the finalizer goes
@@ -31,9 +33,12 @@
 //! ([`orphans`]), each checked again right before its delete ([`sweep_decision`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
 //! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) and Services asking for a
-//! control-plane FIP's address are never touched. A Service asking for a FIP the cloud routes to
-//! a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any bring-your-own
-//! address, and an Event saying it is not handed to the load balancer.
+//! control-plane FIP's address are never touched. A Service asking for an address gets it only
+//! when [`super::trust::address`] admits it ([`admit`]: a FIP of this cluster, its namespace
+//! allowed); anything else is refused ([`refuse`]: a Warning Event, no ingress, no annotation, no
+//! cloud write; a Service with its own FIP keeps it). A Service asking for a FIP the cloud routes
+//! to a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any admitted
+//! bring-your-own address, and an Event saying it is not handed to the load balancer.
 //!
 //! Economy: reads come from the client's shared IP store (writes are applied to it, lookups use
 //! its tag index), so a created Service costs one cloud write (the `POST`), no read of its own
