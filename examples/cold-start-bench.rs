@@ -28,12 +28,12 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The nearest-rank `p`th percentile (`p` in whole percent) of `sorted`.
+fn percentile(sorted: &[f64], p: usize) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    // Nearest rank.
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
     sorted[rank.min(sorted.len()) - 1]
 }
 
@@ -41,8 +41,8 @@ fn spread(mut v: Vec<f64>) -> String {
     v.sort_by(f64::total_cmp);
     format!(
         "{:.2}/{:.2}/{:.2}",
-        percentile(&v, 50.0),
-        percentile(&v, 99.0),
+        percentile(&v, 50),
+        percentile(&v, 99),
         v.last().copied().unwrap_or_default()
     )
 }
@@ -58,7 +58,7 @@ fn main() {
                     .next()
                     .and_then(|n| n.parse().ok())
                     .filter(|n| *n > 0)
-                    .unwrap_or_else(|| usage())
+                    .unwrap_or_else(|| usage());
             }
             "--scenario" => scenarios.push(
                 args.next()
@@ -92,7 +92,7 @@ fn main() {
                 spread(of.iter().map(|o| o.endpoint_s).collect()),
                 spread(of.iter().map(|o| o.pods_s).collect()),
                 of.len(),
-                percentile(&first, 50.0),
+                percentile(&first, 50),
                 of.iter().map(|o| o.retargets).sum::<usize>(),
                 of.iter().filter(|o| o.led_by_standby).count(),
             );

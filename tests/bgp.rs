@@ -289,12 +289,17 @@ fn metallb_objects_and_node_annotations_follow_services_and_nodes() {
             .create(&pp, &lb_service("apps", "db", &[]))
             .await
             .unwrap();
-        // Addresses users bring: a FIP they reserved in the project goes into a pool; an address
-        // the project does not hold never does (announcing it would announce someone else's).
+        // Addresses users bring: a FIP they reserved in the project for this cluster (tagged
+        // cluster=<uid>) goes into a pool; an address the project does not hold never does
+        // (announcing it would announce someone else's).
+        let uid = common::cluster_uid(&admin).await;
         let own = common::unlimited_client(&sim)
             .create_ip(baton_cloud::model::CreateIpRequest {
                 region: "LT-Siauliai".into(),
-                tags: baton_cloud::model::Tags::from([("owner".to_owned(), "byo".to_owned())]),
+                tags: baton_cloud::model::Tags::from([
+                    ("owner".to_owned(), "byo".to_owned()),
+                    ("cluster".to_owned(), uid),
+                ]),
                 ..Default::default()
             })
             .await

@@ -539,7 +539,12 @@ fn the_standby_replicas_render_what_manifests_standby_says_and_only_when_enabled
     assert_eq!(pod["serviceAccountName"], "baton");
     assert_eq!(
         pod["containers"][0]["args"],
-        json!(["controller", "--standby", "--cloud-config", "/etc/cloud-sa/cloud-sa.json"])
+        json!([
+            "controller",
+            "--standby",
+            "--cloud-config",
+            "/etc/cloud-sa/cloud-sa.json"
+        ])
     );
     // Beside the Deployment's pod on the same host network: other ports than 9590/9592.
     let dep = &find(&rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0];
@@ -570,7 +575,10 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
              bgpNodeSelector: kubernetes.io/os=linux\nimage:\n  repository: registry.example/baton\n  tag: v9\n\
              resources:\n  limits: {{memory: 256Mi}}\nnodeSelector: {{role: cp}}\ntolerations: []\n\
              podSecurityContext: {{fsGroup: 2000}}\nenv:\n  - {{name: EXTRA, value: x}}\n\
-             envFrom:\n  - configMapRef: {{name: extra}}\n"
+             envFrom:\n  - configMapRef: {{name: extra}}\n\
+             serviceAllocation:\n  namespaces: [apps, web]\n  namespaceSelector:\n    \
+             matchLabels: {{team: web}}\n    matchExpressions:\n      \
+             - {{key: tier, operator: In, values: [front, edge]}}\n      - {{key: legacy, operator: DoesNotExist}}\n"
         ),
     )
     .unwrap();
@@ -630,6 +638,12 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
         ("BATON_LEASE_DURATION", "2s"),
         ("BATON_HEALTH_CHECK_FALL", "5"),
         ("BATON_PREFIX", "edge"),
+        // MetalLB's serviceAllocation shape, into the settings' string forms.
+        ("BATON_SERVICE_ALLOCATION_NAMESPACES", "apps,web"),
+        (
+            "BATON_SERVICE_ALLOCATION_NAMESPACE_SELECTOR",
+            "team=web,tier in (front,edge),!legacy",
+        ),
     ] {
         assert!(
             env.contains(&(want.0.to_owned(), want.1.to_owned())),
@@ -656,6 +670,38 @@ fn values_of_cloud_provider_cherry_and_batons_own() {
     );
     let probe = &c["livenessProbe"]["httpGet"];
     assert_eq!(probe["host"], "127.0.0.1", "probes on the loopback: {probe}");
+
+    // A selector the chart cannot render fails naming the key: a typo never opens what it was
+    // to restrict.
+    for (bad, says) in [
+        (
+            "serviceAllocation.namespaceSelector.matchlabels.team=web",
+            "unknown key \"matchlabels\"",
+        ),
+        (
+            "serviceAllocation.namespaceSelector.matchExpressions[0].operator=Gt",
+            "operator \"Gt\"",
+        ),
+    ] {
+        let out = helm.run(&[
+            "template",
+            "baton",
+            "charts/baton",
+            "--set",
+            &format!("config.apiKey={API_KEY}"),
+            "--set",
+            bad,
+            "--set",
+            "serviceAllocation.namespaceSelector.matchExpressions[0].key=k",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains("serviceAllocation.namespaceSelector")
+                && err.contains(says),
+            "{bad}: {err}"
+        );
+    }
 
     // Bad input: a clear error naming the value to set; an existing Secret needs no key.
     let out = helm.run(&["template", "baton", "charts/baton"]);

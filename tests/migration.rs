@@ -530,6 +530,42 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             .map(|ip| format!("{} {}", ip.id, ip.address))
             .collect();
         assert_eq!(before.len(), 5, "{before:?}");
+
+        // ---- Before you start (docs/migration.md): baton's status, with the CCM's configuration,
+        // lists the Services whose address baton would refuse. The user's own FIP is untagged:
+        // it is printed as the adoptFips value that keeps it. ----
+        let sa_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(sa_file.path(), cloud_sa.to_string()).unwrap();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args([
+                "status",
+                "--kubeconfig",
+                &kc,
+                "--output",
+                "json",
+                "--cloud-config",
+            ])
+            .arg(sa_file.path())
+            .env_clear()
+            .env("CHERRY_BASE_URL", sim.base_url().to_string())
+            .output()
+            .await
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("baton status: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let refused = report["refusedAddresses"].as_array().unwrap();
+        assert_eq!(
+            refused
+                .iter()
+                .map(|r| (
+                    r["service"].as_str().unwrap(),
+                    r["address"].as_str().unwrap(),
+                    r["untagged"].as_bool().unwrap()
+                ))
+                .collect::<Vec<_>>(),
+            vec![("apps/own", own_ip.as_str(), true)],
+            "{report}"
+        );
         sim.reset_stats();
 
         // ---- Traffic during the switch. ----
@@ -624,12 +660,13 @@ fn a_cluster_that_ran_cloud_provider_cherry_switches_to_baton_without_moving_an_
             .await
             .unwrap();
         mark("2. helm install");
-        // 2. Install baton with the CCM's Secret. The lab's only addition: the simulator's URL.
+        // 2. Install baton with the CCM's Secret, adopting the FIP "Before you start" named. The
+        // lab's only addition: the simulator's URL.
         let values = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             values.path(),
             format!(
-                "configSecret:\n  create: false\n  name: cherry-cloud-config\nmetallb:\n  rbac: true\nenv:\n  - {{name: CHERRY_BASE_URL, value: \"{}\"}}\n",
+                "configSecret:\n  create: false\n  name: cherry-cloud-config\nmetallb:\n  rbac: true\nenv:\n  - {{name: CHERRY_BASE_URL, value: \"{}\"}}\n  - {{name: BATON_ADOPT_FIPS, value: \"{own_ip}\"}}\n",
                 sim.base_url()
             ),
         )

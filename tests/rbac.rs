@@ -427,6 +427,12 @@ fn the_shipped_rbac_allows_no_stray_delete_and_every_verb_is_used() {
                     "CHERRY_LOAD_BALANCER",
                     "metallb:///metallb-system/?bgp-peer-mode=native",
                 ),
+                // Which namespaces may ask for an address, by their labels: the Namespace
+                // watch (every namespace carries this label).
+                (
+                    "BATON_SERVICE_ALLOCATION_NAMESPACE_SELECTOR",
+                    "kubernetes.io/metadata.name",
+                ),
             ],
         );
         env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());

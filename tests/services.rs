@@ -1,6 +1,7 @@
 //! The Service FIP controller against a real API server (+ kube-controller-manager) and the
 //! simulator: create → ingress; delete → FIP released, then the Service goes; bring-your-own IP
-//! gets its ingress (as the Cherry CCM sets it) and nothing else; opt-out, control-plane
+//! (a FIP of this cluster) gets its ingress (as the Cherry CCM sets it) and nothing else, an
+//! address that is not this cluster's a Warning Event and nothing at all; opt-out, control-plane
 //! endpoints and other types untouched; a lost record is found again by tags; region errors surface as Events while other Services proceed;
 //! nothing irreversible on one signal: a garbled IP annotation keeps the FIP, and a FIP whose
 //! Service is deleted (or changes type) is held for the grace period, kept by a Service back
@@ -75,7 +76,16 @@ fn service_fip_lifecycle() {
     lab::run(|| async {
         baton_testbed::init_tracing();
         let (_cp, client) = common::control_plane_with_controllers().await;
-        let sim = common::sim(Faults::none(), Topology::default()).await;
+        // FIPs an operator reserved for this cluster's Services (tagged cluster=<uid>).
+        let uid = common::cluster_uid(&client).await;
+        let topology = Topology {
+            floating_ips: ["203.0.113.200", "203.0.113.201", "203.0.113.202"]
+                .iter()
+                .map(|a| common::reserved_fip(a, &[("cluster", uid.as_str())]))
+                .collect(),
+            ..Topology::default()
+        };
+        let sim = common::sim(Faults::none(), topology).await;
         let env = common::env_for(&sim, &[("CHERRY_REGION_NAME", "LT-Siauliai")]);
         let ctx = common::context(client.clone(), &env).await;
         let cluster = ctx.cluster_id.clone();
@@ -83,16 +93,20 @@ fn service_fip_lifecycle() {
         let api: Api<Service> = Api::namespaced(client.clone(), "apps");
         let pp = PostParams::default();
 
-        // Bring-your-own IP (spec and annotation); untouched: opt-out, ClusterIP, control-plane.
+        // Bring-your-own IP (spec and annotation), this cluster's FIPs; an address outside the
+        // project; untouched: opt-out, ClusterIP, control-plane.
         let mut byo = lb_service("apps", "byo", &[]);
-        byo.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.200".into());
+        byo.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.200".into());
         api.create(&pp, &byo).await.unwrap();
         api.create(
             &pp,
-            &lb_service("apps", "byo-ann", &[(METALLB_IPS_ANNOTATION, "192.0.2.201")]),
+            &lb_service("apps", "byo-ann", &[(METALLB_IPS_ANNOTATION, "203.0.113.201")]),
         )
         .await
         .unwrap();
+        let mut outside = lb_service("apps", "outside", &[]);
+        outside.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.200".into());
+        api.create(&pp, &outside).await.unwrap();
         api.create(
             &pp,
             &lb_service(
@@ -135,7 +149,7 @@ fn service_fip_lifecycle() {
 
         // Bring-your-own IP: no FIP, no finalizer, no record; the ingress shows the address,
         // as the Cherry CCM sets it.
-        for (name, want) in [("byo", "192.0.2.200"), ("byo-ann", "192.0.2.201")] {
+        for (name, want) in [("byo", "203.0.113.200"), ("byo-ann", "203.0.113.201")] {
             let s = wait_ingress(&api, name).await;
             assert_eq!(ingress(&s).as_deref(), Some(want), "{name}");
             assert!(
@@ -149,9 +163,16 @@ fn service_fip_lifecycle() {
             );
         }
 
+        // An address that is not this cluster's: a Warning Event naming the field, the address
+        // and the rule, and nothing else.
+        let refused = wait_event(&client, "apps", "outside", "AddressNotInProject").await;
+        assert_eq!(refused.type_.as_deref(), Some("Warning"));
+        let text = refused.message.unwrap();
+        assert!(text.contains("spec.loadBalancerIP 192.0.2.200"), "{text}");
+
         // The untouched ones are as they were, a moment after the managed one converged.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for name in ["opted-out", "plain", "api", "api-int"] {
+        for name in ["opted-out", "plain", "api", "api-int", "outside"] {
             let s = get(&api, name).await.unwrap();
             assert!(
                 s.finalizers().is_empty(),
@@ -204,11 +225,30 @@ fn service_fip_lifecycle() {
             "never created twice"
         );
 
-        // Switching to bring-your-own releases baton's FIP.
+        // Switching to an address that is not this cluster's takes nothing away: a Warning, and
+        // the Service keeps its FIP.
         api.create(&pp, &lb_service("apps", "switch", &[])).await.unwrap();
-        wait_ingress(&api, "switch").await;
+        let own = ingress(&wait_ingress(&api, "switch").await).unwrap();
         assert_eq!(service_fips(&sim).await.len(), 2);
-        let to_byo = serde_json::json!({"metadata": {"annotations": {METALLB_IPS_ANNOTATION: "192.0.2.77"}}});
+        let to_foreign =
+            serde_json::json!({"metadata": {"annotations": {METALLB_IPS_ANNOTATION: "192.0.2.77"}}});
+        api.patch("switch", &PatchParams::default(), &Patch::Merge(&to_foreign))
+            .await
+            .unwrap();
+        let kept = wait_event(&client, "apps", "switch", "AddressNotInProject").await;
+        assert!(
+            kept.message
+                .unwrap()
+                .contains(&format!("keeps its Floating IP {own}")),
+            "the Event says the FIP is kept"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(service_fips(&sim).await.len(), 2, "nothing released");
+        assert_eq!(ingress(&get(&api, "switch").await.unwrap()), Some(own));
+
+        // Switching to bring-your-own (this cluster's FIP) releases baton's FIP.
+        let to_byo =
+            serde_json::json!({"metadata": {"annotations": {METALLB_IPS_ANNOTATION: "203.0.113.202"}}});
         api.patch("switch", &PatchParams::default(), &Patch::Merge(&to_byo))
             .await
             .unwrap();
@@ -224,11 +264,11 @@ fn service_fip_lifecycle() {
                 .filter(|s| !s.annotations().contains_key(FIP_ID_ANNOTATION))
         })
         .await;
-        assert_eq!(switched.annotations()[METALLB_IPS_ANNOTATION], "192.0.2.77");
+        assert_eq!(switched.annotations()[METALLB_IPS_ANNOTATION], "203.0.113.202");
         eventually(WAIT, "the ingress shows the Service's own IP", || async {
             get(&api, "switch")
                 .await
-                .filter(|s| ingress(s).as_deref() == Some("192.0.2.77"))
+                .filter(|s| ingress(s).as_deref() == Some("203.0.113.202"))
         })
         .await;
 

@@ -10,6 +10,13 @@
 //! and without a forged `baton.dev/fip-holder-address`. None of them gets a PUT, POST or DELETE
 //! in the simulator's log, a rule in any node's nftables, an ingress or a finalizer; each gets a
 //! Warning Event naming why; deleting them changes nothing in the cloud.
+//!
+//! And on Hetzner Cloud's routing path (no BGP: baton assigns its Service FIPs to a healthy node),
+//! workload Services of `loadBalancerClass: baton.dev/floating-ip` asking for another cluster's
+//! Floating IP, an unlabelled one, an address outside the project, or (from a namespace that may
+//! not ask) this cluster's get no ingress, no assign action and no other write, only a Warning
+//! Event; this cluster's from an allowed namespace gets its ingress, and a Service asking for none
+//! its own FIP, assigned to the node.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // in tests a panic is the failure report
 
 mod common;
@@ -291,5 +298,249 @@ fn no_service_moves_or_accepts_a_fip_that_is_not_this_clusters() {
             common::readyz(&ca, own_addr).await,
             "the own FIP stopped answering"
         );
+    });
+}
+
+/// Another cluster's `kube-system` uid (its Service FIPs' `cluster` label).
+const OTHER_CLUSTER: &str = "5a0c4b8e-2f61-4d2b-9c1e-7d3a9b6f0e42";
+
+/// kube-proxy's health check as the test stands in for it on `addr` (the routing loop probes
+/// every candidate node's InternalIP:10256): `GET /healthz` answers 200.
+async fn kube_proxy_health(addr: SocketAddr) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let body = r#"{"lastUpdated": "","currentTime": ""}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+}
+
+#[test]
+fn on_hetzner_a_service_gets_no_route_to_an_address_that_is_not_its_clusters() {
+    const OURS: &str = "203.0.113.50";
+    const THEIRS: &str = "203.0.113.51";
+    const UNLABELLED: &str = "203.0.113.52";
+    const OUTSIDE: &str = "198.18.7.8";
+    const NODE_SERVER: u64 = 700_100;
+    const NODE_PRIVATE: &str = "192.0.2.150";
+    lab::run(|| async {
+        let cp = ControlPlane::start(Options::servers(1)).await.unwrap();
+        let admin = cp.client(0).unwrap();
+        for ns in ["apps", "tenant"] {
+            common::namespace(&admin, ns).await;
+        }
+        let uid = common::cluster_uid(&admin).await;
+        let theirs_service =
+            baton_cloud::tags::service_tag_on(baton_cloud::CloudKind::Hetzner, "apps", "web");
+        let mut topology = Topology::default();
+        topology.servers.push(baton_sim::TopoServer {
+            id: NODE_SERVER,
+            hostname: "node-0".into(),
+            primary_ip: "198.51.100.150".parse().unwrap(),
+            private_ip: Some(NODE_PRIVATE.parse().unwrap()),
+            ..baton_sim::TopoServer::default()
+        });
+        topology.floating_ips = vec![
+            common::reserved_fip(OURS, &[("cluster", uid.as_str())]),
+            common::reserved_fip(
+                THEIRS,
+                &[
+                    ("usage", "cloud-provider-cherry-auto"),
+                    ("service", theirs_service.as_str()),
+                    ("cluster", OTHER_CLUSTER),
+                ],
+            ),
+            common::reserved_fip(UNLABELLED, &[]),
+        ];
+        let sim = baton_sim::Sim::builder()
+            .cloud(baton_cloud::CloudKind::Hetzner)
+            .topology(topology)
+            .faults(Faults::none())
+            .bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("simulator");
+        let ids: Vec<String> = sim
+            .peek_ips()
+            .into_iter()
+            .filter(|ip| [OURS, THEIRS, UNLABELLED].contains(&ip.address.to_string().as_str()))
+            .map(|ip| ip.id.to_string())
+            .collect();
+        assert_eq!(ids.len(), 3, "{:?}", sim.peek_ips());
+
+        // One node, as hcloud-cloud-controller-manager and a Ready kubelet leave it, whose
+        // kube-proxy answers its health check.
+        kube_proxy_health(SocketAddr::new(NODE_PRIVATE.parse().unwrap(), 10256)).await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "node-0", "labels": {"kubernetes.io/hostname": "node-0"}},
+            "spec": {"providerID": format!("hcloud://{NODE_SERVER}")},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let status = json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "trust",
+                            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            "addresses": [{"type": "InternalIP", "address": NODE_PRIVATE}],
+        }});
+        nodes
+            .patch_status(
+                "node-0",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&status),
+            )
+            .await
+            .unwrap();
+
+        // `baton controller` on Hetzner; only `apps` may ask for addresses.
+        let kubeconfig = cp.write_kubeconfig(0, baton_testbed::ADMIN_TOKEN).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let endpoint = format!("{}v1", sim.base_url());
+        let mut cmd = tokio::process::Command::new(BATON);
+        cmd.arg("controller")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--identity", "hetzner-trust", "--admin-listen", "off"])
+            .env_clear()
+            .envs([
+                ("BATON_CLOUD", "hetzner"),
+                ("HCLOUD_TOKEN", sim.api_key()),
+                ("HCLOUD_ENDPOINT", endpoint.as_str()),
+                ("CHERRY_REGION_NAME", "fsn1"),
+                ("BATON_FIP_RELEASE_GRACE_PERIOD", "0"),
+                ("BATON_SERVICE_ALLOCATION_NAMESPACES", "apps"),
+                ("BATON_LOG", "info,baton=debug"),
+            ]);
+        let baton = baton_testbed::control_plane::Proc::spawn("controller", logs.path(), &mut cmd).unwrap();
+
+        let fip_service = |ns: &str, name: &str, address: Option<&str>, in_annotation: bool| -> Service {
+            let mut annotations = serde_json::Map::new();
+            let mut spec = json!({"type": "LoadBalancer", "loadBalancerClass": "baton.dev/floating-ip",
+                                  "ports": [{"port": 80, "protocol": "TCP"}]});
+            match (address, in_annotation) {
+                (Some(a), true) => {
+                    annotations.insert("baton.dev/floating-ips".into(), json!(a));
+                }
+                (Some(a), false) => spec["loadBalancerIP"] = json!(a),
+                (None, _) => {}
+            }
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+                "spec": spec,
+            }))
+            .unwrap()
+        };
+        let refused = [
+            ("apps", "theirs", THEIRS, false, "FloatingIPNotOwned"),
+            ("apps", "unlabelled", UNLABELLED, true, "FloatingIPNotOwned"),
+            ("apps", "outside", OUTSIDE, false, "AddressNotInProject"),
+            ("tenant", "ours", OURS, true, "AddressNamespaceNotAllowed"),
+        ];
+        let pp = PostParams::default();
+        for (ns, name, address, in_annotation, _) in refused {
+            Api::<Service>::namespaced(admin.clone(), ns)
+                .create(&pp, &fip_service(ns, name, Some(address), in_annotation))
+                .await
+                .unwrap();
+        }
+        let apps: Api<Service> = Api::namespaced(admin.clone(), "apps");
+        apps.create(&pp, &fip_service("apps", "byo", Some(OURS), false))
+            .await
+            .unwrap();
+        apps.create(&pp, &fip_service("apps", "web", None, false))
+            .await
+            .unwrap();
+
+        let diag = || baton.log_tail(40);
+        // The allowed ones: this cluster's FIP shown; a FIP of its own, assigned to the node.
+        let byo = common::within(Duration::from_secs(60), "apps/byo's ingress", &diag, || async {
+            common::ingress(&apps.get("byo").await.ok()?)
+        })
+        .await;
+        assert_eq!(byo, OURS);
+        let web: std::net::IpAddr =
+            common::within(Duration::from_secs(60), "apps/web's ingress", &diag, || async {
+                common::ingress(&apps.get("web").await.ok()?)?.parse().ok()
+            })
+            .await;
+        let own = sim.peek_ips().into_iter().find(|ip| ip.address == web).unwrap();
+        common::within(
+            Duration::from_secs(60),
+            "apps/web's FIP assigned to node-0",
+            &diag,
+            || async { (sim.peek_ip(own.id.as_str())?.target()?.0 == NODE_SERVER).then_some(()) },
+        )
+        .await;
+
+        // Each refused one: a Warning Event naming the address and the rule; no ingress.
+        for (ns, name, address, _, reason) in refused {
+            common::within(
+                Duration::from_secs(30),
+                &format!("a {reason} Warning on {ns}/{name}"),
+                &diag,
+                || async {
+                    common::service_warnings(&admin, ns, name)
+                        .await
+                        .iter()
+                        .any(|(r, note)| r == reason && note.contains(address))
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+        // Many passes of the routing loop later (one every 250 ms): no ingress, no assign, no
+        // write at all for the project's FIPs the Services asked for, and one FIP created (web's).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (ns, name, _, _, _) in refused {
+            let svc = Api::<Service>::namespaced(admin.clone(), ns)
+                .get(name)
+                .await
+                .unwrap();
+            assert_eq!(common::ingress(&svc), None, "{ns}/{name} has an ingress");
+        }
+        let writes: Vec<String> = sim
+            .log(0)
+            .into_iter()
+            .filter(|e| matches!(e.method.as_str(), "PUT" | "POST" | "DELETE"))
+            .filter(|e| {
+                ids.iter().any(|id| {
+                    e.path.contains(&format!("/floating_ips/{id}/"))
+                        || e.path.ends_with(&format!("/floating_ips/{id}"))
+                })
+            })
+            .map(|e| format!("{} {} ({})", e.method, e.path, e.status))
+            .collect();
+        assert_eq!(
+            writes,
+            Vec::<String>::new(),
+            "writes for the FIPs the Services asked for"
+        );
+        for ip in sim
+            .peek_ips()
+            .iter()
+            .filter(|ip| ids.contains(&ip.id.to_string()))
+        {
+            assert_eq!(ip.target(), None, "{} was assigned", ip.address);
+        }
+        let creates = sim
+            .log(0)
+            .iter()
+            .filter(|e| e.method == "POST" && e.path.ends_with("/floating_ips"))
+            .count();
+        assert_eq!(creates, 1, "one FIP created: apps/web's");
+        baton.terminate(Duration::from_secs(5)).await;
     });
 }

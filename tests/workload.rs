@@ -15,7 +15,7 @@
 //!            ──► pod 10.244.n.x:8080 (on either node; the hub routes the pod network)
 //! ```
 //!
-//! - **Targeted**: the operator's FIP, routed to cp-0 by the cloud API, named by the Service
+//! - **Targeted**: the operator's FIP (tagged for this cluster), routed to cp-0 by the cloud API, named by the Service
 //!   (`spec.loadBalancerIP`). While the Service has no ingress (opted out) nothing answers,
 //!   although the packets reach cp-0; once baton sets the ingress (bring-your-own routed FIP:
 //!   VIP mode, no MetalLB pool) it answers through cp-0, and after a retarget through cp-1.
@@ -231,7 +231,11 @@ fn a_workload_fip_answers_through_kube_proxy_targeted_and_announced_by_bgp() {
         let byo = cloud
             .create_ip(CreateIpRequest {
                 region: "LT-Siauliai".into(),
-                tags: Tags::from([("owner".to_owned(), "apps-team".to_owned())]),
+                // This cluster's (its operator's): a Service may ask only for its cluster's FIPs.
+                tags: Tags::from([
+                    ("owner".to_owned(), "apps-team".to_owned()),
+                    ("cluster".to_owned(), common::cluster_uid(&admin).await),
+                ]),
                 ..CreateIpRequest::default()
             })
             .await

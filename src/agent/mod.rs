@@ -426,11 +426,11 @@ impl Keeper {
         };
         match state::install_self(&dir.join(state::BOOT_BINARY)) {
             Ok(true) => {
-                info!(path = %dir.join(state::BOOT_BINARY).display(), "boot binary installed for the boot unit")
+                info!(path = %dir.join(state::BOOT_BINARY).display(), "boot binary installed for the boot unit");
             }
             Ok(false) => {}
             Err(error) => {
-                warn!(%error, "the boot binary was not installed: the boot unit runs an older one, or none")
+                warn!(%error, "the boot binary was not installed: the boot unit runs an older one, or none");
             }
         }
         let path = dir.join(state::NODE_FILE);

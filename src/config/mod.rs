@@ -34,7 +34,7 @@ mod sources;
 pub use self::error::{ConfigError, InvalidValue};
 pub use self::settings::{
     Annotations, Config, ConfigArgs, DEFAULT_BASE_URL, FLAGS, Flag, FlagArgs, HealthCheck, Id, LeaseTiming,
-    SETTINGS, Setting, Source, items,
+    SETTINGS, ServiceAllocation, Setting, Source, items,
 };
 pub use self::show::{ConfigAction, ConfigCommand, FlagRow, OutputFormat, ShowRow, reference, show};
 pub use self::sources::{

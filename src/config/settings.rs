@@ -222,8 +222,21 @@ settings! {
         parse: parse_namespaces, show: list },
     AdoptFips adopt_fips => adopt_fips {
         flag: "adopt-fips", env: "BATON_ADOPT_FIPS", file: "adoptFips", default: None, secret: false,
-        doc: "Floating IP addresses that are this cluster's although untagged, comma-separated: control-plane endpoints may route them (the explicit step to adopt a FIP; without it baton routes, unassigns or deletes only FIPs with this cluster's tags)",
+        doc: "Floating IP addresses that are this cluster's although untagged, comma-separated: control-plane endpoints may route them, and Services of the namespaces serviceAllocation allows may ask for them (the explicit step to adopt a FIP; without it baton routes, unassigns, deletes or hands out only FIPs with this cluster's tags)",
         parse: parse_addresses, show: list },
+    ServiceAllocationNamespaces service_allocation_namespaces => service_allocation.namespaces {
+        flag: "service-allocation-namespaces", env: "BATON_SERVICE_ALLOCATION_NAMESPACES", file: "serviceAllocationNamespaces",
+        default: None, secret: false,
+        doc: "Namespaces whose Services may ask for an address (spec.loadBalancerIP, the load balancer's IP annotation), comma-separated, as MetalLB's serviceAllocation.namespaces; the address must still be this cluster's (tag cluster=<kube-system UID>, or adoptFips). With serviceAllocationNamespaceSelector: a namespace either lists or selects may; both unset: every namespace may. A Service asking for no address gets a FIP of its own in any namespace",
+        parse: parse_namespaces, show: list },
+    ServiceAllocationNamespaceSelector service_allocation_namespace_selector => service_allocation.namespace_selector {
+        flag: "service-allocation-namespace-selector", env: "BATON_SERVICE_ALLOCATION_NAMESPACE_SELECTOR",
+        file: "serviceAllocationNamespaceSelector", default: None, secret: false,
+        doc: "Label selector of the namespaces whose Services may ask for an address (e.g. team=web, or baton.dev/fips in (allowed)), as MetalLB's serviceAllocation.namespaceSelectors; see serviceAllocationNamespaces",
+        parse: |v| v.parse::<LabelSelector>()
+            .map(|s| (!s.is_empty()).then_some(s))
+            .map_err(|e| format!("{e}")),
+        show: optional },
     InitializeNodes initialize_nodes => initialize_nodes {
         flag: "initialize-nodes", env: "BATON_INITIALIZE_NODES", file: "initializeNodes", default: Some("auto"), secret: false,
         doc: "Initialise Nodes as a cloud controller manager does (provider ID, addresses, labels, the uninitialized taint): true, false, or auto (true on Cherry Servers; false on Hetzner Cloud, where hcloud-cloud-controller-manager does it)",
@@ -460,6 +473,57 @@ pub struct HealthCheck {
     pub sni_router_port: u16,
 }
 
+/// MetalLB's `serviceAllocation` (of an `IPAddressPool`), for the addresses workload Services
+/// ask for: the namespaces that may, by name or by a label selector. Both unset: every
+/// namespace may, as a MetalLB pool without `serviceAllocation` serves every namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ServiceAllocation {
+    /// `serviceAllocationNamespaces`.
+    pub namespaces: std::collections::BTreeSet<String>,
+    /// `serviceAllocationNamespaceSelector`.
+    #[serde(serialize_with = "display_opt")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+impl ServiceAllocation {
+    /// Whether every namespace may ask (nothing configured).
+    pub fn is_open(&self) -> bool {
+        self.namespaces.is_empty() && self.namespace_selector.is_none()
+    }
+
+    /// Whether `namespace`, labelled `labels` (`None`: not known yet, so no selector matches),
+    /// may ask for an address.
+    pub fn allows(
+        &self,
+        namespace: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> bool {
+        self.is_open()
+            || self.namespaces.contains(namespace)
+            || self
+                .namespace_selector
+                .as_ref()
+                .is_some_and(|s| labels.is_some_and(|l| s.matches(l)))
+    }
+
+    /// Who may, in words: `namespaces apps,web or namespaces labelled team=web`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.namespaces.is_empty() {
+            let names: Vec<&str> = self.namespaces.iter().map(String::as_str).collect();
+            parts.push(format!("namespaces {}", names.join(",")));
+        }
+        if let Some(s) = &self.namespace_selector {
+            parts.push(format!("namespaces labelled {s}"));
+        }
+        if parts.is_empty() {
+            "every namespace".to_owned()
+        } else {
+            parts.join(" or ")
+        }
+    }
+}
+
 /// Leader-election timings of `baton controller` (docs/controller.md explains the safety rule
 /// `renew_interval < renew_deadline < duration`).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -494,6 +558,8 @@ pub struct Config {
     pub control_plane_namespaces: std::collections::BTreeSet<String>,
     /// FIPs adopted by the operator: this cluster's although untagged.
     pub adopt_fips: std::collections::BTreeSet<std::net::IpAddr>,
+    /// The namespaces whose Services may ask for an address (`serviceAllocation*`).
+    pub service_allocation: ServiceAllocation,
     #[serde(serialize_with = "display_opt")]
     pub bgp_node_selector: Option<LabelSelector>,
     /// Most Service prefixes announced per BGP session; `None` = no limit.
@@ -545,6 +611,7 @@ impl Config {
             api_server_port: 0,
             control_plane_namespaces: std::collections::BTreeSet::new(),
             adopt_fips: std::collections::BTreeSet::new(),
+            service_allocation: ServiceAllocation::default(),
             bgp_node_selector: None,
             bgp_prefix_limit: None,
             api_rate_limit: None,

@@ -86,6 +86,11 @@ fn samples(id: Id) -> ([&'static str; 3], Option<&'static str>) {
             ["203.0.113.1", "203.0.113.2,203.0.113.3", "2001:db8::1"],
             Some("203.0.113"),
         ),
+        Id::ServiceAllocationNamespaces => (["apps", "web,shop", "tenant-a"], Some("Bad_NS")),
+        Id::ServiceAllocationNamespaceSelector => (
+            ["team=web", "team in (web,shop)", "baton.dev/addresses"],
+            Some("a b=c"),
+        ),
         Id::SniRouterPort => (["443", "8443", "9443"], Some("70000")),
         Id::BgpNodeSelector => (["bgp=flag", "bgp=env", "bgp in (file)"], Some("a b=c")),
         Id::BgpPrefixLimit => (["10", "1", "250"], Some("-3")),

@@ -8,7 +8,8 @@
 //!          server BGP on (GET, PUT if off) ─► NodeBgp (cached, refreshed every RESYNC)
 //!          node annotations <prefix>/bgp-peers-{{n}}-…   (merge patch; stale indexes nulled)
 //!     3. metallb:///<ns>/?bgp-peer-mode=… only:
-//!          Services (managed, within the prefix budget, with an IP that is neither a
+//!          Services (managed, within the prefix budget, with an address they may use
+//!          (trust::address: this cluster's, their namespace allowed) that is neither a
 //!          control-plane FIP nor routed to a server by the cloud) ─► desired objects
 //!          list IPAddressPools / BGPAdvertisements / BGPPeers in <ns>
 //!          metallb_actions(): server-side apply (manager "baton") | delete ours | leave others'
@@ -34,7 +35,7 @@ use std::time::Duration;
 use baton_cloud::CloudError;
 use baton_cloud::model::{Server, ServerId};
 use baton_core::{LoadBalancerMode, ProviderId};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
@@ -46,9 +47,9 @@ use tracing::{debug, info, warn};
 
 use super::context::object_ref;
 use super::kit::{KubeCallError, NotLeader, timed};
-use super::service::{
-    FipRoles, Record, Scope, ServiceFacts, budget, facts_of, ip_annotation, requested_ip, scope_excluding,
-};
+use super::service::admission::{self, Handoff, Judge};
+use super::service::{FipRoles, Scope, ServiceFacts, budget, facts_of, ip_annotation, scope_excluding};
+use super::trust::address::{AddressPolicy, AddressRefusal};
 use super::watches::{Cache, Watches, any_changed};
 use super::{Context, FIELD_MANAGER, mirror};
 
@@ -126,11 +127,16 @@ struct Bgp {
     mode: LoadBalancerMode,
     nodes: Cache<Node>,
     services: Cache<Service>,
+    /// Every Namespace, for their labels (only with `serviceAllocationNamespaceSelector`).
+    namespaces: Option<Cache<Namespace>>,
+    /// Which addresses a Service may ask for ([`super::trust::address`]).
+    policy: AddressPolicy,
     local_asn: Option<u32>,
     cache: HashMap<String, Cached>,
     /// Warnings already published (Event + log), so a steady problem is reported once.
     reported: HashSet<String>,
-    /// Service addresses the cached IP list did not show, already looked for in a fresh list.
+    /// Service addresses (shown in their ingress) the cached IP list did not show, already
+    /// looked for in a fresh list.
     rechecked: HashSet<IpAddr>,
     /// The MetalLB objects ([`METALLB_RELIST`]).
     listed: Option<Listed>,
@@ -143,28 +149,47 @@ pub fn run_bgp(
     watches: &mut Watches,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let inputs = (
-        watches.nodes(),
-        watches.services(),
-        [watches.node_changes(), watches.service_changes()],
-    );
+    let mut changes = vec![watches.node_changes(), watches.service_changes()];
+    // A namespace selector reads the Namespaces' labels; none: no Namespace is watched.
+    let namespaces = ctx
+        .config
+        .service_allocation
+        .namespace_selector
+        .is_some()
+        .then(|| {
+            changes.push(watches.namespace_changes());
+            watches.namespaces()
+        });
+    let inputs = (watches.nodes(), watches.services(), namespaces, changes);
     run(ctx, inputs, shutdown)
 }
 
+/// What the BGP controller reads: the Nodes, the Services, the Namespaces (only with a namespace
+/// selector), and their change counters.
+type Inputs = (
+    Cache<Node>,
+    Cache<Service>,
+    Option<Cache<Namespace>>,
+    Vec<watch::Receiver<u64>>,
+);
+
 async fn run(
     ctx: Arc<Context>,
-    (nodes, services, mut changes): (Cache<Node>, Cache<Service>, [watch::Receiver<u64>; 2]),
+    (nodes, services, namespaces, mut changes): Inputs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let Some(mode) = ctx.config.load_balancer.clone() else {
         info!("no loadbalancer configured: BGP is off");
         return;
     };
+    let policy = AddressPolicy::new(&ctx.config, &ctx.cluster_id);
     let mut bgp = Bgp {
         ctx,
         mode,
         nodes,
         services,
+        namespaces,
+        policy,
         local_asn: None,
         cache: HashMap::new(),
         reported: HashSet::new(),
@@ -176,7 +201,12 @@ async fn run(
     let heartbeat = bgp.ctx.heartbeats.start_loop("bgp");
     let work = async move {
         let ready = async {
-            bgp.nodes.wait_until_ready().await.is_ok() && bgp.services.wait_until_ready().await.is_ok()
+            bgp.nodes.wait_until_ready().await.is_ok()
+                && bgp.services.wait_until_ready().await.is_ok()
+                && match &bgp.namespaces {
+                    Some(namespaces) => namespaces.wait_until_ready().await.is_ok(),
+                    None => true,
+                }
         };
         if !heartbeat.idle(ready).await {
             return;
@@ -411,28 +441,55 @@ impl Bgp {
         Ok(Some(bgp))
     }
 
-    /// The Services whose address MetalLB may announce: managed, not being deleted, within the
-    /// prefix budget, with an address (baton's FIP or the user's own) that is neither a
-    /// control-plane FIP nor a FIP the cloud routes to a server (`roles`; the second kind is
-    /// logged once per Service and address), and that their ingress shows. MetalLB's speaker
-    /// announces only ingress addresses anyway; waiting for the ingress means a pool follows the
-    /// Service controller's decision, which it takes on a fresh read of a bring-your-own address
-    /// (a FIP routed since the shared list was read never gets a pool). A Service whose IP
-    /// annotation cannot be parsed keeps baton's recorded FIP. Each Service's facts are read once.
-    fn lb_candidates(&mut self, roles: &FipRoles) -> Vec<LbService> {
+    /// Every namespace's labels, when a namespace selector needs them (`None` otherwise).
+    fn namespace_labels(&self) -> Option<BTreeMap<String, BTreeMap<String, String>>> {
+        let namespaces = self.namespaces.as_ref()?;
+        Some(
+            namespaces
+                .state()
+                .iter()
+                .map(|ns| (ns.name_any(), ns.labels().clone()))
+                .collect(),
+        )
+    }
+
+    /// The Services whose address MetalLB may announce, judged on the IP list `ips`: managed,
+    /// not being deleted, within the prefix budget, with an address they may use
+    /// ([`admission::Handoff`]: one they ask for that is this cluster's and that their namespace
+    /// may ask for, else their own recorded FIP) that is neither a control-plane FIP nor a FIP the
+    /// cloud routes to a server (`roles`; logged once per Service and address), and that their
+    /// ingress shows. MetalLB's speaker announces only ingress addresses anyway; waiting for the
+    /// ingress means a pool follows the Service controller's decision, which it takes on a fresh
+    /// read of the cloud (a FIP routed since the shared list was read never gets a pool). A
+    /// refused request is logged once (its Service gets the Service controller's Warning Event).
+    ///
+    /// Also returns the addresses the ingress shows that `ips` does not hold (a FIP reserved or
+    /// tagged since the list was read): [`Self::lb_services`] looks for them in a fresher list.
+    fn lb_candidates(
+        &mut self,
+        roles: &FipRoles,
+        ips: &[Arc<baton_cloud::model::IpAddress>],
+        labels: Option<&BTreeMap<String, BTreeMap<String, String>>>,
+    ) -> (Vec<LbService>, HashSet<IpAddr>) {
         let facts: Vec<ServiceFacts> = self.services.state().iter().map(|s| facts_of(s)).collect();
         let mirror_name = mirror::service_name(&self.ctx.config.prefix);
-        let admission = budget::admitted(
+        let judge = Judge::new(&self.policy, ips, labels, &facts);
+        // Each Service judged once.
+        let handoffs: Vec<Handoff> = facts.iter().map(|f| judge.handoff(f, &self.mode)).collect();
+        let refused = admission::refused_of(facts.iter().zip(handoffs.iter().cloned()));
+        let admitted = budget::admitted(
             &facts,
             ("kube-system", &mirror_name),
             &roles.never_announced(),
+            &refused,
             self.ctx.config.bgp_prefix_limit,
         );
         let mut out: Vec<LbService> = Vec::new();
-        for f in facts {
+        let mut missing = HashSet::new();
+        for (f, handoff) in facts.iter().zip(handoffs) {
             // Never a control-plane FIP, whatever the Service's name (CPEM #258).
             let managed = scope_excluding(
-                &f,
+                f,
                 ("kube-system", &mirror_name),
                 &roles.control_plane,
                 Some(ip_annotation(&self.mode)),
@@ -440,14 +497,23 @@ impl Bgp {
             if !managed {
                 continue;
             }
-            let ip = match requested_ip(&f, &self.mode) {
-                Ok(Some(ip)) => ip,
-                Ok(None) => continue,
-                // A typo: the Service keeps its FIP (the Service controller warns).
-                Err(_) => match Record::read(&f).and_then(|r| r.address) {
-                    Some(ip) => ip,
-                    None => continue,
-                },
+            let shown = |ip: IpAddr| f.ingress_ips.iter().any(|i| i.parse() == Ok(ip));
+            let ip = match handoff {
+                Handoff::Nothing => continue,
+                Handoff::Address(ip) => ip,
+                Handoff::Refused { refusal, keeps } => {
+                    let address = refusal.address();
+                    if matches!(*refusal, AddressRefusal::NotInProject { .. }) && shown(address) {
+                        missing.insert(address);
+                    }
+                    if self.reported.insert(format!("refused/{}/{address}", f.key())) {
+                        info!(service = %f.key(), %address, reason = refusal.reason(), "the address the Service asks for is refused: no MetalLB pool for it");
+                    }
+                    match keeps {
+                        Some(ip) => ip,
+                        None => continue,
+                    }
+                }
             };
             // The cloud routes this FIP to one server: announcing it from the BGP nodes too
             // would fight that route (docs/services.md, "Bring your own routed FIP").
@@ -457,78 +523,49 @@ impl Bgp {
                 }
                 continue;
             }
-            let shown = f.ingress_ips.iter().any(|i| i.parse() == Ok(ip));
-            if shown && admission.admitted.contains(&f.key()) {
+            if shown(ip) && admitted.admitted.contains(&f.key()) {
                 out.push(LbService {
-                    namespace: f.namespace,
-                    name: f.name,
+                    namespace: f.namespace.clone(),
+                    name: f.name.clone(),
                     ip,
                 });
             }
         }
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        out
+        (out, missing)
     }
 
-    /// The Services MetalLB announces: [`Self::lb_candidates`] whose address the project holds
-    /// (a user's address outside the project is never announced). An address the cached IP list
-    /// does not show is looked for in a fresh list once (a FIP the user reserved a moment ago);
-    /// still missing, it is left out with a Warning Event on its Service (once).
+    /// The Services MetalLB announces: [`Self::lb_candidates`]. An address a Service's ingress
+    /// shows that the cached IP list does not hold is looked for in a fresh list once (a FIP the
+    /// user reserved a moment ago); still missing, it gets no pool.
     async fn lb_services(
         &mut self,
         roles: &FipRoles,
         ips: baton_cloud::model::IpList,
     ) -> Result<Vec<LbService>, BgpError> {
-        let candidates = self.lb_candidates(roles);
-        // The candidates' addresses the list does not hold: the list indexed once per version.
-        let unheld = |ips: &[Arc<baton_cloud::model::IpAddress>]| -> HashSet<IpAddr> {
-            let holdings = Holdings::of(ips);
-            candidates
-                .iter()
-                .filter(|s| !holdings.holds(s.ip))
-                .map(|s| s.ip)
-                .collect()
-        };
         let read = |source| BgpError::Cloud {
             step: "listing Floating IPs".into(),
             source: Box::new(source),
         };
-        let mut missing = unheld(&ips);
+        let labels = self.namespace_labels();
+        let (mut services, mut missing) = self.lb_candidates(roles, &ips, labels.as_ref());
         if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
             // First the shared list as it is now: the Services were read after it, and a FIP
             // baton reserved in between is in it already (a write's answer goes straight in).
             // Only an address still missing costs a fresh list.
-            missing = unheld(&self.ctx.cloud.ips().await.map_err(read)?);
+            let now = self.ctx.cloud.ips().await.map_err(read)?;
+            (services, missing) = self.lb_candidates(roles, &now, labels.as_ref());
         }
         if missing.iter().any(|ip| !self.rechecked.contains(ip)) {
             self.rechecked.extend(missing.iter().copied());
             self.ctx.cloud.invalidate_ips();
-            missing = unheld(&self.ctx.cloud.ips().await.map_err(read)?);
+            let fresh = self.ctx.cloud.ips().await.map_err(read)?;
+            (services, missing) = self.lb_candidates(roles, &fresh, labels.as_ref());
         }
-        let (held, foreign): (Vec<LbService>, Vec<LbService>) =
-            candidates.into_iter().partition(|s| !missing.contains(&s.ip));
-        for svc in foreign {
-            let key = format!("foreign/{}/{}/{}", svc.namespace, svc.name, svc.ip);
-            if !self.reported.insert(key) {
-                continue;
-            }
-            warn!(service = %format!("{}/{}", svc.namespace, svc.name), ip = %svc.ip, "an address the project does not hold is not announced");
-            let reference = object_ref("v1", "Service", Some(&svc.namespace), &svc.name);
-            self.ctx
-                .event_on(
-                    &reference,
-                    None,
-                    EventType::Warning,
-                    "AddressNotInProject",
-                    "HandOffToLoadBalancer",
-                    format!(
-                        "{} is not a Floating IP or subnet of the Cherry Servers project: it is not put into a MetalLB pool (announcing it by BGP would announce someone else's address)",
-                        svc.ip
-                    ),
-                )
-                .await;
+        for ip in missing {
+            debug!(%ip, "an address a Service's ingress shows is not the project's: no pool for it");
         }
-        Ok(held)
+        Ok(services)
     }
 
     /// Every IPAddressPool, BGPAdvertisement and BGPPeer in MetalLB's namespace.

@@ -8,6 +8,8 @@
 //!                 kube::runtime::finalizer("baton.dev/service-fip")
 //!                   Apply:   FIP by tags: ctx.cloud.ips_tagged() (the shared IP store's index)
 //!                            └─ decide(): Publish | Create (POST, tag-idempotent) | ByoIp | ReleaseForByoIp
+//!                               (an address asked for: admit() first, trust::address — this
+//!                                cluster's, its namespace allowed — else refuse(): Warning Event)
 //!                            annotations: <implementation IP annotation>, baton.dev/fip-id, baton.dev/fip-address
 //!                            status.loadBalancer.ingress[0].ip  (server-side apply, manager "baton")
 //!                   Cleanup: every FIP carrying the Service's three tags is held (grace), then the finalizer goes
@@ -31,14 +33,18 @@
 //! ([`orphans`]), each checked again right before its delete ([`sweep_decision`]). Only FIPs carrying all three tags, never targeted to a server and
 //! never carrying the control-plane FIP tag, are ever deleted. Control-plane endpoints
 //! (`baton.dev/control-plane-endpoint: "true"`, the mirror Service) and Services asking for a
-//! control-plane FIP's address are never touched. A Service asking for a FIP the cloud routes to
-//! a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any bring-your-own
-//! address, and an Event saying it is not handed to the load balancer.
+//! control-plane FIP's address are never touched. A Service asking for an address gets it only
+//! when [`super::trust::address`] admits it ([`admit`]: a FIP of this cluster, its namespace
+//! allowed); anything else is refused ([`refuse`]: a Warning Event, no ingress, no annotation, no
+//! cloud write; a Service with its own FIP keeps it). A Service asking for a FIP the cloud routes
+//! to a server (bring-your-own routed FIP, [`FipRoles`]) gets its ingress like any admitted
+//! bring-your-own address, and an Event saying it is not handed to the load balancer.
 //!
 //! Economy: reads come from the client's shared IP store (writes are applied to it, lookups use
 //! its tag index), so a created Service costs one cloud write (the `POST`), no read of its own
 //! and no pass over the list; a steady-state resync every [`RESYNC`] reads the store only.
 
+pub mod admission;
 pub mod budget;
 pub mod grace;
 mod plan;
@@ -49,6 +55,7 @@ pub use plan::*;
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,7 +68,7 @@ use baton_cloud::tags::{
 use baton_core::LoadBalancerMode;
 use baton_core::duration::format_duration;
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::EventType;
@@ -71,8 +78,10 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
+use self::admission::Judge;
 use super::health::Heartbeat;
 use super::kit::{self, KubeCallError, NotLeader, Queue, ReconcileError, Retries, Skipped};
+use super::trust::address::{AddressPolicy, AddressRefusal};
 use super::watches::{Cache, StreamErrors, Subset, Trigger, Watches};
 use super::{Context, FIELD_MANAGER, mirror};
 
@@ -223,6 +232,12 @@ pub struct ServiceContext {
     heartbeat: Heartbeat,
     /// Services this replica wrote, and the versions its writes made old.
     ahead: std::sync::Mutex<OwnWrites>,
+    /// Which addresses a Service may ask for ([`super::trust::address`]).
+    policy: AddressPolicy,
+    /// Every Namespace, for their labels (only with `serviceAllocationNamespaceSelector`).
+    namespaces: Option<Cache<Namespace>>,
+    /// Addresses refused on the shared list and read fresh, and when ([`admit`]).
+    rechecked: std::sync::Mutex<HashMap<IpAddr, Instant>>,
 }
 
 /// How long a reconcile waits for the shared watch to show baton's own last write of a Service.
@@ -287,7 +302,13 @@ impl std::fmt::Debug for ServiceContext {
 
 impl ServiceContext {
     /// Wraps the shared context.
-    pub fn new(base: Arc<Context>, store: Cache<Service>, control_plane: Subset<Service>) -> Self {
+    pub fn new(
+        base: Arc<Context>,
+        store: Cache<Service>,
+        control_plane: Subset<Service>,
+        namespaces: Option<Cache<Namespace>>,
+    ) -> Self {
+        let policy = AddressPolicy::new(&base.config, &base.cluster_id);
         let mirror = (
             "kube-system".to_owned(),
             mirror::service_name(&base.config.prefix),
@@ -304,6 +325,9 @@ impl ServiceContext {
             holds: std::sync::Mutex::new(grace::Holds::default()),
             held: tokio::sync::Notify::new(),
             ahead: std::sync::Mutex::new(OwnWrites::default()),
+            policy,
+            namespaces,
+            rechecked: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -385,6 +409,37 @@ impl ServiceContext {
             )
     }
 
+    /// Every namespace's labels, when a namespace selector needs them (`None` otherwise). Waits
+    /// for the watch's first list: no Service is judged on a partial one.
+    async fn namespace_labels(&self) -> Option<BTreeMap<String, BTreeMap<String, String>>> {
+        let cache = self.namespaces.as_ref()?;
+        if cache.wait_until_ready().await.is_err() {
+            return None;
+        }
+        Some(
+            cache
+                .state()
+                .iter()
+                .map(|ns| (ns.name_any(), ns.labels().clone()))
+                .collect(),
+        )
+    }
+
+    /// Whether `ip` may be read fresh now ([`RECHECK_EVERY`]); records that it is.
+    fn recheck(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut rechecked = self
+            .rechecked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        rechecked.retain(|_, at| now.saturating_duration_since(*at) < RECHECK_EVERY);
+        if rechecked.contains_key(&ip) {
+            return false;
+        }
+        rechecked.insert(ip, now);
+        true
+    }
+
     /// Whether the BGP prefix budget ([`budget`]) refuses the Service its hand-off to the load
     /// balancer. Waits for the watch's first full list, so that no Service is judged on a
     /// partial one.
@@ -396,13 +451,19 @@ impl ServiceContext {
         let all: Vec<ServiceFacts> = self.store.state().iter().map(|s| self.facts(s)).collect();
         // The shared, cached IP list; unreadable, every Service counts (the hand-off then waits
         // for the cloud anyway).
-        let never_announced = match self.base.cloud.ips().await {
-            Ok(ips) => {
-                FipRoles::of(self.base.config.fip_tag.as_ref(), &ips, &all, self.mirror()).never_announced()
+        let (never_announced, refused) = match (self.base.cloud.ips().await, self.mode()) {
+            (Ok(ips), Some(mode)) => {
+                let labels = self.namespace_labels().await;
+                let judge = Judge::new(&self.policy, &ips, labels.as_ref(), &all);
+                (
+                    FipRoles::of(self.base.config.fip_tag.as_ref(), &ips, &all, self.mirror())
+                        .never_announced(),
+                    admission::refused(&judge, &all, mode),
+                )
             }
-            Err(_) => BTreeSet::new(),
+            _ => (BTreeSet::new(), BTreeSet::new()),
         };
-        budget::admitted(&all, self.mirror(), &never_announced, limit).refuses(&facts.key())
+        budget::admitted(&all, self.mirror(), &never_announced, &refused, limit).refuses(&facts.key())
     }
 }
 
@@ -421,7 +482,21 @@ pub fn run_services(
     let trigger = watches.subscribe_services();
     let changes = watches.service_changes();
     let control_plane = watches.services_where(may_be_control_plane);
-    run(ctx, (store, control_plane), trigger, changes, shutdown)
+    // A namespace selector reads the Namespaces' labels; none: no Namespace is watched.
+    let namespaces = ctx
+        .config
+        .service_allocation
+        .namespace_selector
+        .is_some()
+        .then(|| (watches.namespaces(), watches.subscribe_namespaces()));
+    run(
+        ctx,
+        (store, control_plane),
+        trigger,
+        changes,
+        namespaces,
+        shutdown,
+    )
 }
 
 async fn run(
@@ -429,12 +504,20 @@ async fn run(
     (store, control_plane): (Cache<Service>, Subset<Service>),
     trigger: Trigger<Service>,
     mut changes: tokio::sync::watch::Receiver<u64>,
+    namespaces: Option<(Cache<Namespace>, Trigger<Namespace>)>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     if ctx.config.load_balancer.is_none() {
         info!("no loadbalancer configured: Service Floating IPs are off (only deletions are finished)");
     }
-    let svc_ctx = Arc::new(ServiceContext::new(ctx.clone(), store.clone(), control_plane));
+    let (namespace_cache, namespace_trigger) = namespaces.unzip();
+    let svc_ctx = Arc::new(ServiceContext::new(
+        ctx.clone(),
+        store.clone(),
+        control_plane,
+        namespace_cache,
+    ));
+    let relabelled = relabelled(namespace_trigger, store.clone());
     let errors = Arc::new(StreamErrors::new("Service controller"));
     let queued = Arc::clone(&svc_ctx);
     let trigger = trigger.inspect(move |svc| queued.queue.add(key_of(svc)));
@@ -454,6 +537,7 @@ async fn run(
         // Service it skipped while it did not lead — all of them at its first election — so
         // work that arrived while there was no leader does not wait for a resync.
         .reconcile_on(skipped)
+        .reconcile_on(relabelled)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, svc_ctx.clone())
         .for_each(|result| {
@@ -516,6 +600,33 @@ async fn run(
         () = pending => {}
         () = release_held(&svc_ctx, &store) => {}
     }
+}
+
+/// The Services to judge again when a Namespace's labels change (a namespace selector may select
+/// it now, or no longer): every Service of that namespace, from `store`. Nothing without the
+/// Namespace watch (no selector).
+fn relabelled(
+    namespaces: Option<Trigger<Namespace>>,
+    store: Cache<Service>,
+) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Service>> + Send + 'static {
+    let mut seen: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+    futures::stream::iter(namespaces)
+        .flatten()
+        .filter_map(move |ns| {
+            let (name, labels) = (ns.name_any(), ns.labels().clone());
+            let changed = seen.get(&name) != Some(&labels);
+            seen.insert(name.clone(), labels);
+            std::future::ready(changed.then_some(name))
+        })
+        .flat_map(move |relabelled| {
+            let refs: Vec<_> = store
+                .state()
+                .iter()
+                .filter(|s| s.namespace().as_deref() == Some(relabelled.as_str()))
+                .map(|s| kube::runtime::reflector::ObjectRef::from_obj(s.as_ref()))
+                .collect();
+            futures::stream::iter(refs)
+        })
 }
 
 /// Releases each held FIP once its grace period is over, if it is still unwanted then (its
@@ -915,7 +1026,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
             Ok(Action::await_change())
         }
         (Scope::Managed, Some(mode)) => {
-            match requested_ip(&facts, mode) {
+            match requested(&facts, mode) {
                 Err(source) if !facts.deleting => {
                     let err = ServiceError::InvalidField {
                         svc: facts.key(),
@@ -929,17 +1040,18 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceContext>) -> Result<Ac
                 // A FIP carrying the Service's tags (cloud-provider-cherry's, whose address the
                 // CCM wrote into the IP annotation, or baton's with a lost record) is adopted by
                 // the finalizer path instead.
-                Ok(Some(ip))
+                Ok(Some(asked))
                     if !facts.has_finalizer
                         && !facts.deleting
                         && Record::read(&facts).is_none()
                         && find_ours(&ctx, &facts, None).await?.is_empty() =>
                 {
-                    debug!(%ip, "bring-your-own IP");
-                    let roles = byo_roles(&ctx, &facts, ip).await?;
-                    byo_ingress(&ctx, &svc, &facts, ip, &roles).await?;
+                    debug!(ip = %asked.ip, field = asked.field, "bring-your-own IP");
+                    byo(&ctx, &svc, &facts, &asked).await?;
                     ctx.retries.succeeded(&facts.key());
-                    return Ok(Action::await_change());
+                    // Looked at again: the rules read the cloud (a FIP tagged since, or no
+                    // longer this cluster's).
+                    return Ok(Action::requeue(RESYNC));
                 }
                 _ => {}
             }
@@ -1191,10 +1303,11 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
     let Some(mode) = ctx.mode() else {
         return Ok(Action::await_change());
     };
-    let requested = requested_ip(&facts, mode).map_err(|source| ServiceError::InvalidField {
+    let asked = requested(&facts, mode).map_err(|source| ServiceError::InvalidField {
         svc: facts.key(),
         source,
     })?;
+    let requested = asked.as_ref().map(|a| a.ip);
     let record = Record::read(&facts);
     let found = find_ours(ctx, &facts, record.as_ref()).await?;
     let (chosen, extras) = pick(found.iter().map(owned).collect(), record.as_ref(), requested);
@@ -1245,11 +1358,20 @@ async fn apply(svc: &Service, ctx: &ServiceContext) -> Result<Action, ServiceErr
         Decision::ByoIp(ip) => {
             debug!(%ip, "bring-your-own IP");
             forget(ctx, &facts, false).await?;
-            let roles = byo_roles(ctx, &facts, ip).await?;
-            byo_ingress(ctx, svc, &facts, ip, &roles).await?;
+            if let Some(asked) = &asked {
+                byo(ctx, svc, &facts, asked).await?;
+            }
         }
+        // decide() releases only for an address asked for.
         Decision::ReleaseForByoIp { requested, ours } => {
-            release_for_byo_ip(ctx, svc, &facts, &found, requested, &ours).await?;
+            if let Some(asked) = &asked {
+                match admit(ctx, &facts, asked).await? {
+                    Ok(()) => release_for_byo_ip(ctx, svc, &facts, &found, requested, &ours).await?,
+                    // A request the rules refuse takes nothing away, as a typo does: the
+                    // Service keeps its FIP (not held, announced as before).
+                    Err(refusal) => refuse(ctx, svc, &facts, &refusal, Some(&ours)).await?,
+                }
+            }
         }
     }
     if !handoff && requested.is_none() {
@@ -1517,6 +1639,152 @@ async fn byo_ingress(
                 ),
             )
             .await;
+    }
+    Ok(())
+}
+
+/// A Service bringing its own address (`asked`): its ingress shows it when the rules admit it
+/// ([`admit`]); otherwise [`refuse`].
+async fn byo(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    asked: &Requested,
+) -> Result<(), ServiceError> {
+    match admit(ctx, facts, asked).await? {
+        Ok(()) => {
+            let roles = byo_roles(ctx, facts, asked.ip).await?;
+            byo_ingress(ctx, svc, facts, asked.ip, &roles).await
+        }
+        Err(refusal) => refuse(ctx, svc, facts, &refusal, None).await,
+    }
+}
+
+/// How long after a fresh read of an address the rules refused it is judged on the shared list
+/// alone: a Service edited over and over costs the cloud one read a minute, not one an edit.
+const RECHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether the Service of `facts` may use the address it asks for ([`super::trust::address`]):
+/// judged on the shared IP list and, when that says no for a reason a newer view could change
+/// (a FIP reserved or tagged since the list was read), on the cloud's answer read fresh (by id,
+/// or a new list), at most every [`RECHECK_EVERY`] per address.
+async fn admit(
+    ctx: &ServiceContext,
+    facts: &ServiceFacts,
+    asked: &Requested,
+) -> Result<Result<(), Box<AddressRefusal>>, ServiceError> {
+    let cloud_err = |step| {
+        let svc = facts.key();
+        move |source| ServiceError::Cloud {
+            svc,
+            step,
+            source: Box::new(source),
+        }
+    };
+    let labels = ctx.namespace_labels().await;
+    // The Services of its namespace: who may share a FIP reserved for one of them.
+    let siblings: Vec<ServiceFacts> = ctx
+        .store
+        .state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(facts.namespace.as_str()))
+        .map(|s| ctx.facts(s))
+        .collect();
+    let judge = |ips: &[IpAddress]| {
+        Judge::new(&ctx.policy, ips, labels.as_ref(), &siblings)
+            .admit(facts, &asked.field, asked.ip)
+            .map(|_| ())
+    };
+    let cloud = &ctx.base.cloud;
+    let mut ips = cloud
+        .ips_at(&BTreeSet::from([asked.ip]))
+        .await
+        .map_err(cloud_err("listing Floating IPs"))?;
+    if !ips.iter().any(|ip| ip.ip_type == IpType::FloatingIp) {
+        // Perhaps inside one of the project's subnets (few): those are in the whole list.
+        ips = subnets_and(
+            &cloud.ips().await.map_err(cloud_err("listing Floating IPs"))?,
+            asked.ip,
+        );
+    }
+    let verdict = judge(&ips);
+    let stale = matches!(&verdict, Err(r) if r.may_be_stale());
+    if !stale || !ctx.recheck(asked.ip) {
+        return Ok(verdict);
+    }
+    let listed = ips
+        .iter()
+        .find(|ip| ip.address == asked.ip && ip.ip_type == IpType::FloatingIp)
+        .map(|ip| ip.id.clone());
+    let fresh = if let Some(id) = listed {
+        match cloud.ip(&id).await {
+            Ok(ip) => vec![ip],
+            Err(e) if e.is_not_found() => {
+                cloud.invalidate_ips();
+                Vec::new()
+            }
+            Err(e) => return Err(cloud_err("reading the Floating IP the Service asks for")(e)),
+        }
+    } else {
+        cloud.invalidate_ips();
+        subnets_and(
+            &cloud.ips().await.map_err(cloud_err("listing Floating IPs"))?,
+            asked.ip,
+        )
+    };
+    Ok(judge(&fresh))
+}
+
+/// The project's subnets and the IPs at `address`, of `ips`.
+fn subnets_and(ips: &[Arc<IpAddress>], address: IpAddr) -> Vec<IpAddress> {
+    ips.iter()
+        .filter(|ip| ip.address == address || ip.ip_type == IpType::Subnet)
+        .map(|ip| IpAddress::clone(ip))
+        .collect()
+}
+
+/// A request the rules refuse: a Warning Event naming the field, the address and the rule, and
+/// nothing else for the address (no ingress, no IP annotation, no cloud write). The ingress
+/// baton set goes (one it set for the address before this version too: docs/services.md,
+/// "Upgrading"), unless the Service keeps its own FIP (`keeps`), whose ingress it shows.
+async fn refuse(
+    ctx: &ServiceContext,
+    svc: &Service,
+    facts: &ServiceFacts,
+    refusal: &AddressRefusal,
+    keeps: Option<&OwnedFip>,
+) -> Result<(), ServiceError> {
+    let address = refusal.address();
+    let shown = facts.ingress_ips.iter().any(|i| i.parse() == Ok(address));
+    warn!(%address, reason = refusal.reason(), %refusal, "the address the Service asks for is refused");
+    let mut note = refusal.to_string();
+    match keeps {
+        Some(own) => {
+            let _ = write!(
+                note,
+                "; the Service keeps its Floating IP {} ({})",
+                own.address, own.id
+            );
+        }
+        None if shown => note.push_str("; its ingress, set for this address before, is withdrawn"),
+        None => {}
+    }
+    ctx.base
+        .event(
+            svc,
+            EventType::Warning,
+            refusal.reason(),
+            "EnsureFloatingIP",
+            note,
+        )
+        .await;
+    match keeps {
+        Some(own) if facts.ingress_ips != [own.address.to_string()] => {
+            let api: Api<Service> = Api::namespaced(ctx.base.client.clone(), &facts.namespace);
+            apply_ingress(&api, ctx, facts, own.address).await?;
+        }
+        Some(_) => {}
+        None => clear_ingress(ctx, facts).await?,
     }
     Ok(())
 }

@@ -15,7 +15,10 @@
 //!
 //! A project often holds several clusters' FIPs, and tenants may create Services: a Service is
 //! never a reason to move, unassign or route a FIP that is not this cluster's, nor to make the
-//! node agents accept an address.
+//! node agents accept an address. Workload Services follow the same rule for the addresses they
+//! ask for: [`address`].
+
+pub mod address;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

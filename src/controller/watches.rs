@@ -13,8 +13,9 @@
 //! Objects are stored without their `managedFields` (no controller reads them; they are often
 //! most of an object's size).
 //!
-//! Watched kinds: Services (all namespaces), Nodes, and the EndpointSlices of
-//! `default/kubernetes` (the API servers). A kind nobody asked for is not watched, so a process
+//! Watched kinds: Services (all namespaces), Nodes, the EndpointSlices of
+//! `default/kubernetes` (the API servers), and Namespaces (only with
+//! `serviceAllocationNamespaceSelector`: their labels). A kind nobody asked for is not watched, so a process
 //! that runs only some controllers needs only their permissions.
 //!
 //! Subscriptions are taken before [`Watches::run`], which consumes the set: a subscriber made
@@ -37,7 +38,7 @@ use std::time::Duration;
 use futures::SinkExt as _;
 use futures::StreamExt as _;
 use futures::channel::mpsc;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
@@ -325,6 +326,7 @@ pub struct Watches {
     services: Kind<Service>,
     nodes: Kind<Node>,
     api_slices: Kind<EndpointSlice>,
+    namespaces: Kind<Namespace>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -334,6 +336,7 @@ impl std::fmt::Debug for Watches {
             .field("services", &self.services.used)
             .field("nodes", &self.nodes.used)
             .field("api_slices", &self.api_slices.used)
+            .field("namespaces", &self.namespaces.used)
             .field("counted", &self.metrics.is_some())
             .finish()
     }
@@ -356,6 +359,14 @@ impl Watches {
                 watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}=kubernetes")),
                 |_| {},
             ),
+            // Only their labels are read (a namespace selector).
+            namespaces: Kind::new(Api::all(client.clone()), watcher::Config::default(), |ns| {
+                ns.spec = None;
+                ns.status = None;
+                if let Some(annotations) = ns.metadata.annotations.as_mut() {
+                    annotations.clear();
+                }
+            }),
             metrics: None,
         }
     }
@@ -407,13 +418,29 @@ impl Watches {
         self.api_slices.cache()
     }
 
+    /// Every Namespace (for their labels).
+    pub fn namespaces(&mut self) -> Cache<Namespace> {
+        self.namespaces.cache()
+    }
+
+    /// Namespaces as they are applied.
+    pub fn subscribe_namespaces(&mut self) -> Trigger<Namespace> {
+        self.namespaces.subscribe()
+    }
+
+    /// Bumped on every change of a Namespace (deletes too).
+    pub fn namespace_changes(&mut self) -> watch::Receiver<u64> {
+        self.namespaces.changes()
+    }
+
     /// Runs every watch something asked for, until `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = shutdown => {}
             () = self.services.run(self.metrics.clone()) => {}
             () = self.nodes.run(self.metrics.clone()) => {}
-            () = self.api_slices.run(self.metrics) => {}
+            () = self.api_slices.run(self.metrics.clone()) => {}
+            () = self.namespaces.run(self.metrics) => {}
         }
     }
 }

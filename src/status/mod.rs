@@ -36,7 +36,11 @@ use kube::{Api, ResourceExt as _};
 use crate::config::{Config, ConfigArgs, ProcessEnv};
 use crate::controller::mirror::service_name;
 use crate::controller::node::UNINITIALIZED_TAINT;
-use crate::controller::service::{control_plane_addresses, facts_of, ip_annotation, is_pending};
+use crate::controller::service::admission::{Handoff, Judge};
+use crate::controller::service::{
+    Scope, ServiceFacts, control_plane_addresses, facts_of, ip_annotation, is_pending, scope_excluding,
+};
+use crate::controller::trust::address::AddressPolicy;
 use crate::controller::trust::{EndpointPolicy, Refusal};
 use crate::kube::args::ClusterArgs;
 use crate::names::{CONTROL_PLANE_ENDPOINT_ANNOTATION, SERVICE_NAME_LABEL};
@@ -44,7 +48,7 @@ use crate::probe::{ProbeSettings, probe_once};
 
 use self::report::{
     BgpStatus, CandidateStatus, ControllerStatus, EndpointStatus, LeaderStatus, MoveStatus, PendingService,
-    Report, ServerRef, SourceStatus, Verdict,
+    RefusedAddress, Report, ServerRef, SourceStatus, Verdict,
 };
 
 /// Time limit of each read (Kubernetes, cloud, admin endpoints).
@@ -144,7 +148,8 @@ pub async fn collect(args: &StatusArgs) -> Result<Report, StatusError> {
                     format!("control-plane endpoint Service {service} is refused: {refusal}"),
                 );
             }
-            report.pending_services = pending_services(&k, &config, &cloud_ips);
+            report.refused_addresses = refused_addresses(&k, &config, &cloud_ips);
+            report.pending_services = pending_services(&k, &config, &cloud_ips, &report.refused_addresses);
             report.bgp = bgp(&k, &config);
             // On Hetzner Cloud the Nodes are hcloud-cloud-controller-manager's to initialise.
             if config.cloud == baton_cloud::CloudKind::Cherry {
@@ -307,6 +312,10 @@ struct KubeFacts {
     events: Vec<Event>,
     /// Which control-plane endpoint Services the controller acts on.
     policy: EndpointPolicy,
+    /// The UID of namespace `kube-system` (the `cluster` tag).
+    cluster_id: String,
+    /// Every namespace's labels (only with `serviceAllocationNamespaceSelector`).
+    namespaces: Option<std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>>,
     /// The server is below the version floor.
     too_old: Option<crate::kube::version::TooOld>,
     /// The pods in the controller's namespace (the agents, replicas and standby replicas).
@@ -374,6 +383,21 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
     .await?
     .and_then(|cm| cm.data)
     .unwrap_or_default();
+    let namespaces = if config.service_allocation.namespace_selector.is_some() {
+        let list = timed(
+            "listing Namespaces",
+            Api::<Namespace>::all(client.clone()).list(&ListParams::default()),
+        )
+        .await?;
+        Some(
+            list.items
+                .iter()
+                .map(|ns| (ns.name_any(), ns.labels().clone()))
+                .collect(),
+        )
+    } else {
+        None
+    };
     let version = timed("reading the Kubernetes version", client.apiserver_version())
         .await
         .ok()
@@ -390,6 +414,8 @@ async fn read_kube(client: &kube::Client, config: &Config, lease_ns: &str) -> Re
     Ok(KubeFacts {
         pods,
         policy: EndpointPolicy::new(config, &cluster_id, &record),
+        cluster_id,
+        namespaces,
         too_old: version,
         leader: Some(leader_status(
             lease_ns,
@@ -688,7 +714,58 @@ async fn endpoint(
     }
 }
 
-fn pending_services(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<PendingService> {
+/// The managed Services asking for an address the rules refuse ([`Judge`], the controller's own
+/// judgement), on the cloud's list as read: what the controller refuses (or will, for an
+/// address it let a Service use before this version: the check to run before an upgrade).
+/// Nothing when the cloud could not be read (no FIP could be judged).
+fn refused_addresses(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<RefusedAddress> {
+    let Some(mode) = config.load_balancer.as_ref() else {
+        return Vec::new();
+    };
+    if ips.is_empty() {
+        return Vec::new();
+    }
+    let mirror = service_name(&config.prefix);
+    let all: Vec<ServiceFacts> = k.services.iter().map(facts_of).collect();
+    let control_plane = control_plane_addresses(config.fip_tag.as_ref(), ips, &all, ("kube-system", &mirror));
+    let policy = AddressPolicy::new(config, &k.cluster_id);
+    let judge = Judge::new(&policy, ips, k.namespaces.as_ref(), &all);
+    let mut facts: Vec<&ServiceFacts> = all
+        .iter()
+        .filter(|f| {
+            !f.deleting
+                && scope_excluding(
+                    f,
+                    ("kube-system", &mirror),
+                    &control_plane,
+                    Some(ip_annotation(mode)),
+                ) == Scope::Managed
+        })
+        .collect();
+    facts.sort_by_key(|f| f.key());
+    facts
+        .into_iter()
+        .filter_map(|f| match judge.handoff(f, mode) {
+            Handoff::Refused { refusal, keeps } => Some(RefusedAddress {
+                service: f.key(),
+                address: refusal.address().to_string(),
+                reason: refusal.reason().to_owned(),
+                message: refusal.to_string(),
+                keeps: keeps.map(|k| k.to_string()),
+                shown: f.ingress_ips.iter().any(|i| i.parse() == Ok(refusal.address())),
+                untagged: refusal.untagged(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pending_services(
+    k: &KubeFacts,
+    config: &Config,
+    ips: &[IpAddress],
+    refused: &[RefusedAddress],
+) -> Vec<PendingService> {
     let mirror = service_name(&config.prefix);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     // A Service asking for a control-plane FIP is never given an ingress by baton: not pending.
@@ -699,6 +776,10 @@ fn pending_services(k: &KubeFacts, config: &Config, ips: &[IpAddress]) -> Vec<Pe
     for svc in &k.services {
         let facts = facts_of(svc);
         if !is_pending(&facts, ("kube-system", &mirror), &control_plane, extra) {
+            continue;
+        }
+        // Refused, not waiting: listed with why ([`refused_addresses`]).
+        if refused.iter().any(|r| r.service == facts.key()) {
             continue;
         }
         let warning = events_of(k, &facts.namespace, &facts.name)

@@ -23,6 +23,9 @@ pub struct Report {
     pub endpoints: Vec<EndpointStatus>,
     /// LoadBalancer Services baton manages that have no address yet (or failed to get one).
     pub pending_services: Vec<PendingService>,
+    /// Services asking for an address the rules refuse (not this cluster's, or their namespace
+    /// may not ask): baton does not use it.
+    pub refused_addresses: Vec<RefusedAddress>,
     /// BGP / load-balancer state.
     pub bgp: BgpStatus,
     /// Nodes still carrying the uninitialized taint.
@@ -184,6 +187,77 @@ pub struct PendingService {
     pub reason: String,
 }
 
+/// A Service asking for an address the rules refuse (docs/operations.md, "Threat model").
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedAddress {
+    /// `namespace/name`.
+    pub service: String,
+    /// The address it asks for.
+    pub address: String,
+    /// The rule (the reason of the Warning Event the controller publishes).
+    pub reason: String,
+    /// The field, the address and the rule in a sentence.
+    pub message: String,
+    /// The Service's own FIP, which it keeps (its request takes nothing away).
+    pub keeps: Option<String>,
+    /// Whether its ingress still shows the refused address (set before: the controller
+    /// withdraws it).
+    pub shown: bool,
+    /// A Floating IP of the project carrying no `cluster` tag: if it is this cluster's (an
+    /// operator's reservation), `adoptFips` makes it so.
+    pub untagged: bool,
+}
+
+impl RefusedAddress {
+    /// The problem it is, in a sentence.
+    fn problem(&self) -> String {
+        let keeps = self
+            .keeps
+            .as_ref()
+            .map_or_else(String::new, |k| format!(" (it keeps its Floating IP {k})"));
+        let shown = if self.shown {
+            " (its ingress still shows it: the controller withdraws it)"
+        } else {
+            ""
+        };
+        format!(
+            "Service {} asks for {}, which is refused{keeps}{shown}: {}: {}",
+            self.service, self.address, self.reason, self.message
+        )
+    }
+}
+
+/// The "Addresses refused" section (none when nothing is refused), with the `adoptFips` value
+/// that would adopt the untagged FIPs among them.
+fn render_refused(out: &mut String, refused: &[RefusedAddress]) {
+    if refused.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nAddresses refused");
+    for a in refused {
+        let keeps = a
+            .keeps
+            .as_ref()
+            .map_or_else(String::new, |k| format!(", keeps {k}"));
+        let _ = writeln!(out, "  {} asks for {}: {}{keeps}", a.service, a.address, a.reason);
+    }
+    let mut untagged: Vec<&str> = refused
+        .iter()
+        .filter(|a| a.untagged)
+        .map(|a| a.address.as_str())
+        .collect();
+    untagged.sort_unstable();
+    untagged.dedup();
+    if !untagged.is_empty() {
+        let _ = writeln!(
+            out,
+            "  untagged FIPs of the project among them, if they are this cluster's: adoptFips={}",
+            untagged.join(",")
+        );
+    }
+}
+
 /// BGP and the load-balancer implementation.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -305,6 +379,9 @@ impl Report {
                 Verdict::Degraded,
                 format!("Service {} has no FIP: {}", svc.service, svc.reason),
             );
+        }
+        for r in &self.refused_addresses {
+            add(Verdict::Degraded, r.problem());
         }
         if !self.bgp.nodes_missing.is_empty() {
             add(
@@ -484,6 +561,8 @@ pub fn render_text(r: &Report) -> String {
         let age = s.age_seconds.map_or_else(String::new, |a| format!(" ({a}s)"));
         let _ = writeln!(out, "  {}{age}: {}", s.service, s.reason);
     }
+
+    render_refused(&mut out, &r.refused_addresses);
 
     let _ = writeln!(out, "\nBGP / load balancer");
     let _ = writeln!(

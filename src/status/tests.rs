@@ -253,6 +253,8 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
             &std::collections::BTreeMap::new(),
         ),
         too_old: None,
+        cluster_id: "uid-1".to_owned(),
+        namespaces: None,
     };
     let ips: Vec<baton_cloud::model::IpAddress> = vec![
         serde_json::from_value(serde_json::json!({
@@ -261,7 +263,7 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         .unwrap(),
     ];
     let names = |ips: &[baton_cloud::model::IpAddress]| -> Vec<String> {
-        super::pending_services(&facts, &config, ips)
+        super::pending_services(&facts, &config, ips, &[])
             .into_iter()
             .map(|p| p.service)
             .collect()
@@ -272,6 +274,91 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         ["apps/leftover", "apps/web"],
         "unknown to the cloud: a bring-your-own IP"
     );
+}
+
+#[test]
+fn status_lists_the_addresses_the_rules_refuse_and_not_as_pending() {
+    let env: std::collections::BTreeMap<String, String> = [
+        ("CHERRY_API_KEY", "k"),
+        ("CHERRY_PROJECT_ID", "1"),
+        ("CHERRY_LOAD_BALANCER", "metallb:///"),
+        ("BATON_SERVICE_ALLOCATION_NAMESPACES", "apps"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let config = crate::config::Config::resolve(&crate::config::ConfigArgs::default(), &env).unwrap();
+    let svc =
+        |ns: &str, name: &str, ip: &str, ingress: Option<&str>| -> k8s_openapi::api::core::v1::Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"type": "LoadBalancer", "loadBalancerIP": ip},
+                "status": {"loadBalancer": {"ingress": ingress.map(|i| vec![serde_json::json!({"ip": i})])}},
+            }))
+            .unwrap()
+        };
+    let facts = super::KubeFacts {
+        leader: None,
+        services: vec![
+            svc("apps", "ours", "203.0.113.10", Some("203.0.113.10")),
+            // Used before this version: its ingress shows another cluster's FIP.
+            svc("apps", "theirs", "203.0.113.20", Some("203.0.113.20")),
+            svc("tenant", "ours", "203.0.113.10", None),
+        ],
+        nodes: Vec::new(),
+        pods: Vec::new(),
+        api_servers: Vec::new(),
+        events: Vec::new(),
+        policy: crate::controller::trust::EndpointPolicy::new(
+            &config,
+            "uid-1",
+            &std::collections::BTreeMap::new(),
+        ),
+        too_old: None,
+        cluster_id: "uid-1".to_owned(),
+        namespaces: None,
+    };
+    let ips: Vec<baton_cloud::model::IpAddress> = [("203.0.113.10", "uid-1"), ("203.0.113.20", "uid-2")]
+        .iter()
+        .map(|(a, c)| {
+            serde_json::from_value(serde_json::json!({
+                "id": format!("id-{a}"), "address": a, "type": "floating-ip", "tags": {"cluster": c},
+            }))
+            .unwrap()
+        })
+        .collect();
+    let refused = super::refused_addresses(&facts, &config, &ips);
+    let got: Vec<(&str, &str, bool)> = refused
+        .iter()
+        .map(|r| (r.service.as_str(), r.reason.as_str(), r.shown))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("apps/theirs", "FloatingIPNotOwned", true),
+            ("tenant/ours", "AddressNamespaceNotAllowed", false),
+        ]
+    );
+    assert!(super::pending_services(&facts, &config, &ips, &refused).is_empty());
+    let mut report = super::report::Report {
+        refused_addresses: refused,
+        ..Default::default()
+    };
+    report.assess();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.severity == super::report::Verdict::Degraded
+                && p.message.contains("apps/theirs asks for 203.0.113.20")
+                && p.message.contains("withdraws it")),
+        "{:?}",
+        report.problems
+    );
+    let text = super::report::render_text(&report);
+    assert!(text.contains("Addresses refused"), "{text}");
+    // Another cluster's FIP is never offered for adoption.
+    assert!(!text.contains("adoptFips="), "{text}");
 }
 
 #[test]

@@ -282,32 +282,30 @@ impl Lab {
         self.cp.dir().join(name).join("var-lib-baton/agent/fips.json")
     }
 
-    /// Runs `scenario` and measures it (see the module's doc), then powers every node on again
-    /// and waits until all is steady.
-    pub async fn run(&mut self, scenario: Scenario) -> Outcome {
+    /// The nodes that come back in `scenario`. For [`Scenario::OneLeft`] a node that holds
+    /// neither the FIP nor a Deployment replica, so that only its standby replica can serve:
+    /// when both nodes without the FIP have a replica, the operator first routes the FIP to one
+    /// of them (the controller keeps a healthy holder it did not choose).
+    async fn returning(&mut self, scenario: Scenario) -> Vec<String> {
         let names = self.cp.node_names();
         let (_, mut deployment_nodes) = baton_pods(&self.client()).await;
-        if scenario == Scenario::OneLeft {
-            // The node that returns alone should be one without a Deployment replica, so that
-            // only the standby replica can serve: when both nodes that do not hold the FIP have
-            // one, the operator routes the FIP to one of them first (the controller keeps a
-            // healthy holder it did not choose).
-            let holder = self.holder().await.expect("a FIP holder");
-            let free = names
+        let mut holder = self.holder().await.expect("a FIP holder");
+        if scenario == Scenario::OneLeft
+            && !names
                 .iter()
-                .any(|n| *n != holder && !deployment_nodes.contains(n));
-            if !free && let Some(to) = deployment_nodes.iter().find(|n| **n != holder) {
-                route_to(&self.cloud, &self.fip, to).await;
-                let all: Vec<&str> = names.iter().map(String::as_str).collect();
-                self.steady(&all, None).await;
-                deployment_nodes = baton_pods(&self.client()).await.1;
-            }
+                .any(|n| *n != holder && !deployment_nodes.contains(n))
+            && let Some(to) = deployment_nodes.iter().find(|n| **n != holder).cloned()
+        {
+            route_to(&self.cloud, &self.fip, &to).await;
+            let all: Vec<&str> = names.iter().map(String::as_str).collect();
+            self.steady(&all, None).await;
+            deployment_nodes = baton_pods(&self.client()).await.1;
+            holder = self.holder().await.expect("a FIP holder");
         }
-        let holder_before = self.holder().await.expect("a FIP holder before the power loss");
-        let others: Vec<String> = names.iter().filter(|n| **n != holder_before).cloned().collect();
-        let returned: Vec<String> = match scenario {
-            Scenario::All => names.clone(),
-            Scenario::HolderLost => others.clone(),
+        let others: Vec<String> = names.iter().filter(|n| **n != holder).cloned().collect();
+        match scenario {
+            Scenario::All => names,
+            Scenario::HolderLost => others,
             Scenario::OneLeft => vec![
                 others
                     .iter()
@@ -315,7 +313,15 @@ impl Lab {
                     .unwrap_or(&others[0])
                     .clone(),
             ],
-        };
+        }
+    }
+
+    /// Runs `scenario` and measures it (see the module's doc), then powers every node on again
+    /// and waits until all is steady.
+    pub async fn run(&mut self, scenario: Scenario) -> Outcome {
+        let names = self.cp.node_names();
+        let returned = self.returning(scenario).await;
+        let holder_before = self.holder().await.expect("a FIP holder before the power loss");
         let seq = self.sim.log(0).last().map_or(0, |e| e.seq + 1);
         for n in &names {
             self.cp.kill_node(n).await.expect("power off");

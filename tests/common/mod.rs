@@ -119,6 +119,49 @@ pub fn is_service_fip(ip: &IpAddress) -> bool {
         && ip.tags.get("usage").map(String::as_str) == Some("cloud-provider-cherry-auto")
 }
 
+/// The UID of namespace `kube-system`: the `cluster` tag of this cluster's FIPs.
+pub async fn cluster_uid(client: &kube::Client) -> String {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .expect("namespace kube-system")
+        .metadata
+        .uid
+        .expect("its uid")
+}
+
+/// A FIP reserved in the project before the test, at `address` (in the simulator's FIP range),
+/// carrying `tags`, not routed: with `cluster=<kube-system UID>` this cluster's, one an operator
+/// reserved for its Services to ask for.
+pub fn reserved_fip(address: &str, tags: &[(&str, &str)]) -> baton_sim::TopoFip {
+    baton_sim::TopoFip {
+        address: Some(address.parse().expect("an IPv4 address")),
+        region: "LT-Siauliai".into(),
+        tags: tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..baton_sim::TopoFip::default()
+    }
+}
+
+/// The Warning Events on Service `ns/name`: their reasons and notes.
+pub async fn service_warnings(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("Events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("Service")
+                && e.involved_object.name.as_deref() == Some(name)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
 /// A Service of type LoadBalancer.
 pub fn lb_service(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Service {
     Service {

@@ -71,6 +71,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 {{- with $v.controlPlaneNamespaces }}
 - {name: BATON_CONTROL_PLANE_NAMESPACES, value: {{ join "," . | quote }}}
 {{- end }}
+{{- with $v.serviceAllocation.namespaces }}
+- {name: BATON_SERVICE_ALLOCATION_NAMESPACES, value: {{ join "," . | quote }}}
+{{- end }}
+{{- with $v.serviceAllocation.namespaceSelector }}
+- {name: BATON_SERVICE_ALLOCATION_NAMESPACE_SELECTOR, value: {{ include "baton.labelSelector" (dict "selector" . "name" "serviceAllocation.namespaceSelector") | quote }}}
+{{- end }}
 {{- with $v.lease.duration }}
 - {name: BATON_LEASE_DURATION, value: {{ . | quote }}}
 {{- end }}
@@ -98,4 +104,39 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 {{- with $v.env }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* A Kubernetes label selector (matchLabels, matchExpressions) in its string form, as kubectl -l
+takes it and baton's selector settings read it: requirements joined by commas (AND). Anything
+else fails the render, naming the value: a typo must not leave the selector out (which would
+open what it was to restrict). Takes (dict "selector" <the selector> "name" <its values key>). */}}
+{{- define "baton.labelSelector" -}}
+{{- $name := .name -}}
+{{- $parts := list -}}
+{{- range $key, $_ := .selector -}}
+{{- if not (has $key (list "matchLabels" "matchExpressions")) -}}
+{{- fail (printf "%s: unknown key %q (a label selector has matchLabels and matchExpressions)" $name $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $value := (.selector.matchLabels | default dict) -}}
+{{- $parts = append $parts (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- range (.selector.matchExpressions | default list) -}}
+{{- if eq .operator "In" -}}
+{{- $parts = append $parts (printf "%s in (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- $parts = append $parts (printf "%s notin (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $parts = append $parts .key -}}
+{{- else if eq .operator "DoesNotExist" -}}
+{{- $parts = append $parts (printf "!%s" .key) -}}
+{{- else -}}
+{{- fail (printf "%s: matchExpressions operator %q is not In, NotIn, Exists or DoesNotExist" $name .operator) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $parts -}}
+{{- fail (printf "%s: selects nothing (set matchLabels or matchExpressions, or leave it {})" $name) -}}
+{{- end -}}
+{{- join "," $parts -}}
+
 {{- end -}}

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use baton_cloud::model::{IpAddress, IpType, Server, each_ip};
+use baton_cloud::model::{IpType, Server};
 use baton_core::LabelSelector;
 use baton_core::load_balancer::BgpPeerMode;
 use baton_core::selector::Requirement;
@@ -200,69 +200,6 @@ pub struct LbService {
     pub name: String,
     /// The address.
     pub ip: IpAddr,
-}
-
-/// Whether the project holds `ip`: one of its Floating IPs, or inside one of its routed subnets.
-/// A server's own addresses do not count (announcing one would steal the server's traffic).
-/// An address a user brings goes into a MetalLB pool (and so into BGP) only when this holds:
-/// announcing an address the project does not hold is announcing someone else's.
-pub fn project_holds<B: std::borrow::Borrow<IpAddress>>(ip: IpAddr, ips: &[B]) -> bool {
-    Holdings::of(ips).holds(ip)
-}
-
-/// The addresses of one IP list, indexed for [`project_holds`]: a pass asks about every Service's
-/// address, so a lookup must not walk the list.
-pub struct Holdings<'a> {
-    floating: std::collections::HashSet<IpAddr>,
-    subnets: Vec<&'a IpAddress>,
-}
-
-impl<'a> Holdings<'a> {
-    /// Indexes `ips` (one pass).
-    pub fn of<B: std::borrow::Borrow<IpAddress>>(ips: &'a [B]) -> Self {
-        let mut floating = std::collections::HashSet::new();
-        let mut subnets = Vec::new();
-        for ip in each_ip(ips) {
-            match ip.ip_type {
-                IpType::FloatingIp => {
-                    floating.insert(ip.address);
-                }
-                IpType::Subnet => subnets.push(ip),
-                _ => {}
-            }
-        }
-        Self { floating, subnets }
-    }
-
-    /// [`project_holds`].
-    pub fn holds(&self, ip: IpAddr) -> bool {
-        self.floating.contains(&ip)
-            || self
-                .subnets
-                .iter()
-                .any(|p| p.address == ip || cidr_contains(&p.cidr, ip))
-    }
-}
-
-/// Whether `cidr` (`a.b.c.d/n`, or an IPv6 prefix) contains `ip`; false when it does not parse.
-fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
-    let Some((net, len)) = cidr.split_once('/') else {
-        return false;
-    };
-    let (Ok(net), Ok(len)) = (net.trim().parse::<IpAddr>(), len.trim().parse::<u32>()) else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(i)) if len <= 32 => {
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-            u32::from(n) & mask == u32::from(i) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(i)) if len <= 128 => {
-            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
-            u128::from(n) & mask == u128::from(i) & mask
-        }
-        _ => false,
-    }
 }
 
 /// The MetalLB kinds baton writes.

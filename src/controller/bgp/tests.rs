@@ -535,26 +535,3 @@ fn an_adopted_peer_keeps_its_spec_on_later_passes() {
         "{actions:?}"
     );
 }
-
-fn project_ip(kind: &str, address: &str, cidr: &str) -> IpAddress {
-    serde_json::from_value(json!({
-        "id": address, "address": address, "cidr": cidr, "type": kind, "address_family": 4
-    }))
-    .unwrap()
-}
-
-#[rstest]
-#[case::a_fip("203.0.113.7", true)]
-#[case::in_a_subnet("203.0.113.66", true)]
-#[case::subnet_edge("203.0.113.71", true)]
-#[case::past_the_subnet("203.0.113.72", false)]
-#[case::a_servers_own_address("198.51.100.11", false)]
-#[case::someone_elses("192.0.2.200", false)]
-fn an_address_goes_into_a_pool_only_when_the_project_holds_it(#[case] address: &str, #[case] held: bool) {
-    let ips = vec![
-        project_ip("floating-ip", "203.0.113.7", "203.0.113.7/32"),
-        project_ip("subnet", "203.0.113.64", "203.0.113.64/29"),
-        project_ip("primary-ip", "198.51.100.11", "198.51.100.0/24"),
-    ];
-    assert_eq!(project_holds(ip(address), &ips), held, "{address}");
-}

@@ -63,16 +63,19 @@ pub fn admit(mut candidates: Vec<Candidate>, limit: Option<u32>) -> Admission {
 /// oldest first (see [`admit`]). `mirror` is the mirror Service (`namespace`, `name`); a Service
 /// asking for one of the `never_announced` addresses (control-plane FIPs, FIPs the cloud routes
 /// to a server: [`super::plan::FipRoles::never_announced`]) is never announced, so it takes no
-/// slot.
+/// slot; nor does a Service whose request for an address is refused and that has no FIP of its
+/// own to keep (`refused`, keys: [`super::admission::Handoff::Refused`]).
 pub fn admitted(
     facts: &[ServiceFacts],
     mirror: (&str, &str),
     never_announced: &BTreeSet<IpAddr>,
+    refused: &BTreeSet<String>,
     limit: Option<u32>,
 ) -> Admission {
     let candidates = facts
         .iter()
         .filter(|f| !f.deleting && scope_excluding(f, mirror, never_announced, None) == Scope::Managed)
+        .filter(|f| !refused.contains(&f.key()))
         .map(|f| Candidate {
             key: f.key(),
             created: f.created,

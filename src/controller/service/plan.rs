@@ -365,22 +365,44 @@ pub struct InvalidField {
     pub reason: String,
 }
 
+/// An address a Service asks for, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requested {
+    /// The annotation's key, or `spec.loadBalancerIP`.
+    pub field: String,
+    /// The address.
+    pub ip: IpAddr,
+}
+
 /// The IP the Service asks for, if any: the implementation's annotation (MetalLB: also the legacy
 /// one), else `spec.loadBalancerIP` — the order the implementations read them in (reference §6).
 /// An annotation may list several comma-separated addresses (dual stack); the first IPv4 one is
 /// the Service's Floating IP.
 pub fn requested_ip(svc: &ServiceFacts, mode: &LoadBalancerMode) -> Result<Option<IpAddr>, InvalidField> {
+    Ok(requested(svc, mode)?.map(|r| r.ip))
+}
+
+/// [`requested_ip`], with the field it is asked in.
+pub fn requested(svc: &ServiceFacts, mode: &LoadBalancerMode) -> Result<Option<Requested>, InvalidField> {
     let mut fields: Vec<&str> = vec![ip_annotation(mode)];
     if matches!(mode, LoadBalancerMode::MetalLb { .. }) {
         fields.push(METALLB_LEGACY_IPS_ANNOTATION);
     }
+    let at = |field: &str, ip: Option<IpAddr>| {
+        ip.map(|ip| Requested {
+            field: field.to_owned(),
+            ip,
+        })
+    };
     for field in fields {
         if let Some(value) = svc.annotation(field) {
-            return parse_ip_list(field, value);
+            return parse_ip_list(field, value).map(|ip| at(field, ip));
         }
     }
     match svc.load_balancer_ip.as_deref() {
-        Some(v) if !v.trim().is_empty() => parse_ip_list("spec.loadBalancerIP", v),
+        Some(v) if !v.trim().is_empty() => {
+            parse_ip_list("spec.loadBalancerIP", v).map(|ip| at("spec.loadBalancerIP", ip))
+        }
         _ => Ok(None),
     }
 }

@@ -618,7 +618,13 @@ fn a_routed_fip_of_a_workload_service_is_brought_not_announced() {
     assert_eq!(decide(requested, None, None), Decision::ByoIp(ip("203.0.113.2")));
     // It takes no slot of the BGP prefix budget (it is never announced); a plain Service does.
     let plain = lb("apps", "web");
-    let admission = budget::admitted(&[byo.clone(), plain], MIRROR, &roles.never_announced(), Some(1));
+    let admission = budget::admitted(
+        &[byo.clone(), plain],
+        MIRROR,
+        &roles.never_announced(),
+        &BTreeSet::new(),
+        Some(1),
+    );
     assert!(admission.admitted.contains("apps/web"), "{admission:?}");
     assert!(!admission.admitted.contains("apps/byo") && !admission.refuses("apps/byo"));
     // Nor is it pending once its ingress shows the address.

@@ -84,7 +84,7 @@ fn the_budget_counts_only_managed_live_load_balancers() {
         k8s_service("db", "2026-01-01T00:00:04Z", json!({})),
     ];
     let facts: Vec<ServiceFacts> = services.iter().map(|s| facts_of(s)).collect();
-    let got = admitted(&facts, MIRROR, &BTreeSet::new(), Some(1));
+    let got = admitted(&facts, MIRROR, &BTreeSet::new(), &BTreeSet::new(), Some(1));
     assert_eq!(got.admitted.iter().collect::<Vec<_>>(), vec!["apps/db"]);
     assert_eq!(got.refused, vec!["apps/web".to_owned()]);
     assert!(got.refuses("apps/web"));
@@ -93,7 +93,7 @@ fn the_budget_counts_only_managed_live_load_balancers() {
         !got.refuses("apps/going"),
         "a Service being deleted is not counted"
     );
-    let unlimited = admitted(&facts, MIRROR, &BTreeSet::new(), None);
+    let unlimited = admitted(&facts, MIRROR, &BTreeSet::new(), &BTreeSet::new(), None);
     assert!(unlimited.refused.is_empty());
 }
 
@@ -108,13 +108,30 @@ fn a_service_asking_for_a_control_plane_address_takes_no_slot() {
         k8s_service("web", "2026-01-01T00:00:05Z", json!({})),
     ];
     let facts: Vec<ServiceFacts> = services.iter().map(|s| facts_of(s)).collect();
-    let none = admitted(&facts, MIRROR, &BTreeSet::new(), Some(1));
+    let none = admitted(&facts, MIRROR, &BTreeSet::new(), &BTreeSet::new(), Some(1));
     assert!(
         none.refuses("apps/web"),
         "without the control-plane addresses it is counted"
     );
     let cp = BTreeSet::from(["203.0.113.1".parse().unwrap()]);
-    let got = admitted(&facts, MIRROR, &cp, Some(1));
+    let got = admitted(&facts, MIRROR, &cp, &BTreeSet::new(), Some(1));
+    assert_eq!(got.admitted.iter().collect::<Vec<_>>(), vec!["apps/web"]);
+    assert!(got.refused.is_empty());
+}
+
+#[test]
+fn a_service_whose_request_is_refused_takes_no_slot() {
+    let services = [
+        k8s_service(
+            "tenant",
+            "2026-01-01T00:00:00Z",
+            json!({"spec": {"type": "LoadBalancer", "loadBalancerIP": "203.0.113.66"}}),
+        ),
+        k8s_service("web", "2026-01-01T00:00:05Z", json!({})),
+    ];
+    let facts: Vec<ServiceFacts> = services.iter().map(|s| facts_of(s)).collect();
+    let refused = BTreeSet::from(["apps/tenant".to_owned()]);
+    let got = admitted(&facts, MIRROR, &BTreeSet::new(), &refused, Some(1));
     assert_eq!(got.admitted.iter().collect::<Vec<_>>(), vec!["apps/web"]);
     assert!(got.refused.is_empty());
 }
