@@ -510,10 +510,11 @@ async fn pods_running(
         *per_node.entry(node).or_default() += 1;
         names.insert(p.metadata.name.clone()?);
     }
-    // At least the agent and the standby replica on each node.
+    // At least the agent and (where the checkout ships it) the standby replica on each node.
+    let each = shipped().len() - 1;
     nodes
         .iter()
-        .all(|n| per_node.get(*n).copied().unwrap_or(0) >= 2)
+        .all(|n| per_node.get(*n).copied().unwrap_or(0) >= each)
         .then_some(names)
 }
 
