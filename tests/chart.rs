@@ -219,18 +219,9 @@ fn chart_lints_and_renders_what_the_manifests_say() {
     assert_eq!(key(chart_dep), key(man_dep));
     assert_eq!(chart_dep["spec"]["replicas"], man_dep["spec"]["replicas"]);
     assert_eq!(chart_dep["spec"]["selector"], man_dep["spec"]["selector"]);
-    let normalise = |pod: &Value| {
-        let mut pod = pod.clone();
-        for c in pod["containers"].as_array_mut().unwrap() {
-            let c = c.as_object_mut().unwrap();
-            c.remove("imagePullPolicy");
-            c.insert("image".into(), json!("<image>"));
-        }
-        pod
-    };
     assert_eq!(
-        normalise(&chart_dep["spec"]["template"]["spec"]),
-        normalise(&man_dep["spec"]["template"]["spec"]),
+        normalised(&chart_dep["spec"]["template"]["spec"]),
+        normalised(&man_dep["spec"]["template"]["spec"]),
         "the pod spec differs between charts/baton and manifests/deployment.yaml"
     );
     assert_eq!(
@@ -504,6 +495,18 @@ fn every_pod_runs_on_control_plane_nodes_whatever_the_labels_value_and_that_can_
     ));
 }
 
+/// A pod spec without what differs by design between the chart and the manifests: the image (the
+/// manifests name a local build, the chart the release's tag) and its pull policy.
+fn normalised(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    for c in pod["containers"].as_array_mut().unwrap() {
+        let c = c.as_object_mut().unwrap();
+        c.remove("imagePullPolicy");
+        c.insert("image".into(), json!("<image>"));
+    }
+    pod
+}
+
 /// The standby DaemonSet (the cold-start replicas) renders what manifests/standby.yaml says: the
 /// same pod spec at the default values (the image aside), the Deployment's ServiceAccount and
 /// Secret, its own ports; `standby.enabled=false` renders none.
@@ -520,18 +523,9 @@ fn the_standby_replicas_render_what_manifests_standby_says_and_only_when_enabled
     let chart = find_named(&rendered, "DaemonSet", "baton-standby");
     let shipped = manifest("standby.yaml");
     let man = find_named(&shipped, "DaemonSet", "baton-standby");
-    let normalise = |pod: &Value| {
-        let mut pod = pod.clone();
-        for c in pod["containers"].as_array_mut().unwrap() {
-            let c = c.as_object_mut().unwrap();
-            c.remove("imagePullPolicy");
-            c.insert("image".into(), json!("<image>"));
-        }
-        pod
-    };
     assert_eq!(
-        normalise(&chart["spec"]["template"]["spec"]),
-        normalise(&man["spec"]["template"]["spec"]),
+        normalised(&chart["spec"]["template"]["spec"]),
+        normalised(&man["spec"]["template"]["spec"]),
         "the pod spec differs between charts/baton and manifests/standby.yaml"
     );
     assert_eq!(chart["spec"]["selector"], man["spec"]["selector"]);

@@ -581,13 +581,18 @@ impl ControlPlane {
             .position(|a| a.node.is_some_and(|n| self.nodes[n].name == name))
     }
 
-    /// Powers lab node `name` off: its link goes down and every process on it (API server,
-    /// kubelet, containerd, shims, the containers of its pods) is killed.
-    pub async fn kill_node(&mut self, name: &str) -> anyhow::Result<()> {
+    /// The indexes of lab node `name`'s API server and of the node.
+    fn node_index(&self, name: &str) -> anyhow::Result<(usize, usize)> {
         let i = self
             .apiserver_of_node(name)
             .with_context(|| format!("no lab node {name}"))?;
-        let n = self.apiservers[i].node.context("lab node")?;
+        Ok((i, self.apiservers[i].node.context("lab node")?))
+    }
+
+    /// Powers lab node `name` off: its link goes down and every process on it (API server,
+    /// kubelet, containerd, shims, the containers of its pods) is killed.
+    pub async fn kill_node(&mut self, name: &str) -> anyhow::Result<()> {
+        let (i, n) = self.node_index(name)?;
         self.nodes[n].kill().await?;
         if let Some(p) = self.apiservers[i].proc.take() {
             p.terminate(Duration::ZERO).await;
@@ -605,10 +610,7 @@ impl ControlPlane {
     /// kube-controller-manager, kube-scheduler and kube-proxy. Returns once they are started;
     /// nothing is waited for.
     pub async fn power_on(&mut self, name: &str) -> anyhow::Result<()> {
-        let i = self
-            .apiserver_of_node(name)
-            .with_context(|| format!("no lab node {name}"))?;
-        let n = self.apiservers[i].node.context("lab node")?;
+        let (i, n) = self.node_index(name)?;
         self.nodes[n].power_on().await?;
         self.nodes[n].run_boot_units().await;
         self.spawn_apiserver(i)?;
