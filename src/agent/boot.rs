@@ -164,14 +164,7 @@ pub fn with_boot(mut want: Wanted, delivered: &BTreeMap<IpAddr, IpAddr>, local: 
 /// `baton agent --boot`: restores the FIP rules the node file names and records the boot
 /// deliveries. Nothing to restore (no node file) is not an error; neither is a kernel that
 /// already holds baton's tables (the agent ran since this boot: its rules stand).
-pub async fn run(settings: &Settings) -> Result<(), AgentError> {
-    let Some(dir) = &settings.state_dir else {
-        return Err(AgentError::Config {
-            field: "--boot",
-            value: "true".into(),
-            why: "needs --state-dir, where the agent keeps the node file".into(),
-        });
-    };
+pub async fn run(dir: &std::path::Path, settings: &Settings) -> Result<(), AgentError> {
     let file_path = dir.join(state::NODE_FILE);
     let marker_path = settings.run_dir.join(state::BOOT_MARKER);
     let file: NodeFile = match state::load(&file_path)? {
@@ -205,26 +198,14 @@ pub async fn run(settings: &Settings) -> Result<(), AgentError> {
     }
     if want.fips.is_empty() {
         info!(file = %file_path.display(), "the node file names no FIP: nothing to restore");
-        state::remove(&marker_path)?;
+        BootMarker::default().store(&marker_path)?;
         return Ok(());
     }
     let Plan::Replace { families, .. } = plan::plan(&want, &observed) else {
         return Ok(());
     };
-    let w = want.clone();
-    let after = super::netlink::run(move |s| {
-        s.replace(&w, &families)?;
-        s.read()
-    })
-    .await?;
-    if let Plan::Replace { reasons, .. } = plan::plan(&want, &after) {
-        return Err(AgentError::Restore(reasons.join("; ")));
-    }
-    if marker.delivered.is_empty() {
-        state::remove(&marker_path)?;
-    } else {
-        state::save(&marker_path, &marker)?;
-    }
+    super::put(&want, families).await?;
+    marker.store(&marker_path)?;
     info!(
         fips = %list(&want.fips),
         delivered_here = %Pairs(&marker.delivered),

@@ -46,7 +46,7 @@ use tracing::{Instrument as _, error, info, warn};
 
 use self::admin::{Health, Metrics};
 use self::netlink::KernelError;
-use self::plan::{Pairs, Plan, Source, Wanted};
+use self::plan::{Observed, Pairs, Plan, Source, Wanted};
 use self::table::FipSet;
 
 /// Flags of `baton agent`.
@@ -149,8 +149,8 @@ pub enum AgentError {
     },
     #[error(transparent)]
     State(#[from] state::StateError),
-    #[error("the kernel does not hold the restored rules: {0}")]
-    Restore(String),
+    #[error("restoring the FIP rules: {0}")]
+    Restore(#[from] PutError),
 }
 
 impl AgentError {
@@ -285,8 +285,9 @@ pub async fn run_until(args: &AgentArgs, shutdown: CancellationToken) -> Result<
         info!(tables = %tables.join(", "), "baton's nftables tables removed");
         return Ok(());
     }
-    if settings.boot {
-        return boot::run(&settings).await;
+    // Settings::from_args makes sure --boot comes with --state-dir.
+    if let (true, Some(dir)) = (settings.boot, &settings.state_dir) {
+        return boot::run(dir, &settings).await;
     }
     let upstream = match &settings.table {
         Some(_) => Some(kube_client(settings.kubeconfig.as_deref()).await?),
@@ -460,7 +461,7 @@ impl Keeper {
         let Some((path, known)) = &mut self.node_file else {
             return;
         };
-        let file = state::NodeFile::of(want, Some(table), self.node_address);
+        let file = state::NodeFile::of(want, table, self.node_address);
         if known.as_ref() == Some(&file) {
             return;
         }
@@ -480,7 +481,8 @@ impl Keeper {
 
 /// The boot deliveries `--boot` made at this boot, and the probes of the holders that end them.
 struct BootPhase {
-    delivered: BTreeMap<IpAddr, IpAddr>,
+    /// The deliveries still standing, as `marker` records them.
+    deliveries: state::BootMarker,
     marker: PathBuf,
     /// `/readyz` of the holders the FIP table names (`None`: no CA to verify them with).
     prober: Option<crate::probe::Prober>,
@@ -492,15 +494,15 @@ struct BootPhase {
 impl BootPhase {
     fn start(run_dir: &std::path::Path, upstream: &Upstream, shutdown: &CancellationToken) -> Option<Self> {
         let marker = run_dir.join(state::BOOT_MARKER);
-        let delivered = match state::load::<state::BootMarker>(&marker) {
-            Ok(Some(m)) if !m.delivered.is_empty() => m.delivered,
+        let deliveries = match state::load::<state::BootMarker>(&marker) {
+            Ok(Some(m)) if !m.delivered.is_empty() => m,
             Ok(_) => return None,
             Err(error) => {
                 warn!(%error, "the boot marker cannot be read: no boot delivery is kept");
                 return None;
             }
         };
-        info!(delivered = %Pairs(&delivered), "boot phase: this node's own packets for these FIPs go to its own API server until their holder answers");
+        info!(delivered = %Pairs(&deliveries.delivered), "boot phase: this node's own packets for these FIPs go to its own API server until their holder answers");
         let prober = if upstream.ca_der.is_empty() {
             warn!(
                 "no cluster CA in the agent's configuration: holders cannot be probed, so a boot delivery ends only when this node holds the FIP or the FIP leaves the table"
@@ -510,7 +512,7 @@ impl BootPhase {
             Some(crate::probe::Prober::with_shutdown(
                 crate::probe::ProbeSettings {
                     path: "/readyz".into(),
-                    server_name: HOLDER_SERVER_NAME.into(),
+                    server_name: crate::kube::args::API_SERVER_NAME.into(),
                     ca_der: upstream.ca_der.clone(),
                     interval: Duration::from_millis(500),
                     timeout: Duration::from_secs(1),
@@ -521,7 +523,7 @@ impl BootPhase {
             ))
         };
         Some(Self {
-            delivered,
+            deliveries,
             marker,
             prober,
             port: upstream.port,
@@ -539,7 +541,7 @@ impl BootPhase {
     /// probes the holders of the rest.
     fn step(&mut self, table: Option<&FipSet>, local: &BTreeSet<IpAddr>) {
         let port = self.port;
-        let fates = boot::resolve(&self.delivered, table, local, |h| {
+        let fates = boot::resolve(&self.deliveries.delivered, table, local, |h| {
             self.prober
                 .as_ref()
                 .is_some_and(|p| p.health(&SocketAddr::new(h, port)) == baton_core::health::Health::Up)
@@ -549,7 +551,7 @@ impl BootPhase {
             match fate {
                 boot::Fate::End(why) => {
                     info!(%fip, %why, "boot delivery ended: this node's own packets for the FIP follow the FIP table again");
-                    self.delivered.remove(&fip);
+                    self.deliveries.delivered.remove(&fip);
                     self.told.remove(&fip);
                     ended = true;
                 }
@@ -562,23 +564,14 @@ impl BootPhase {
             }
         }
         if ended {
-            let saved = if self.delivered.is_empty() {
-                state::remove(&self.marker)
-            } else {
-                state::save(
-                    &self.marker,
-                    &state::BootMarker {
-                        delivered: self.delivered.clone(),
-                    },
-                )
-            };
-            if let Err(error) = saved {
+            if let Err(error) = self.deliveries.store(&self.marker) {
                 warn!(%error, "the boot marker was not updated: a restarted agent keeps deliveries that ended");
             }
         }
         let targets: Vec<SocketAddr> = table
             .map(|t| {
-                self.delivered
+                self.deliveries
+                    .delivered
                     .keys()
                     .filter_map(|fip| t.holders.get(fip))
                     .flatten()
@@ -596,9 +589,6 @@ impl BootPhase {
         }
     }
 }
-
-/// The name the API servers' certificates carry (the controller probes them by the same name).
-const HOLDER_SERVER_NAME: &str = "kubernetes.default.svc";
 
 /// Keeps the kernel's tables equal to the wanted FIPs: at once when they change, and every
 /// `recheck` (someone may flush the ruleset, this node's addresses may change); after a failure
@@ -677,9 +667,9 @@ async fn once(
     }
     if let Some(b) = &mut keeper.boot {
         b.step(table, &local);
-        want = boot::with_boot(want, &b.delivered, &local);
-        metrics.set_boot_deliveries(b.delivered.len());
-        if b.delivered.is_empty() {
+        want = boot::with_boot(want, &b.deliveries.delivered, &local);
+        metrics.set_boot_deliveries(b.deliveries.delivered.len());
+        if b.deliveries.delivered.is_empty() {
             info!("boot phase over: every FIP's holder is known and answers (or is this node)");
             keeper.boot = None;
         }
@@ -706,16 +696,11 @@ async fn once(
         warn!(why = %reasons.join("; "), "baton's nftables table changed under the agent; restoring it");
         metrics.repaired();
     }
-    let w = want.clone();
-    let result = netlink::run(move |s| {
-        s.replace(&w, &families)?;
-        s.read()
-    })
-    .await;
-    metrics.updated(result.is_ok());
-    let after = match result {
-        Ok(after) => after,
-        Err(error) => {
+    let result = put(want, families).await;
+    metrics.updated(!matches!(result, Err(PutError::Kernel(_))));
+    match result {
+        Ok(after) => metrics.observe(&after, true),
+        Err(PutError::Kernel(error)) => {
             error!(
                 %error,
                 added = %list(&added),
@@ -728,14 +713,14 @@ async fn once(
             metrics.observe(&observed, false);
             return false;
         }
-    };
-    let check = plan::plan(want, &after);
-    metrics.observe(&after, check == Plan::InSync);
-    if let Plan::Replace { reasons: still, .. } = check {
-        let why = format!("after the update the kernel still differs: {}", still.join("; "));
-        warn!(%why, "FIP acceptance not updated");
-        health.failed(why);
-        return false;
+        Err(error @ PutError::Differs { .. }) => {
+            if let PutError::Differs { after, .. } = &error {
+                metrics.observe(after, false);
+            }
+            warn!(why = %error, "FIP acceptance not updated");
+            health.failed(error.to_string());
+            return false;
+        }
     }
     info!(
         added = %list(&added),
@@ -749,6 +734,32 @@ async fn once(
     health.in_sync();
     *applied = Some(want.clone());
     true
+}
+
+/// Why the kernel does not hold what [`put`] was to write.
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The transaction went through, yet the tables read back differ.
+    #[error("after the update the kernel still differs: {}", .reasons.join("; "))]
+    Differs { reasons: Vec<String>, after: Observed },
+}
+
+/// Replaces baton's tables of `families` with `want` in one transaction and reads them back:
+/// what the kernel holds then, or why it does not hold `want`. The one writer of the agent's
+/// tables (the agent's passes, `--boot`, `baton claim`).
+pub async fn put(want: &Wanted, families: Vec<nft::Family>) -> Result<Observed, PutError> {
+    let w = want.clone();
+    let after = netlink::run(move |s| {
+        s.replace(&w, &families)?;
+        s.read()
+    })
+    .await?;
+    match plan::plan(want, &after) {
+        Plan::InSync => Ok(after),
+        Plan::Replace { reasons, .. } => Err(PutError::Differs { reasons, after }),
+    }
 }
 
 /// `a, b, c` (or `-`).

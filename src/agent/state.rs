@@ -47,17 +47,15 @@ pub struct NodeFile {
 }
 
 impl NodeFile {
-    /// The file for what the kernel is to hold now: `want`'s FIPs, with the table's holders.
-    pub fn of(want: &Wanted, table: Option<&FipSet>, node_address: Option<IpAddr>) -> Self {
+    /// The file for what the kernel is to hold now: `want`'s FIPs, with the holders `table`
+    /// names (the agent's held FIPs come from those same holders).
+    pub fn of(want: &Wanted, table: &FipSet, node_address: Option<IpAddr>) -> Self {
         let fips = want
             .fips
             .iter()
             .map(|fip| FipEntry {
                 address: *fip,
-                holder: table
-                    .and_then(|t| t.holders.get(fip))
-                    .and_then(|h| h.iter().next().copied())
-                    .or_else(|| want.held.get(fip).copied()),
+                holder: table.holders.get(fip).and_then(|h| h.iter().next().copied()),
             })
             .collect();
         Self { fips, node_address }
@@ -69,6 +67,18 @@ impl NodeFile {
 #[serde(deny_unknown_fields)]
 pub struct BootMarker {
     pub delivered: BTreeMap<IpAddr, IpAddr>,
+}
+
+impl BootMarker {
+    /// Writes the marker to `path`, or removes the file when no delivery stands (the boot phase is
+    /// over).
+    pub fn store(&self, path: &Path) -> Result<(), StateError> {
+        if self.delivered.is_empty() {
+            remove(path)
+        } else {
+            save(path, self)
+        }
+    }
 }
 
 /// A state file that cannot be used.

@@ -30,7 +30,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::agent::netlink::{self, KernelError};
+use crate::agent::netlink;
 use crate::agent::plan::{self, Plan, Wanted};
 use crate::config::{Config, ConfigArgs, ConfigError, Env};
 
@@ -96,7 +96,7 @@ pub enum ClaimError {
     Kernel {
         fip: IpAddr,
         #[source]
-        source: KernelError,
+        source: crate::agent::PutError,
     },
 }
 
@@ -345,8 +345,10 @@ fn hostname() -> String {
 /// `redirect` in prerouting, and, with `own`, a `dnat` of this host's own packets for the FIP to
 /// that address in output. One transaction; nothing when the table holds it already.
 async fn accept(fip: IpAddr, own: Option<IpAddr>) -> Result<(), ClaimError> {
-    let kernel = |source| ClaimError::Kernel { fip, source };
-    let observed = netlink::run(netlink::Socket::read).await.map_err(kernel)?;
+    let kernel = |source: crate::agent::PutError| ClaimError::Kernel { fip, source };
+    let observed = netlink::run(netlink::Socket::read)
+        .await
+        .map_err(|e| kernel(e.into()))?;
     let mut want: Wanted = plan::accepted(&observed);
     want.fips.insert(fip);
     match own {
@@ -362,9 +364,7 @@ async fn accept(fip: IpAddr, own: Option<IpAddr>) -> Result<(), ClaimError> {
         info!(%fip, "this node accepts the Floating IP already");
         return Ok(());
     };
-    netlink::run(move |s| s.replace(&want, &families))
-        .await
-        .map_err(kernel)?;
+    crate::agent::put(&want, families).await.map_err(kernel)?;
     info!(%fip, own_traffic_to = ?own, "this node accepts the Floating IP (nftables table baton)");
     Ok(())
 }

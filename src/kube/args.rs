@@ -5,6 +5,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+/// The name every API server's certificate carries whatever address it is reached on: the
+/// probes of the controller, `baton status` and the agent verify it.
+pub const API_SERVER_NAME: &str = "kubernetes.default.svc";
+
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
     /// kubeconfig to use; in-cluster configuration when unset. Point it at the local API server
@@ -26,7 +30,7 @@ pub struct ClusterArgs {
     #[arg(
         long,
         env = "BATON_HEALTH_CHECK_SERVER_NAME",
-        default_value = "kubernetes.default.svc"
+        default_value = API_SERVER_NAME
     )]
     pub health_check_server_name: String,
 

@@ -240,22 +240,10 @@ fn a_service_asking_for_a_control_plane_fip_is_not_pending() {
         }))
         .unwrap()
     };
-    let facts = super::KubeFacts {
-        leader: None,
-        services: vec![svc("leftover", Some("203.0.113.1")), svc("web", None)],
-        nodes: Vec::new(),
-        pods: Vec::new(),
-        api_servers: Vec::new(),
-        events: Vec::new(),
-        policy: crate::controller::trust::EndpointPolicy::new(
-            &config,
-            "uid-1",
-            &std::collections::BTreeMap::new(),
-        ),
-        too_old: None,
-        cluster_id: "uid-1".to_owned(),
-        namespaces: None,
-    };
+    let facts = facts_of(
+        &config,
+        vec![svc("leftover", Some("203.0.113.1")), svc("web", None)],
+    );
     let ips: Vec<baton_cloud::model::IpAddress> = vec![
         serde_json::from_value(serde_json::json!({
             "id": "a", "address": "203.0.113.1", "type": "floating-ip", "tags": {"cluster": "my-cp"},
@@ -297,27 +285,15 @@ fn status_lists_the_addresses_the_rules_refuse_and_not_as_pending() {
             }))
             .unwrap()
         };
-    let facts = super::KubeFacts {
-        leader: None,
-        services: vec![
+    let facts = facts_of(
+        &config,
+        vec![
             svc("apps", "ours", "203.0.113.10", Some("203.0.113.10")),
             // Used before this version: its ingress shows another cluster's FIP.
             svc("apps", "theirs", "203.0.113.20", Some("203.0.113.20")),
             svc("tenant", "ours", "203.0.113.10", None),
         ],
-        nodes: Vec::new(),
-        pods: Vec::new(),
-        api_servers: Vec::new(),
-        events: Vec::new(),
-        policy: crate::controller::trust::EndpointPolicy::new(
-            &config,
-            "uid-1",
-            &std::collections::BTreeMap::new(),
-        ),
-        too_old: None,
-        cluster_id: "uid-1".to_owned(),
-        namespaces: None,
-    };
+    );
     let ips: Vec<baton_cloud::model::IpAddress> = [("203.0.113.10", "uid-1"), ("203.0.113.20", "uid-2")]
         .iter()
         .map(|(a, c)| {
@@ -500,4 +476,27 @@ fn cold_start_without_a_node_file_says_so_and_without_agent_pods_is_not_shown() 
         super::cold_start(&nodes, &[]).is_none(),
         "no agent pod: baton does not run as pods here"
     );
+}
+
+/// What `baton status` read of a cluster `uid-1` holding only `services`.
+fn facts_of(
+    config: &crate::config::Config,
+    services: Vec<k8s_openapi::api::core::v1::Service>,
+) -> super::KubeFacts {
+    super::KubeFacts {
+        leader: None,
+        services,
+        nodes: Vec::new(),
+        pods: Vec::new(),
+        api_servers: Vec::new(),
+        events: Vec::new(),
+        policy: crate::controller::trust::EndpointPolicy::new(
+            config,
+            "uid-1",
+            &std::collections::BTreeMap::new(),
+        ),
+        too_old: None,
+        cluster_id: "uid-1".to_owned(),
+        namespaces: None,
+    }
 }

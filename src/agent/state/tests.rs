@@ -41,17 +41,20 @@ fn the_node_file_round_trips_and_rejects_what_it_does_not_know() {
 }
 
 #[test]
-fn the_file_records_the_tables_holders_else_the_held_ones() {
+fn the_file_records_the_tables_holders() {
     let want = Wanted {
         fips: BTreeSet::from([ip("203.0.113.10"), ip("203.0.113.11"), ip("203.0.113.12")]),
         held: BTreeMap::from([(ip("203.0.113.12"), ip("198.51.100.12"))]),
     };
     let table = FipSet {
         fips: want.fips.clone(),
-        holders: BTreeMap::from([(ip("203.0.113.10"), BTreeSet::from([ip("198.51.100.11")]))]),
+        holders: BTreeMap::from([
+            (ip("203.0.113.10"), BTreeSet::from([ip("198.51.100.11")])),
+            (ip("203.0.113.12"), BTreeSet::from([ip("198.51.100.12")])),
+        ]),
         problems: Vec::new(),
     };
-    let file = NodeFile::of(&want, Some(&table), Some(ip("198.51.100.12")));
+    let file = NodeFile::of(&want, &table, Some(ip("198.51.100.12")));
     let rows: Vec<(IpAddr, Option<IpAddr>)> = file.fips.iter().map(|e| (e.address, e.holder)).collect();
     assert_eq!(
         rows,
