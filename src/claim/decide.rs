@@ -92,9 +92,7 @@ pub struct Ownership<'a> {
 impl Ownership<'_> {
     /// Whether `fip` is this cluster's: it carries the `fipTag`, or `adoptFips` names it.
     pub fn owns(&self, fip: &IpAddress) -> bool {
-        self.fip_tag
-            .is_some_and(|t| t.matches(fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
-            || self.adopted.contains(&fip.address)
+        crate::controller::trust::tagged_or_adopted(self.fip_tag, self.adopted, fip)
     }
 
     fn rule(&self) -> String {

@@ -74,7 +74,7 @@ pub enum ControllerError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error("invalid --{flag} {reason}")]
-    Listen { flag: &'static str, reason: String },
+    Flag { flag: &'static str, reason: String },
     #[error("Kubernetes client configuration: {0}")]
     KubeConfig(String),
     #[error("reading --cluster-ca {path}: {reason}")]
@@ -99,7 +99,7 @@ impl ControllerError {
         matches!(
             self,
             Self::Config(_)
-                | Self::Listen { .. }
+                | Self::Flag { .. }
                 | Self::Admin(crate::admin::AdminError::Tls(_))
                 | Self::ClusterCa { .. }
                 | Self::NoClusterCa
@@ -159,7 +159,7 @@ pub async fn run_until_with(
     let config = Arc::new(Config::resolve(&args.config, &ProcessEnv)?);
     let mut cloud_config = config.cloud_client_config()?;
     let listen = |flag: &'static str, value: &str| {
-        crate::admin::parse_listen(value).map_err(|reason| ControllerError::Listen { flag, reason })
+        crate::admin::parse_listen(value).map_err(|reason| ControllerError::Flag { flag, reason })
     };
     let admin = listen("admin-listen", &args.admin_listen)?;
     let metrics_at = listen("metrics-listen", &args.metrics_listen)?;

@@ -121,7 +121,7 @@ fn version(lease: Option<&Lease>) -> Option<String> {
 pub async fn run(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), ControllerError> {
     let s = args.standby.clone();
     if s.standby_after_ms < MIN_AFTER_MS {
-        return Err(ControllerError::Listen {
+        return Err(ControllerError::Flag {
             flag: "standby-after-ms",
             reason: format!("{}: must be at least {MIN_AFTER_MS}", s.standby_after_ms),
         });
@@ -209,7 +209,7 @@ async fn serve_dormant(
     stop: &CancellationToken,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, ControllerError> {
     use axum::routing::get;
-    let addr = crate::admin::parse_listen(listen).map_err(|reason| ControllerError::Listen {
+    let addr = crate::admin::parse_listen(listen).map_err(|reason| ControllerError::Flag {
         flag: "admin-listen",
         reason,
     })?;

@@ -80,6 +80,13 @@ impl Refusal {
     }
 }
 
+/// The part of [`EndpointPolicy::owns`] that needs no cluster id (`baton claim` decides with it
+/// before the cluster exists): `fip` carries the `fipTag`, or `adopted` names it.
+pub fn tagged_or_adopted(fip_tag: Option<&FipTag>, adopted: &BTreeSet<IpAddr>, fip: &IpAddress) -> bool {
+    fip_tag.is_some_and(|t| t.matches(fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+        || adopted.contains(&fip.address)
+}
+
 impl EndpointPolicy {
     /// The policy of a cluster with this configuration (`controlPlaneNamespaces`, `fipTag`,
     /// `adoptFips`), id and bootstrap record ([`crate::names::BOOTSTRAP_RECORD`]'s data; empty
@@ -121,11 +128,9 @@ impl EndpointPolicy {
     /// or an adopted address. Anything else belongs to someone else (another cluster, a
     /// workload, an operator's reservation) and is never moved, unassigned or deleted.
     pub fn owns(&self, fip: &IpAddress) -> bool {
-        let tags = || fip.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        self.fip_tag.as_ref().is_some_and(|t| t.matches(tags()))
+        tagged_or_adopted(self.fip_tag.as_ref(), &self.adopted, fip)
             || (!self.cluster_id.is_empty()
                 && fip.tags.get(CLUSTER_TAG).map(String::as_str) == Some(self.cluster_id.as_str()))
-            || self.adopted.contains(&fip.address)
     }
 
     /// Whether `namespace` may hold control-plane endpoint Services.
