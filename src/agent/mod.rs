@@ -563,10 +563,8 @@ impl BootPhase {
                 }
             }
         }
-        if ended {
-            if let Err(error) = self.deliveries.store(&self.marker) {
-                warn!(%error, "the boot marker was not updated: a restarted agent keeps deliveries that ended");
-            }
+        if ended && let Err(error) = self.deliveries.store(&self.marker) {
+            warn!(%error, "the boot marker was not updated: a restarted agent keeps deliveries that ended");
         }
         let targets: Vec<SocketAddr> = table
             .map(|t| {

@@ -203,7 +203,7 @@ pub async fn run_until_with(
     if let (Some(rest), false) = (rest, args.no_leader_election) {
         sup.spawn(
             "standby-rest",
-            rest_when_led_elsewhere(leader.clone(), rest, shutdown.clone()),
+            super::standby::rest_when_led_elsewhere(leader.clone(), rest, shutdown.clone()),
         );
     }
     let (client, cloud, urgent_cloud) = fenced_clients(&clients, &leader, &cherry);
@@ -311,29 +311,6 @@ fn fenced_clients(
     let cloud: Arc<dyn Cloud> = Arc::new(cherry.fenced(Arc::clone(&fence)));
     let urgent_cloud: Arc<dyn Cloud> = Arc::new(cherry.with_priority(Priority::Urgent).fenced(fence));
     (client, cloud, urgent_cloud)
-}
-
-/// Ends a standby replica's round (cancels `round`) once it has been a follower for `rest`
-/// while another replica held the Lease.
-async fn rest_when_led_elsewhere(mut gate: LeaderGate, rest: Duration, round: CancellationToken) {
-    let mut since: Option<tokio::time::Instant> = None;
-    loop {
-        let led_elsewhere = gate.in_term().is_none() && gate.handover().is_some();
-        since = match (led_elsewhere, since) {
-            (false, _) => None,
-            (true, None) => Some(tokio::time::Instant::now()),
-            (true, Some(t)) if t.elapsed() >= rest => {
-                tracing::info!(after = ?rest, "another replica leads: this standby replica goes dormant");
-                round.cancel();
-                return;
-            }
-            (true, t) => t,
-        };
-        tokio::select! {
-            () = round.cancelled() => return,
-            () = gate.changed() => {}
-        }
-    }
 }
 
 /// The clock of `baton_leaderless_seconds`; with leader election (`gate`), a supervised task

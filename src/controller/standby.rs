@@ -226,5 +226,32 @@ async fn serve_dormant(
     )))
 }
 
+/// Ends a standby replica's round (cancels `round`) once it has been a follower for `rest`
+/// while another replica held the Lease.
+pub(super) async fn rest_when_led_elsewhere(
+    mut gate: super::LeaderGate,
+    rest: Duration,
+    round: CancellationToken,
+) {
+    let mut since: Option<tokio::time::Instant> = None;
+    loop {
+        let led_elsewhere = gate.in_term().is_none() && gate.handover().is_some();
+        since = match (led_elsewhere, since) {
+            (false, _) => None,
+            (true, None) => Some(tokio::time::Instant::now()),
+            (true, Some(t)) if t.elapsed() >= rest => {
+                tracing::info!(after = ?rest, "another replica leads: this standby replica goes dormant");
+                round.cancel();
+                return;
+            }
+            (true, t) => t,
+        };
+        tokio::select! {
+            () = round.cancelled() => return,
+            () = gate.changed() => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

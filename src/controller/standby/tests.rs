@@ -122,3 +122,57 @@ fn spec_still_valid(l: &mut Lease, now: std::time::SystemTime) {
     l.spec.as_mut().unwrap().renew_time = Some(MicroTime(renewed));
     assert_eq!(expired_for(Some(l), now), None, "not expired yet");
 }
+
+/// A gate fed by hand: this replica's term (`lead`) and another holder's (`handover`).
+fn gate() -> (
+    super::super::LeaderGate,
+    tokio::sync::watch::Sender<Option<baton_cloud::Lead>>,
+    tokio::sync::watch::Sender<Option<super::super::context::Handover>>,
+) {
+    let (lead, rx) = tokio::sync::watch::channel(None);
+    let (handover, hrx) = tokio::sync::watch::channel(None);
+    (super::super::LeaderGate::new(rx, hrx), lead, handover)
+}
+
+fn held_elsewhere() -> super::super::context::Handover {
+    let now = Instant::now();
+    super::super::context::Handover {
+        holder_stopped: now + Duration::from_secs(1),
+        takeover: now + Duration::from_secs(2),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_active_standby_rests_after_following_another_leader_for_the_wait() {
+    let (g, _lead, handover) = gate();
+    handover.send_replace(Some(held_elsewhere()));
+    let round = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(rest_when_led_elsewhere(g, Duration::from_secs(60), round.clone()));
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert!(!round.is_cancelled(), "still within the wait");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(round.is_cancelled(), "a minute of following ends the round");
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leading_or_leaderless_standby_does_not_rest() {
+    let (g, lead, handover) = gate();
+    let round = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(rest_when_led_elsewhere(g, Duration::from_secs(60), round.clone()));
+    // Nobody holds the Lease: this replica will contend, it must stay.
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(!round.is_cancelled(), "no other leader");
+    // Another replica leads for 40 s, then this one takes over: the clock starts again.
+    handover.send_replace(Some(held_elsewhere()));
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    handover.send_replace(None);
+    lead.send_replace(Some(baton_cloud::Lead {
+        term: 1,
+        until: Instant::now() + Duration::from_secs(3600),
+    }));
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(!round.is_cancelled(), "leading: it stays active");
+    round.cancel();
+    task.await.unwrap();
+}
